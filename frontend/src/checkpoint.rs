@@ -1,0 +1,152 @@
+//! Safetensors checkpoints read by mmap without copying: one `model.safetensors`, or shards listed in
+//! `model.safetensors.index.json`.
+
+use crate::error::{io_error, FrontendError, Result};
+use g4c_ir::DType;
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensorError, SafeTensors};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+/// Where one tensor's bytes are.
+#[derive(Clone, Debug)]
+pub struct TensorEntry {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    file: usize,
+    start: usize,
+    end: usize,
+}
+
+/// A borrowed view of one tensor's little-endian bytes in the mmap.
+#[derive(Clone, Copy, Debug)]
+pub struct TensorBytes<'a> {
+    pub dtype: DType,
+    pub shape: &'a [usize],
+    pub bytes: &'a [u8],
+}
+
+pub struct Checkpoint {
+    pub dir: PathBuf,
+    files: Vec<(PathBuf, Mmap)>,
+    tensors: BTreeMap<String, TensorEntry>,
+    /// Tensors whose element type g4c does not read (reported only if the model needs them).
+    unreadable: BTreeMap<String, String>,
+}
+
+impl Checkpoint {
+    pub fn open(dir: &Path) -> Result<Checkpoint> {
+        let index = dir.join("model.safetensors.index.json");
+        let single = dir.join("model.safetensors");
+        let shard_names: Vec<String> = if index.exists() {
+            read_index(&index)?
+        } else if single.exists() {
+            vec!["model.safetensors".into()]
+        } else {
+            return Err(FrontendError::Io {
+                path: dir.to_path_buf(),
+                message: "no model.safetensors or model.safetensors.index.json in this directory".into(),
+            });
+        };
+        let mut ckpt =
+            Checkpoint { dir: dir.to_path_buf(), files: vec![], tensors: BTreeMap::new(), unreadable: BTreeMap::new() };
+        for name in shard_names {
+            let path = dir.join(&name);
+            let file = File::open(&path).map_err(|e| io_error(&path, e))?;
+            // SAFETY: the mapping is read-only; a checkpoint modified while g4c runs is outside what
+            // any loader can defend against.
+            let mmap = unsafe { Mmap::map(&file) }.map_err(|e| io_error(&path, e))?;
+            let (header_len, metadata) = SafeTensors::read_metadata(&mmap).map_err(|e| safetensors_error(&path, mmap.len(), e))?;
+            let data_start = 8 + header_len;
+            let file_index = ckpt.files.len();
+            for (name, info) in metadata.tensors() {
+                let dtype = match info.dtype {
+                    Dtype::F32 => DType::F32,
+                    Dtype::BF16 => DType::BF16,
+                    Dtype::F16 => DType::F16,
+                    Dtype::I32 => DType::I32,
+                    Dtype::I8 => DType::I8,
+                    other => {
+                        ckpt.unreadable.insert(name, format!("{other:?}"));
+                        continue;
+                    }
+                };
+                let entry = TensorEntry {
+                    dtype,
+                    shape: info.shape.clone(),
+                    file: file_index,
+                    start: data_start + info.data_offsets.0,
+                    end: data_start + info.data_offsets.1,
+                };
+                if ckpt.tensors.insert(name.clone(), entry).is_some() {
+                    return Err(FrontendError::Safetensors {
+                        path: path.clone(),
+                        message: format!("tensor `{name}` appears in more than one shard"),
+                    });
+                }
+            }
+            ckpt.files.push((path, mmap));
+        }
+        Ok(ckpt)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(|s| s.as_str())
+    }
+
+    pub fn entry(&self, name: &str) -> Option<&TensorEntry> {
+        self.tensors.get(name)
+    }
+
+    /// The element type of a tensor g4c cannot read, if `name` is one.
+    pub fn unreadable_dtype(&self, name: &str) -> Option<&str> {
+        self.unreadable.get(name).map(|s| s.as_str())
+    }
+
+    pub fn bytes(&self, name: &str) -> Option<TensorBytes<'_>> {
+        let e = self.tensors.get(name)?;
+        Some(TensorBytes { dtype: e.dtype, shape: &e.shape, bytes: &self.files[e.file].1[e.start..e.end] })
+    }
+
+    /// The file a tensor is stored in (for messages).
+    pub fn file_of(&self, name: &str) -> Option<&Path> {
+        self.tensors.get(name).map(|e| self.files[e.file].0.as_path())
+    }
+}
+
+fn read_index(path: &Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(path).map_err(|e| io_error(path, e))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| FrontendError::Json { path: path.into(), message: e.to_string() })?;
+    let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| FrontendError::Config {
+        path: path.into(),
+        field: "weight_map".into(),
+        expected: "an object mapping tensor names to shard files".into(),
+        found: "nothing".into(),
+    })?;
+    let mut shards = BTreeSet::new();
+    for (tensor, file) in map {
+        let file = file.as_str().filter(|f| !f.contains('/') && !f.is_empty()).ok_or_else(|| FrontendError::Config {
+            path: path.into(),
+            field: format!("weight_map.{tensor}"),
+            expected: "a shard file name in the same directory".into(),
+            found: file.to_string(),
+        })?;
+        shards.insert(file.to_string());
+    }
+    Ok(shards.into_iter().collect())
+}
+
+fn safetensors_error(path: &Path, len: usize, e: SafeTensorError) -> FrontendError {
+    let message = match e {
+        SafeTensorError::HeaderTooSmall | SafeTensorError::InvalidHeaderLength => {
+            format!("not a safetensors file or truncated inside its header ({len} bytes)")
+        }
+        SafeTensorError::MetadataIncompleteBuffer => {
+            format!("file size ({len} bytes) does not match the tensors its header describes (truncated or corrupt)")
+        }
+        other => format!("corrupt safetensors header: {other}"),
+    };
+    FrontendError::Safetensors { path: path.into(), message }
+}

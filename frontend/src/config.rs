@@ -1,0 +1,456 @@
+//! `config.json` of a Gemma 4 checkpoint, in both forms found in the wild: text-only
+//! (`model_type: gemma4_text`) and multimodal (`gemma4` with a nested `text_config`). Defaults and
+//! derived values follow transformers 5.23's `Gemma4TextConfig` (see `shared/docs/gemma4.md` §1).
+
+use crate::error::{io_error, FrontendError, Result};
+use serde_json::{Map, Value};
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttentionKind {
+    Sliding,
+    Full,
+}
+
+impl AttentionKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            AttentionKind::Sliding => "sliding",
+            AttentionKind::Full => "full",
+        }
+    }
+}
+
+/// RoPE of one attention kind. `partial_rotary_factor < 1` is transformers' "proportional" RoPE:
+/// the first `int(f * head_dim / 2)` frequency pairs rotate, the rest pass through.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rope {
+    pub theta: f64,
+    pub partial_rotary_factor: f64,
+    pub factor: f64,
+}
+
+impl Rope {
+    /// Inverse frequencies for a head of `head_dim` channels (`head_dim / 2` entries, zeros past the
+    /// rotated pairs). The exponent's denominator is the full head dim, as in transformers.
+    pub fn inv_freq(&self, head_dim: usize) -> Vec<f32> {
+        let rotated = (self.partial_rotary_factor * head_dim as f64 / 2.0).floor() as usize;
+        (0..head_dim / 2)
+            .map(|j| {
+                if j < rotated {
+                    let exponent = (2 * j) as f32 / head_dim as f32;
+                    (1.0 / (self.theta as f32).powf(exponent)) / self.factor as f32
+                } else {
+                    0.0
+                }
+            })
+            .collect()
+    }
+}
+
+/// Everything about one decoder layer that varies by layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerSpec {
+    pub kind: AttentionKind,
+    pub head_dim: usize,
+    pub num_kv_heads: usize,
+    /// The layer whose keys/values this layer attends over (itself unless KV-shared).
+    pub kv_source: usize,
+    pub intermediate_size: usize,
+}
+
+impl LayerSpec {
+    pub fn owns_kv(&self, index: usize) -> bool {
+        self.kv_source == index
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gemma4Config {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_attention_heads: usize,
+    pub rms_norm_eps: f64,
+    pub sliding_window: usize,
+    pub final_logit_softcapping: Option<f64>,
+    /// Per-layer-embedding width P (0: the model has no PLE).
+    pub per_layer_input_size: usize,
+    pub per_layer_vocab_size: usize,
+    pub tie_word_embeddings: bool,
+    pub max_position_embeddings: usize,
+    pub rope_sliding: Rope,
+    pub rope_full: Rope,
+    pub layers: Vec<LayerSpec>,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+    pub pad_token_id: Option<u32>,
+}
+
+impl Gemma4Config {
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    pub fn rope(&self, kind: AttentionKind) -> &Rope {
+        match kind {
+            AttentionKind::Sliding => &self.rope_sliding,
+            AttentionKind::Full => &self.rope_full,
+        }
+    }
+
+    /// Layers that own a KV cache (all others read another layer's).
+    pub fn kv_layers(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.layers.len()).filter(|&i| self.layers[i].owns_kv(i))
+    }
+
+    /// Reads `DIR/config.json` (and `DIR/generation_config.json` for extra EOS ids, if present).
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| io_error(&path, e))?;
+        let mut cfg = Self::from_json_str(&text, &path)?;
+        let gen_path = dir.join("generation_config.json");
+        if let Ok(text) = std::fs::read_to_string(&gen_path) {
+            let v: Value = serde_json::from_str(&text)
+                .map_err(|e| FrontendError::Json { path: gen_path.clone(), message: e.to_string() })?;
+            let r = Reader { path: gen_path, prefix: String::new(), obj: v.as_object().cloned().unwrap_or_default() };
+            for id in r.token_ids("eos_token_id")? {
+                if !cfg.eos_token_ids.contains(&id) {
+                    cfg.eos_token_ids.push(id);
+                }
+            }
+        }
+        Ok(cfg)
+    }
+
+    pub fn from_json_str(text: &str, path: &Path) -> Result<Self> {
+        let root: Value = serde_json::from_str(text)
+            .map_err(|e| FrontendError::Json { path: path.to_path_buf(), message: e.to_string() })?;
+        let Some(root) = root.as_object() else {
+            return Err(FrontendError::Config {
+                path: path.into(),
+                field: "(top level)".into(),
+                expected: "a JSON object".into(),
+                found: kind_of(&root),
+            });
+        };
+        let top = Reader { path: path.into(), prefix: String::new(), obj: root.clone() };
+        let model_type = top.string("model_type", None)?;
+        let text_reader = match model_type.as_str() {
+            "gemma4_text" => top,
+            "gemma4" => {
+                let inner = top.object("text_config")?;
+                let r = Reader { path: path.into(), prefix: "text_config.".into(), obj: inner };
+                let inner_type = r.string("model_type", Some("gemma4_text"))?;
+                if inner_type != "gemma4_text" {
+                    return Err(r.unsupported(format!("text_config.model_type `{inner_type}` (expected gemma4_text)")));
+                }
+                r
+            }
+            other => {
+                return Err(top.unsupported(format!(
+                    "model_type `{other}` (g4c reads Gemma 4: `gemma4` or `gemma4_text`)"
+                )))
+            }
+        };
+        parse_text_config(&text_reader)
+    }
+}
+
+fn parse_text_config(r: &Reader) -> Result<Gemma4Config> {
+    for (flag, what) in [
+        ("enable_moe_block", "mixture-of-experts blocks (enable_moe_block)"),
+        ("attention_k_eq_v", "shared key/value projections (attention_k_eq_v)"),
+        ("attention_bias", "attention biases (attention_bias)"),
+    ] {
+        if r.bool(flag, false)? {
+            return Err(r.unsupported(format!("{what} is not supported yet")));
+        }
+    }
+    if let Some(v) = r.obj.get("use_bidirectional_attention").filter(|v| !v.is_null()) {
+        if v.as_str() == Some("all") {
+            return Err(r.unsupported("bidirectional text attention (use_bidirectional_attention = \"all\")".into()));
+        }
+    }
+    let activation = r.string("hidden_activation", Some("gelu_pytorch_tanh"))?;
+    if !matches!(activation.as_str(), "gelu_pytorch_tanh" | "gelu_tanh") {
+        return Err(r.unsupported(format!("hidden_activation `{activation}` (expected gelu_pytorch_tanh)")));
+    }
+
+    let vocab_size = r.positive("vocab_size", Some(262_144))?;
+    let hidden_size = r.positive("hidden_size", Some(2304))?;
+    let num_layers = r.positive("num_hidden_layers", Some(30))?;
+    let num_attention_heads = r.positive("num_attention_heads", Some(8))?;
+    let num_kv_heads = r.positive("num_key_value_heads", Some(4))?;
+    let head_dim = r.positive("head_dim", Some(256))?;
+    let intermediate = r.positive("intermediate_size", Some(9216))?;
+    let double_wide = r.bool("use_double_wide_mlp", false)?;
+    let sliding_window = r.positive("sliding_window", Some(512))?;
+    let num_shared = r.usize("num_kv_shared_layers", Some(0))?;
+    if num_shared >= num_layers {
+        return Err(r.bad("num_kv_shared_layers", format!("fewer than num_hidden_layers ({num_layers})"), num_shared.to_string()));
+    }
+
+    let mut kinds = match r.obj.get("layer_types").filter(|v| !v.is_null()) {
+        None => (0..num_layers)
+            .map(|i| if (i + 1) % 6 == 0 { AttentionKind::Full } else { AttentionKind::Sliding })
+            .collect::<Vec<_>>(),
+        Some(v) => {
+            let list = v.as_array().ok_or_else(|| r.bad("layer_types", "a list".into(), kind_of(v)))?;
+            if list.len() != num_layers {
+                return Err(r.bad(
+                    "layer_types",
+                    format!("{num_layers} entries (num_hidden_layers)"),
+                    format!("{} entries", list.len()),
+                ));
+            }
+            list.iter()
+                .enumerate()
+                .map(|(i, t)| match t.as_str() {
+                    Some("sliding_attention") => Ok(AttentionKind::Sliding),
+                    Some("full_attention") => Ok(AttentionKind::Full),
+                    _ => Err(r.bad(&format!("layer_types[{i}]"), "\"sliding_attention\" or \"full_attention\"".into(), t.to_string())),
+                })
+                .collect::<Result<Vec<_>>>()?
+        }
+    };
+    // transformers forces the last layer to full attention.
+    *kinds.last_mut().unwrap() = AttentionKind::Full;
+
+    // Per-layer head geometry: `per_layer_config` (what transformers 5.x saves) or `global_head_dim`.
+    let head_dims: Vec<usize>;
+    let mut kv_heads = vec![num_kv_heads; num_layers];
+    match r.obj.get("per_layer_config").filter(|v| !v.is_null()) {
+        Some(v) => {
+            let mut dims = vec![head_dim; num_layers];
+            let map = v.as_object().ok_or_else(|| r.bad("per_layer_config", "an object".into(), kind_of(v)))?;
+            for (key, overrides) in map {
+                let field = format!("per_layer_config.{key}");
+                let layer: usize = key
+                    .parse()
+                    .ok()
+                    .filter(|&l| l < num_layers)
+                    .ok_or_else(|| r.bad(&field, format!("a layer index below {num_layers}"), format!("key {key:?}")))?;
+                if overrides.is_null() {
+                    continue;
+                }
+                let o = overrides.as_object().ok_or_else(|| r.bad(&field, "an object".into(), kind_of(overrides)))?;
+                let sub = Reader { path: r.path.clone(), prefix: format!("{}{field}.", r.prefix), obj: o.clone() };
+                for key in o.keys() {
+                    if !matches!(key.as_str(), "head_dim" | "num_key_value_heads") {
+                        return Err(sub.unsupported(format!("per-layer override `{key}` on layer {layer}")));
+                    }
+                }
+                dims[layer] = sub.positive("head_dim", Some(dims[layer]))?;
+                kv_heads[layer] = sub.positive("num_key_value_heads", Some(kv_heads[layer]))?;
+            }
+            head_dims = dims;
+        }
+        None => {
+            let global_head_dim = r.positive("global_head_dim", Some(512))?;
+            head_dims = kinds.iter().map(|k| if *k == AttentionKind::Full { global_head_dim } else { head_dim }).collect();
+        }
+    }
+    for (l, &kv) in kv_heads.iter().enumerate() {
+        if num_attention_heads % kv != 0 {
+            return Err(r.bad(
+                "num_key_value_heads",
+                format!("a divisor of num_attention_heads ({num_attention_heads}) on layer {l}"),
+                kv.to_string(),
+            ));
+        }
+    }
+    for (l, &d) in head_dims.iter().enumerate() {
+        if d % 2 != 0 {
+            return Err(r.bad("head_dim", format!("an even head dim on layer {l}"), d.to_string()));
+        }
+    }
+
+    // KV sharing (transformers' `kv_sharing_modes`): a shared layer reads the last non-shared layer
+    // of the same attention kind.
+    let first_shared = num_layers - num_shared;
+    let mut kv_source: Vec<usize> = (0..num_layers).collect();
+    for l in first_shared..num_layers {
+        let src = (0..first_shared).rev().find(|&s| kinds[s] == kinds[l]).ok_or_else(|| {
+            r.bad(
+                "num_kv_shared_layers",
+                format!("a non-shared {} layer before layer {first_shared} to share keys/values from", kinds[l].name()),
+                num_shared.to_string(),
+            )
+        })?;
+        if head_dims[src] != head_dims[l] || kv_heads[src] != kv_heads[l] {
+            return Err(r.unsupported(format!(
+                "layer {l} shares keys/values of layer {src} but their head geometry differs"
+            )));
+        }
+        kv_source[l] = src;
+    }
+    let layers = (0..num_layers)
+        .map(|l| LayerSpec {
+            kind: kinds[l],
+            head_dim: head_dims[l],
+            num_kv_heads: kv_heads[l],
+            kv_source: kv_source[l],
+            intermediate_size: if double_wide && l >= first_shared { 2 * intermediate } else { intermediate },
+        })
+        .collect();
+
+    let rope_params = r.obj.get("rope_parameters").filter(|v| !v.is_null());
+    let rope = |kind: &str, default: Rope| -> Result<Rope> {
+        let Some(all) = rope_params else { return Ok(default) };
+        let all = all.as_object().ok_or_else(|| r.bad("rope_parameters", "an object".into(), kind_of(all)))?;
+        let Some(p) = all.get(kind) else { return Ok(default) };
+        let field = format!("rope_parameters.{kind}");
+        let p = p.as_object().ok_or_else(|| r.bad(&field, "an object".into(), kind_of(p)))?;
+        let sub = Reader { path: r.path.clone(), prefix: format!("{}{field}.", r.prefix), obj: p.clone() };
+        let rope_type = sub.string("rope_type", Some("default"))?;
+        let theta = sub.float("rope_theta", Some(default.theta))?;
+        let factor = sub.float("factor", Some(1.0))?;
+        let partial = match rope_type.as_str() {
+            "default" => 1.0,
+            "proportional" => sub.float("partial_rotary_factor", Some(1.0))?,
+            other => return Err(sub.unsupported(format!("rope_type `{other}` (expected default or proportional)"))),
+        };
+        Ok(Rope { theta, partial_rotary_factor: partial, factor })
+    };
+    let rope_sliding = rope("sliding_attention", Rope { theta: 10_000.0, partial_rotary_factor: 1.0, factor: 1.0 })?;
+    let rope_full = rope("full_attention", Rope { theta: 1_000_000.0, partial_rotary_factor: 0.25, factor: 1.0 })?;
+
+    let softcap = match r.obj.get("final_logit_softcapping") {
+        None | Some(Value::Null) => None,
+        Some(_) => Some(r.float("final_logit_softcapping", None)?),
+    };
+    let per_layer_input_size = match r.obj.get("hidden_size_per_layer_input") {
+        Some(Value::Null) => 0,
+        _ => r.usize("hidden_size_per_layer_input", Some(256))?,
+    };
+    let per_layer_vocab_size = r.positive("vocab_size_per_layer_input", Some(262_144))?;
+
+    Ok(Gemma4Config {
+        vocab_size,
+        hidden_size,
+        num_attention_heads,
+        rms_norm_eps: r.float("rms_norm_eps", Some(1e-6))?,
+        sliding_window,
+        final_logit_softcapping: softcap,
+        per_layer_input_size,
+        per_layer_vocab_size,
+        tie_word_embeddings: r.bool("tie_word_embeddings", true)?,
+        max_position_embeddings: r.positive("max_position_embeddings", Some(131_072))?,
+        rope_sliding,
+        rope_full,
+        layers,
+        bos_token_id: r.optional_token_id("bos_token_id", Some(2))?,
+        eos_token_ids: r.token_ids("eos_token_id").map(|v| if v.is_empty() { vec![1] } else { v })?,
+        pad_token_id: r.optional_token_id("pad_token_id", Some(0))?,
+    })
+}
+
+/// Reads typed fields of one JSON object and reports problems with the field's full path.
+struct Reader {
+    path: PathBuf,
+    prefix: String,
+    obj: Map<String, Value>,
+}
+
+impl Reader {
+    fn bad(&self, field: &str, expected: String, found: String) -> FrontendError {
+        FrontendError::Config { path: self.path.clone(), field: format!("{}{field}", self.prefix), expected, found }
+    }
+
+    fn unsupported(&self, message: String) -> FrontendError {
+        FrontendError::Unsupported { path: self.path.clone(), message }
+    }
+
+    fn get(&self, field: &str) -> Option<&Value> {
+        self.obj.get(field).filter(|v| !v.is_null())
+    }
+
+    fn missing(&self, field: &str, expected: &str) -> FrontendError {
+        self.bad(field, expected.into(), "nothing (field missing)".into())
+    }
+
+    fn object(&self, field: &str) -> Result<Map<String, Value>> {
+        match self.get(field) {
+            Some(Value::Object(m)) => Ok(m.clone()),
+            Some(v) => Err(self.bad(field, "an object".into(), kind_of(v))),
+            None => Err(self.missing(field, "an object")),
+        }
+    }
+
+    fn string(&self, field: &str, default: Option<&str>) -> Result<String> {
+        match (self.get(field), default) {
+            (Some(Value::String(s)), _) => Ok(s.clone()),
+            (Some(v), _) => Err(self.bad(field, "a string".into(), kind_of(v))),
+            (None, Some(d)) => Ok(d.to_string()),
+            (None, None) => Err(self.missing(field, "a string")),
+        }
+    }
+
+    fn bool(&self, field: &str, default: bool) -> Result<bool> {
+        match self.get(field) {
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(v) => Err(self.bad(field, "true or false".into(), kind_of(v))),
+            None => Ok(default),
+        }
+    }
+
+    fn usize(&self, field: &str, default: Option<usize>) -> Result<usize> {
+        match (self.get(field), default) {
+            (Some(v), _) => v
+                .as_u64()
+                .map(|x| x as usize)
+                .ok_or_else(|| self.bad(field, "a non-negative integer".into(), kind_of(v))),
+            (None, Some(d)) => Ok(d),
+            (None, None) => Err(self.missing(field, "a non-negative integer")),
+        }
+    }
+
+    fn positive(&self, field: &str, default: Option<usize>) -> Result<usize> {
+        let v = self.usize(field, default)?;
+        if v == 0 {
+            return Err(self.bad(field, "a positive integer".into(), "0".into()));
+        }
+        Ok(v)
+    }
+
+    fn float(&self, field: &str, default: Option<f64>) -> Result<f64> {
+        match (self.get(field), default) {
+            (Some(v), _) => v
+                .as_f64()
+                .filter(|x| x.is_finite() && *x > 0.0)
+                .ok_or_else(|| self.bad(field, "a positive number".into(), kind_of(v))),
+            (None, Some(d)) => Ok(d),
+            (None, None) => Err(self.missing(field, "a positive number")),
+        }
+    }
+
+    fn optional_token_id(&self, field: &str, default: Option<u32>) -> Result<Option<u32>> {
+        match self.obj.get(field) {
+            None => Ok(default),
+            Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|x| u32::try_from(x).ok())
+                .map(Some)
+                .ok_or_else(|| self.bad(field, "a token id".into(), kind_of(v))),
+        }
+    }
+
+    /// A token id or a list of them (transformers accepts both for `eos_token_id`).
+    fn token_ids(&self, field: &str) -> Result<Vec<u32>> {
+        let bad = |v: &Value| self.bad(field, "a token id or a list of token ids".into(), kind_of(v));
+        match self.get(field) {
+            None => Ok(vec![]),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| v.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(|| bad(v)))
+                .collect(),
+            Some(v) => Ok(vec![v.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(|| bad(v))?]),
+        }
+    }
+}
+
+fn kind_of(v: &Value) -> String {
+    let text = v.to_string();
+    if text.chars().count() > 40 { format!("{}...", text.chars().take(40).collect::<String>()) } else { text }
+}

@@ -1,0 +1,69 @@
+//! One Gemma 4 decoder layer (gemma4.md §3.4): attention with sandwich norms, MLP with sandwich
+//! norms, the per-layer-embedding injection, and the layer scalar on the whole residual stream.
+
+use super::attention::{apply_rope, attend};
+use super::nn::Graph;
+use super::StepContext;
+use crate::config::Gemma4Config;
+use g4c_ir::{BinaryOp, ValueId};
+
+pub fn decoder_layer(g: &mut Graph, cfg: &Gemma4Config, l: usize, h: ValueId, cx: &mut StepContext) -> ValueId {
+    let spec = &cfg.layers[l];
+    let eps = cfg.rms_norm_eps;
+    let y = |s: &str| format!("layers.{l}.{s}");
+    let [b, t, _] = g.b.shape(h)[..] else { unreachable!("hidden state is [B, T, D]") };
+    let (hq, hkv, hd) = (cfg.num_attention_heads, spec.num_kv_heads, spec.head_dim);
+    let rope = cx.rope(g, cfg, spec.kind, hd);
+
+    // --- attention ---
+    let x = g.rms_norm(h, Some(&y("input_layernorm")), eps);
+    let q = g.linear(x, &y("self_attn.q_proj"));
+    let q = g.b.reshape(q, &[b, t, hq, hd]);
+    let q = g.rms_norm(q, Some(&y("self_attn.q_norm")), eps);
+    let q = apply_rope(g, q, rope);
+    let q = g.b.name(q, &format!("l{l}.q"));
+    if spec.owns_kv(l) {
+        let k = g.linear(x, &y("self_attn.k_proj"));
+        let k = g.b.reshape(k, &[b, t, hkv, hd]);
+        let k = g.rms_norm(k, Some(&y("self_attn.k_norm")), eps);
+        let k = apply_rope(g, k, rope);
+        let v = g.linear(x, &y("self_attn.v_proj"));
+        let v = g.b.reshape(v, &[b, t, hkv, hd]);
+        let v = g.rms_norm(v, None, eps);
+        let k = g.b.transpose(k, &[0, 2, 1, 3]);
+        let v = g.b.transpose(v, &[0, 2, 1, 3]);
+        cx.write_kv(g, l, spec.kind, k, v);
+    }
+    let (keys, values) = cx.kv(spec.kv_source);
+    let visible = cx.visible(spec.kind);
+    let a = attend(g, q, keys, values, visible);
+    let a = g.linear(a, &y("self_attn.o_proj"));
+    let a = g.rms_norm(a, Some(&y("post_attention_layernorm")), eps);
+    let h = g.b.binary(BinaryOp::Add, h, a);
+
+    // --- MLP ---
+    let x = g.rms_norm(h, Some(&y("pre_feedforward_layernorm")), eps);
+    let gate = g.linear(x, &y("mlp.gate_proj"));
+    let gate = g.gelu_tanh(gate);
+    let up = g.linear(x, &y("mlp.up_proj"));
+    let m = g.b.binary(BinaryOp::Mul, gate, up);
+    let m = g.linear(m, &y("mlp.down_proj"));
+    let m = g.rms_norm(m, Some(&y("post_feedforward_layernorm")), eps);
+    let mut h = g.b.binary(BinaryOp::Add, h, m);
+
+    // --- per-layer embedding ---
+    if let Some(ple) = cx.per_layer_input(g, l) {
+        let gate = g.linear(h, &y("per_layer_input_gate"));
+        let gate = g.gelu_tanh(gate);
+        let gated = g.b.binary(BinaryOp::Mul, gate, ple);
+        let p = g.linear(gated, &y("per_layer_projection"));
+        let p = g.rms_norm(p, Some(&y("post_per_layer_input_norm")), eps);
+        h = g.b.binary(BinaryOp::Add, h, p);
+    }
+
+    // --- layer scalar: scales the whole residual stream ---
+    let scalar = g.w(&y("layer_scalar"));
+    let scalar = g.b.broadcast_to(scalar, &g.b.shape(h));
+    let h = g.b.binary(BinaryOp::Mul, h, scalar);
+    g.b.name(h, &format!("h.l{l}"))
+}

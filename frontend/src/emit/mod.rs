@@ -1,0 +1,268 @@
+//! Emits the IR of a Gemma 4 text decoder: the `prefill` and `decode` entry points over one set of
+//! weights and one set of cache state.
+//!
+//! Entry-point contract (every backend honours it):
+//! - `prefill(ids: i32[B,T], pos: i32[B,T], last: i32[B], state...) -> (logits: f32[B,V], state...)`
+//!   runs T tokens per sequence at absolute positions `pos` (`-1` marks padding) and returns the
+//!   logits of token `last[b]` of each sequence.
+//! - `decode(ids: i32[B,1], pos: i32[B,1], state...) -> (logits: f32[B,V], state...)`.
+//! - State: `cache.l{L}.k` / `cache.l{L}.v: f32[B, Hkv, S, d]` for every KV-owning layer L, and
+//!   `cache.{sliding,full}.pos: i32[B, S]`, the absolute position held by each slot (`-1` = empty).
+//!   Full layers hold `S = context` slots; sliding layers are rings of `window + T - 1` slots (capped
+//!   at `context`) so that one prefill call never overwrites a key its own queries still need.
+
+mod attention;
+mod layer;
+mod nn;
+
+use crate::config::{AttentionKind, Gemma4Config};
+use crate::error::{FrontendError, Result};
+use attention::{ring_slots, rope_tables, visibility, RopeTables};
+use g4c_ir::{BinaryOp, CompareDir, DType, DotDims, FunctionBuilder, Module, TensorType, ValueId, WeightDecl};
+use nn::Graph;
+use std::collections::HashMap;
+
+/// Static shapes of one compiled model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shapes {
+    pub batch: usize,
+    /// Tokens per sequence in one `prefill` call.
+    pub prefill_len: usize,
+    /// Positions a sequence may reach (prompt plus generated tokens).
+    pub context: usize,
+}
+
+impl Shapes {
+    pub fn cache_len(&self, cfg: &Gemma4Config, kind: AttentionKind) -> usize {
+        match kind {
+            AttentionKind::Full => self.context,
+            AttentionKind::Sliding => (cfg.sliding_window + self.prefill_len - 1).min(self.context),
+        }
+    }
+
+    fn check(&self, cfg: &Gemma4Config) -> Result<()> {
+        let bad = |message: String| Err(FrontendError::Invalid { message });
+        if self.batch == 0 || self.prefill_len == 0 {
+            return bad(format!("batch ({}) and prefill length ({}) must be at least 1", self.batch, self.prefill_len));
+        }
+        if self.prefill_len > self.context {
+            return bad(format!("prefill length {} exceeds the context of {} positions", self.prefill_len, self.context));
+        }
+        if self.context > cfg.max_position_embeddings {
+            return bad(format!(
+                "context of {} positions exceeds the model's max_position_embeddings ({})",
+                self.context, cfg.max_position_embeddings
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Entry {
+    Prefill,
+    Decode,
+}
+
+impl Entry {
+    pub fn name(self) -> &'static str {
+        match self {
+            Entry::Prefill => "prefill",
+            Entry::Decode => "decode",
+        }
+    }
+}
+
+/// Builds the module with both entry points.
+pub fn emit_module(cfg: &Gemma4Config, weights: Vec<WeightDecl>, shapes: &Shapes) -> Result<Module> {
+    shapes.check(cfg)?;
+    let mut module = Module::new("gemma4_text");
+    module.weights = weights;
+    for entry in [Entry::Prefill, Entry::Decode] {
+        let f = emit_entry(cfg, &module.weights, shapes, entry);
+        module.functions.push(f);
+    }
+    Ok(module)
+}
+
+fn emit_entry(cfg: &Gemma4Config, weights: &[WeightDecl], shapes: &Shapes, entry: Entry) -> g4c_ir::Function {
+    let b = shapes.batch;
+    let t = match entry {
+        Entry::Prefill => shapes.prefill_len,
+        Entry::Decode => 1,
+    };
+    let mut g = Graph::new(FunctionBuilder::new(entry.name(), weights));
+    let ids = g.b.input("ids", TensorType::new(DType::I32, [b, t]));
+    let pos = g.b.input("pos", TensorType::new(DType::I32, [b, t]));
+    let last = (entry == Entry::Prefill).then(|| g.b.input("last", TensorType::new(DType::I32, [b])));
+    let mut cx = StepContext::declare_state(&mut g, cfg, shapes, pos);
+
+    // Embedding, scaled by √D rounded to the table's dtype as transformers does.
+    let table = g.w("embed_tokens");
+    let h = g.b.gather(table, ids);
+    let embed_scale = round_to(weights_dtype(weights, "embed_tokens"), (cfg.hidden_size as f64).sqrt());
+    let h = g.b.binary_scalar(BinaryOp::Mul, h, embed_scale);
+    let mut h = g.b.name(h, "h.embed");
+    cx.ple = per_layer_inputs(&mut g, cfg, weights, ids, h);
+
+    for l in 0..cfg.num_layers() {
+        h = layer::decoder_layer(&mut g, cfg, l, h, &mut cx);
+    }
+
+    // The hidden state whose logits are returned: token `last[b]` (prefill) or the only token.
+    let d = cfg.hidden_size;
+    let h = match last {
+        Some(last) => {
+            let index = g.b.iota(1, TensorType::new(DType::I32, [b, t]));
+            let last = g.b.broadcast(last, &[b, t], &[0]);
+            let pick = g.b.compare(CompareDir::Eq, index, last);
+            let pick = g.b.convert(pick, DType::F32);
+            let dims = DotDims { lhs_batch: vec![0], rhs_batch: vec![0], lhs_contract: vec![1], rhs_contract: vec![1] };
+            g.b.dot_general(pick, h, dims)
+        }
+        None => g.b.reshape(h, &[b, d]),
+    };
+    let h = g.rms_norm(h, Some("norm"), cfg.rms_norm_eps);
+    let head = if cfg.tie_word_embeddings { "embed_tokens" } else { "lm_head" };
+    let mut logits = g.linear(h, head);
+    if let Some(cap) = cfg.final_logit_softcapping {
+        logits = g.softcap(logits, cap);
+    }
+    let logits = g.b.name(logits, "logits");
+
+    let mut results = vec![("logits".to_string(), logits)];
+    results.extend(cx.state_results);
+    let results = results.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+    g.b.finish(results)
+}
+
+/// PLE (gemma4.md §3.2): `(RMS_P(reshape(h0·Wᵀ·D^-½)) + reshape(E_ple[ids]·√P))·2^-½`, `[B, T, L, P]`.
+fn per_layer_inputs(
+    g: &mut Graph,
+    cfg: &Gemma4Config,
+    weights: &[WeightDecl],
+    ids: ValueId,
+    h0: ValueId,
+) -> Option<ValueId> {
+    let p = cfg.per_layer_input_size;
+    if p == 0 {
+        return None;
+    }
+    let [b, t] = g.b.shape(ids)[..] else { unreachable!() };
+    let layers = cfg.num_layers();
+    let table = g.w("embed_tokens_per_layer");
+    let tok = g.b.gather(table, ids);
+    let tok_scale = round_to(weights_dtype(weights, "embed_tokens_per_layer"), (p as f64).sqrt());
+    let tok = g.b.binary_scalar(BinaryOp::Mul, tok, tok_scale);
+    let tok = g.b.reshape(tok, &[b, t, layers, p]);
+    let ctx = g.linear(h0, "per_layer_model_projection");
+    let ctx = g.b.binary_scalar(BinaryOp::Mul, ctx, (cfg.hidden_size as f64).powf(-0.5));
+    let ctx = g.b.reshape(ctx, &[b, t, layers, p]);
+    let ctx = g.rms_norm(ctx, Some("per_layer_projection_norm"), cfg.rms_norm_eps);
+    let sum = g.b.binary(BinaryOp::Add, ctx, tok);
+    let ple = g.b.binary_scalar(BinaryOp::Mul, sum, 0.5f64.sqrt());
+    Some(g.b.name(ple, "ple"))
+}
+
+fn weights_dtype(weights: &[WeightDecl], name: &str) -> DType {
+    weights.iter().find(|w| w.name == name).map(|w| w.ty.dtype).unwrap_or(DType::F32)
+}
+
+/// `x` rounded to `dtype` (transformers casts scale constants to the weight dtype).
+fn round_to(dtype: DType, x: f64) -> f64 {
+    match dtype {
+        DType::BF16 => half::bf16::from_f64(x).to_f64(),
+        DType::F16 => half::f16::from_f64(x).to_f64(),
+        _ => x as f32 as f64,
+    }
+}
+
+/// Per-call values shared by the layers of one entry point.
+pub struct StepContext {
+    pos_f32: ValueId,
+    kinds: HashMap<AttentionKind, KindState>,
+    rope: HashMap<(AttentionKind, usize), RopeTables>,
+    caches: HashMap<usize, (ValueId, ValueId)>,
+    ple: Option<ValueId>,
+    state_results: Vec<(String, ValueId)>,
+}
+
+/// Slot bookkeeping of the caches of one attention kind.
+struct KindState {
+    slots: ValueId,
+    visible: ValueId,
+}
+
+impl StepContext {
+    /// Declares the state parameters (slot positions per kind, then K/V per KV-owning layer) and
+    /// computes this call's slot writes and visibility masks.
+    fn declare_state(g: &mut Graph, cfg: &Gemma4Config, shapes: &Shapes, pos: ValueId) -> StepContext {
+        let b = shapes.batch;
+        let pos_f32 = g.b.convert(pos, DType::F32);
+        let mut kinds = HashMap::new();
+        let mut state_results = Vec::new();
+        let mut caches = HashMap::new();
+        for kind in [AttentionKind::Sliding, AttentionKind::Full] {
+            if !cfg.kv_layers().any(|l| cfg.layers[l].kind == kind) {
+                continue;
+            }
+            let cap = shapes.cache_len(cfg, kind);
+            let name = format!("cache.{}.pos", kind.name());
+            let stored = g.b.state(&name, TensorType::new(DType::I32, [b, cap]), -1.0);
+            let slots = ring_slots(g, pos, cap);
+            let slots = g.b.name(slots, &format!("{}.slots", kind.name()));
+            let stored = g.b.update_slots(stored, slots, pos, 1);
+            let window = (kind == AttentionKind::Sliding).then_some(cfg.sliding_window);
+            let visible = visibility(g, pos, stored, window);
+            let visible = g.b.name(visible, &format!("{}.visible", kind.name()));
+            state_results.push((name, stored));
+            kinds.insert(kind, KindState { slots, visible });
+        }
+        for l in cfg.kv_layers() {
+            let spec = &cfg.layers[l];
+            let ty = TensorType::new(DType::F32, [b, spec.num_kv_heads, shapes.cache_len(cfg, spec.kind), spec.head_dim]);
+            let k = g.b.state(&format!("cache.l{l}.k"), ty.clone(), 0.0);
+            let v = g.b.state(&format!("cache.l{l}.v"), ty, 0.0);
+            caches.insert(l, (k, v));
+        }
+        StepContext { pos_f32, kinds, rope: HashMap::new(), caches, ple: None, state_results }
+    }
+
+    fn rope(&mut self, g: &mut Graph, cfg: &Gemma4Config, kind: AttentionKind, head_dim: usize) -> RopeTables {
+        if let Some(t) = self.rope.get(&(kind, head_dim)) {
+            return *t;
+        }
+        let tables = rope_tables(g, self.pos_f32, &cfg.rope(kind).inv_freq(head_dim));
+        self.rope.insert((kind, head_dim), tables);
+        tables
+    }
+
+    /// Stores this call's keys/values (`[B, Hkv, T, d]`) into layer `l`'s cache, before attending.
+    fn write_kv(&mut self, g: &mut Graph, l: usize, kind: AttentionKind, k: ValueId, v: ValueId) {
+        let slots = self.kinds[&kind].slots;
+        let (k_cache, v_cache) = self.caches[&l];
+        let k = g.b.update_slots(k_cache, slots, k, 2);
+        let v = g.b.update_slots(v_cache, slots, v, 2);
+        let k = g.b.name(k, &format!("cache.l{l}.k.next"));
+        let v = g.b.name(v, &format!("cache.l{l}.v.next"));
+        self.caches.insert(l, (k, v));
+        self.state_results.push((format!("cache.l{l}.k"), k));
+        self.state_results.push((format!("cache.l{l}.v"), v));
+    }
+
+    fn kv(&self, layer: usize) -> (ValueId, ValueId) {
+        self.caches[&layer]
+    }
+
+    fn visible(&self, kind: AttentionKind) -> ValueId {
+        self.kinds[&kind].visible
+    }
+
+    /// Layer `l`'s slice of the per-layer embeddings, `[B, T, P]`.
+    fn per_layer_input(&self, g: &mut Graph, l: usize) -> Option<ValueId> {
+        let ple = self.ple?;
+        let [b, t, _, p] = g.b.shape(ple)[..] else { unreachable!() };
+        let slice = g.b.slice_axis(ple, 2, l, l + 1);
+        Some(g.b.reshape(slice, &[b, t, p]))
+    }
+}

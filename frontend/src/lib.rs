@@ -1,0 +1,38 @@
+//! The g4c frontend: reads a Gemma 4 checkpoint (config + safetensors) and emits IR.
+
+pub mod checkpoint;
+pub mod config;
+pub mod emit;
+pub mod error;
+pub mod synth;
+pub mod tokenizer;
+pub mod weights;
+
+pub use checkpoint::{Checkpoint, TensorBytes};
+pub use config::{AttentionKind, Gemma4Config, LayerSpec, Rope};
+pub use emit::{emit_module, Entry, Shapes};
+pub use error::{FrontendError, Result};
+pub use tokenizer::TextTokenizer;
+pub use weights::{bind_weights, expected_tensors, ExpectedTensor};
+
+use std::path::Path;
+
+/// A checkpoint directory opened and checked against its config.
+pub struct Model {
+    pub config: Gemma4Config,
+    pub checkpoint: Checkpoint,
+    pub weights: Vec<g4c_ir::WeightDecl>,
+}
+
+impl Model {
+    pub fn open(dir: &Path) -> Result<Model> {
+        let config = Gemma4Config::from_dir(dir)?;
+        let checkpoint = Checkpoint::open(dir)?;
+        let weights = bind_weights(&config, &checkpoint)?;
+        Ok(Model { config, checkpoint, weights })
+    }
+
+    pub fn module(&self, shapes: &Shapes) -> Result<g4c_ir::Module> {
+        emit_module(&self.config, self.weights.clone(), shapes)
+    }
+}

@@ -1,0 +1,228 @@
+//! Appends well-typed instructions to a function. Result types come from `infer_type`, so a builder
+//! can only produce IR the verifier accepts; an ill-typed request is a bug in the caller and panics
+//! with the op and the mismatch.
+
+use crate::{
+    infer_type, BinaryOp, CompareDir, DType, DotDims, FuncResult, Function, Instr, Literal, Op, Param,
+    ParamRole, ReduceKind, TensorType, UnaryOp, ValueId, WeightDecl,
+};
+use std::collections::HashSet;
+
+pub struct FunctionBuilder<'w> {
+    func: Function,
+    weights: &'w [WeightDecl],
+    names: HashSet<String>,
+}
+
+impl<'w> FunctionBuilder<'w> {
+    pub fn new(name: impl Into<String>, weights: &'w [WeightDecl]) -> Self {
+        FunctionBuilder { func: Function::new(name), weights, names: HashSet::new() }
+    }
+
+    pub fn ty(&self, v: ValueId) -> &TensorType {
+        self.func.ty(v)
+    }
+
+    pub fn shape(&self, v: ValueId) -> Vec<usize> {
+        self.func.ty(v).shape.clone()
+    }
+
+    /// A per-call input parameter.
+    pub fn input(&mut self, name: &str, ty: TensorType) -> ValueId {
+        self.param(name, ty, ParamRole::Input)
+    }
+
+    /// A state parameter, filled with `init` before the first call.
+    pub fn state(&mut self, name: &str, ty: TensorType, init: f64) -> ValueId {
+        self.param(name, ty, ParamRole::State { init })
+    }
+
+    fn param(&mut self, name: &str, ty: TensorType, role: ParamRole) -> ValueId {
+        assert!(self.names.insert(name.to_string()), "duplicate parameter name {name}");
+        let value = self.func.new_value(ty, Some(name.to_string()));
+        self.func.params.push(Param { value, role });
+        value
+    }
+
+    /// Gives `v` a readable name (made unique with a `.N` suffix when taken).
+    pub fn name(&mut self, v: ValueId, name: &str) -> ValueId {
+        let mut candidate = name.to_string();
+        let mut n = 1;
+        while self.names.contains(&candidate) || candidate.chars().all(|c| c.is_ascii_digit()) {
+            candidate = format!("{name}.{n}");
+            n += 1;
+        }
+        self.names.insert(candidate.clone());
+        self.func.values[v.index()].name = Some(candidate);
+        v
+    }
+
+    /// Appends `op`; `declared` is required for ops whose result type is not implied by operands.
+    pub fn op(&mut self, op: Op, declared: Option<TensorType>) -> ValueId {
+        let operands = op.operands();
+        let ty = infer_type(
+            &op,
+            &|i| self.func.ty(operands[i]).clone(),
+            &|n| self.weights.iter().find(|w| w.name == n).map(|w| w.ty.clone()),
+            declared.as_ref(),
+        )
+        .unwrap_or_else(|e| panic!("ill-typed `{}` in @{}: {e}", op.mnemonic(), self.func.name));
+        let result = self.func.new_value(ty, None);
+        self.func.body.push(Instr { result, op });
+        result
+    }
+
+    pub fn finish(mut self, results: Vec<(&str, ValueId)>) -> Function {
+        self.func.results =
+            results.into_iter().map(|(name, value)| FuncResult { name: name.to_string(), value }).collect();
+        self.func
+    }
+
+    // ---- one method per op ----
+
+    pub fn weight(&mut self, name: &str) -> ValueId {
+        self.op(Op::Weight { name: name.to_string() }, None)
+    }
+
+    pub fn splat(&mut self, value: f64, ty: TensorType) -> ValueId {
+        self.op(Op::Constant(Literal::Splat(value)), Some(ty))
+    }
+
+    pub fn scalar(&mut self, value: f64, dtype: DType) -> ValueId {
+        self.splat(value, TensorType::scalar(dtype))
+    }
+
+    pub fn dense(&mut self, values: Vec<f64>, ty: TensorType) -> ValueId {
+        self.op(Op::Constant(Literal::Dense(values)), Some(ty))
+    }
+
+    pub fn iota(&mut self, dim: usize, ty: TensorType) -> ValueId {
+        self.op(Op::Iota { dim }, Some(ty))
+    }
+
+    pub fn unary(&mut self, u: UnaryOp, x: ValueId) -> ValueId {
+        self.op(Op::Unary(u, x), None)
+    }
+
+    pub fn binary(&mut self, b: BinaryOp, x: ValueId, y: ValueId) -> ValueId {
+        self.op(Op::Binary(b, x, y), None)
+    }
+
+    pub fn compare(&mut self, dir: CompareDir, x: ValueId, y: ValueId) -> ValueId {
+        self.op(Op::Compare(dir, x, y), None)
+    }
+
+    pub fn select(&mut self, cond: ValueId, on_true: ValueId, on_false: ValueId) -> ValueId {
+        self.op(Op::Select { cond, on_true, on_false }, None)
+    }
+
+    pub fn convert(&mut self, x: ValueId, dtype: DType) -> ValueId {
+        if self.ty(x).dtype == dtype {
+            return x;
+        }
+        let ty = self.ty(x).with_dtype(dtype);
+        self.op(Op::Convert(x), Some(ty))
+    }
+
+    pub fn reduce(&mut self, kind: ReduceKind, x: ValueId, axes: &[usize]) -> ValueId {
+        self.op(Op::Reduce { kind, input: x, axes: axes.to_vec() }, None)
+    }
+
+    pub fn reshape(&mut self, x: ValueId, shape: &[usize]) -> ValueId {
+        if self.ty(x).shape == shape {
+            return x;
+        }
+        let ty = self.ty(x).with_shape(shape);
+        self.op(Op::Reshape(x), Some(ty))
+    }
+
+    pub fn transpose(&mut self, x: ValueId, perm: &[usize]) -> ValueId {
+        self.op(Op::Transpose { input: x, perm: perm.to_vec() }, None)
+    }
+
+    pub fn broadcast(&mut self, x: ValueId, shape: &[usize], dims: &[usize]) -> ValueId {
+        if self.ty(x).shape == shape {
+            return x;
+        }
+        let ty = self.ty(x).with_shape(shape);
+        self.op(Op::Broadcast { input: x, dims: dims.to_vec() }, Some(ty))
+    }
+
+    pub fn slice(&mut self, x: ValueId, start: &[usize], limit: &[usize]) -> ValueId {
+        self.op(Op::Slice { input: x, start: start.to_vec(), limit: limit.to_vec() }, None)
+    }
+
+    /// Slice of `[start, limit)` along one axis, everything along the others.
+    pub fn slice_axis(&mut self, x: ValueId, axis: usize, start: usize, limit: usize) -> ValueId {
+        let shape = self.shape(x);
+        let mut lo = vec![0; shape.len()];
+        let mut hi = shape;
+        lo[axis] = start;
+        hi[axis] = limit;
+        self.slice(x, &lo, &hi)
+    }
+
+    pub fn concat(&mut self, inputs: &[ValueId], axis: usize) -> ValueId {
+        self.op(Op::Concat { inputs: inputs.to_vec(), axis }, None)
+    }
+
+    pub fn dot_general(&mut self, lhs: ValueId, rhs: ValueId, dims: DotDims) -> ValueId {
+        self.op(Op::DotGeneral { lhs, rhs, dims }, None)
+    }
+
+    pub fn gather(&mut self, table: ValueId, indices: ValueId) -> ValueId {
+        self.op(Op::Gather { table, indices }, None)
+    }
+
+    pub fn update_slots(&mut self, operand: ValueId, slots: ValueId, updates: ValueId, axis: usize) -> ValueId {
+        self.op(Op::UpdateSlots { operand, slots, updates, axis }, None)
+    }
+
+    // ---- conveniences built from the ops above ----
+
+    /// Numpy-style broadcast of `x` to `shape` (trailing dimensions aligned).
+    pub fn broadcast_to(&mut self, x: ValueId, shape: &[usize]) -> ValueId {
+        let rank = self.ty(x).rank();
+        assert!(rank <= shape.len(), "cannot broadcast {} to {shape:?}", self.ty(x));
+        let dims: Vec<usize> = (shape.len() - rank..shape.len()).collect();
+        self.broadcast(x, shape, &dims)
+    }
+
+    /// `x op y` after numpy-style broadcasting of both operands to their common shape.
+    pub fn binary_bcast(&mut self, b: BinaryOp, x: ValueId, y: ValueId) -> ValueId {
+        let shape = common_shape(&self.shape(x), &self.shape(y))
+            .unwrap_or_else(|| panic!("`{b}`: shapes {} and {} do not broadcast", self.ty(x), self.ty(y)));
+        let x = self.broadcast_to(x, &shape);
+        let y = self.broadcast_to(y, &shape);
+        self.binary(b, x, y)
+    }
+
+    pub fn compare_bcast(&mut self, dir: CompareDir, x: ValueId, y: ValueId) -> ValueId {
+        let shape = common_shape(&self.shape(x), &self.shape(y))
+            .unwrap_or_else(|| panic!("`compare`: shapes {} and {} do not broadcast", self.ty(x), self.ty(y)));
+        let x = self.broadcast_to(x, &shape);
+        let y = self.broadcast_to(y, &shape);
+        self.compare(dir, x, y)
+    }
+
+    /// `x op c` for a scalar constant `c` of `x`'s element type.
+    pub fn binary_scalar(&mut self, b: BinaryOp, x: ValueId, c: f64) -> ValueId {
+        let ty = self.ty(x).clone();
+        let c = self.splat(c, ty);
+        self.binary(b, x, c)
+    }
+}
+
+/// The numpy broadcast of two shapes, if they are compatible.
+pub fn common_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let n = a.len().max(b.len());
+    let dim = |s: &[usize], i: usize| if i + s.len() >= n { s[i + s.len() - n] } else { 1 };
+    (0..n)
+        .map(|i| match (dim(a, i), dim(b, i)) {
+            (x, y) if x == y => Some(x),
+            (1, y) => Some(y),
+            (x, 1) => Some(x),
+            _ => None,
+        })
+        .collect()
+}

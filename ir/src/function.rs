@@ -1,0 +1,129 @@
+//! Functions (entry points) and modules (a set of entry points over shared weights).
+
+use crate::{Op, TensorType};
+
+/// An SSA value of one function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ValueId(pub u32);
+
+impl ValueId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValueData {
+    pub ty: TensorType,
+    /// A readable name (`l3.q`); unnamed values print as `%N`. Unique within a function.
+    pub name: Option<String>,
+}
+
+/// What a function parameter carries between calls.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ParamRole {
+    /// A per-call input (token ids, positions).
+    Input,
+    /// State owned by the caller and threaded through calls: a result of the same name returns its
+    /// next value. Before the first call every element holds `init` (e.g. `-1` for "empty slot").
+    State { init: f64 },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Param {
+    pub value: ValueId,
+    pub role: ParamRole,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Instr {
+    pub result: ValueId,
+    pub op: Op,
+}
+
+/// A named function result. A result named like a `State` parameter is that state's next value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FuncResult {
+    pub name: String,
+    pub value: ValueId,
+}
+
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Function {
+    pub name: String,
+    pub values: Vec<ValueData>,
+    pub params: Vec<Param>,
+    pub body: Vec<Instr>,
+    pub results: Vec<FuncResult>,
+}
+
+impl Function {
+    pub fn new(name: impl Into<String>) -> Self {
+        Function { name: name.into(), ..Default::default() }
+    }
+
+    pub fn ty(&self, v: ValueId) -> &TensorType {
+        &self.values[v.index()].ty
+    }
+
+    pub fn value_name(&self, v: ValueId) -> Option<&str> {
+        self.values[v.index()].name.as_deref()
+    }
+
+    /// Adds a value without defining it; callers attach it to a param or an instruction.
+    pub fn new_value(&mut self, ty: TensorType, name: Option<String>) -> ValueId {
+        self.values.push(ValueData { ty, name });
+        ValueId(self.values.len() as u32 - 1)
+    }
+
+    pub fn param(&self, name: &str) -> Option<&Param> {
+        self.params.iter().find(|p| self.value_name(p.value) == Some(name))
+    }
+
+    pub fn param_name(&self, p: &Param) -> &str {
+        self.value_name(p.value).unwrap_or("")
+    }
+
+    pub fn result(&self, name: &str) -> Option<&FuncResult> {
+        self.results.iter().find(|r| r.name == name)
+    }
+
+    /// State parameters in declaration order.
+    pub fn state_params(&self) -> impl Iterator<Item = &Param> {
+        self.params.iter().filter(|p| matches!(p.role, ParamRole::State { .. }))
+    }
+}
+
+/// A checkpoint tensor the functions of a module read through `weight @name`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WeightDecl {
+    pub name: String,
+    pub ty: TensorType,
+    /// The tensor's key in the checkpoint it is loaded from.
+    pub source: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Module {
+    pub name: String,
+    pub weights: Vec<WeightDecl>,
+    pub functions: Vec<Function>,
+}
+
+impl Module {
+    pub fn new(name: impl Into<String>) -> Self {
+        Module { name: name.into(), ..Default::default() }
+    }
+
+    pub fn weight(&self, name: &str) -> Option<&WeightDecl> {
+        self.weights.iter().find(|w| w.name == name)
+    }
+
+    pub fn function(&self, name: &str) -> Option<&Function> {
+        self.functions.iter().find(|f| f.name == name)
+    }
+
+    pub fn function_mut(&mut self, name: &str) -> Option<&mut Function> {
+        self.functions.iter_mut().find(|f| f.name == name)
+    }
+}

@@ -1,0 +1,26 @@
+//! The g4c IR: a small typed SSA form for statically shaped tensor programs.
+//!
+//! A [`Module`] holds named checkpoint weights and entry-point [`Function`]s (`prefill`, `decode`).
+//! State that outlives a call (KV caches and the absolute position stored in every cache slot) is
+//! explicit: a `state` parameter in, a result of the same name out. The text form round-trips
+//! exactly (`print_module(parse_module(t)?) == t` for printed `t`), so tests can be written as text.
+
+mod builder;
+mod dtype;
+mod function;
+mod infer;
+mod op;
+mod parse;
+mod print;
+mod types;
+mod verify;
+
+pub use builder::{common_shape, FunctionBuilder};
+pub use dtype::DType;
+pub use function::{FuncResult, Function, Instr, Module, Param, ParamRole, ValueData, ValueId, WeightDecl};
+pub use infer::{dot_shape, infer_type};
+pub use op::{Attr, BinaryOp, CompareDir, DotDims, Literal, Op, ReduceKind, UnaryOp};
+pub use parse::{parse_module, ParseError};
+pub use print::{fmt_f64, print_function, print_module, ValueNames};
+pub use types::TensorType;
+pub use verify::{verify_function, verify_module, VerifyError};

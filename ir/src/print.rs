@@ -1,0 +1,125 @@
+//! The text form. Printing is deterministic, and `parse(print(m))` prints back identically.
+//!
+//! ```text
+//! module @gemma4_text {
+//!   weight @embed_tokens : bf16[512,64] = "model.language_model.embed_tokens.weight"
+//!
+//!   func @decode(
+//!     %ids: i32[1,1],
+//!     %cache.l0.pos: i32[1,8] state(-1)
+//!   ) -> (
+//!     logits: f32[1,512],
+//!     cache.l0.pos: i32[1,8]
+//!   ) {
+//!     %0 = weight @embed_tokens : bf16[512,64]
+//!     %1 = dot_general %a, %0 {lhs_batch = [], rhs_batch = [], lhs_contract = [2], rhs_contract = [1]} : f32[1,1,512]
+//!     return %1, %cache.l0.pos.new
+//!   }
+//! }
+//! ```
+
+use crate::{Attr, Function, Module, ParamRole, ValueId};
+use std::fmt::Write;
+
+/// The printed name of every value: its own name, or a number in definition order.
+pub struct ValueNames(Vec<String>);
+
+impl ValueNames {
+    pub fn new(f: &Function) -> Self {
+        let mut names: Vec<String> = f.values.iter().enumerate().map(|(i, v)| match &v.name {
+            Some(n) => n.clone(),
+            None => format!("#{i}"),
+        }).collect();
+        let mut next = 0;
+        for instr in &f.body {
+            if f.values[instr.result.index()].name.is_none() {
+                names[instr.result.index()] = next.to_string();
+                next += 1;
+            }
+        }
+        ValueNames(names)
+    }
+
+    pub fn get(&self, v: ValueId) -> String {
+        match self.0.get(v.index()) {
+            Some(n) => format!("%{n}"),
+            None => format!("%#{}", v.0),
+        }
+    }
+}
+
+pub fn print_module(m: &Module) -> String {
+    let mut out = format!("module @{} {{\n", m.name);
+    for w in &m.weights {
+        writeln!(out, "  weight @{} : {} = {:?}", w.name, w.ty, w.source).unwrap();
+    }
+    for f in &m.functions {
+        out.push('\n');
+        print_function_into(&mut out, f);
+    }
+    out.push_str("}\n");
+    out
+}
+
+pub fn print_function(f: &Function) -> String {
+    let mut out = String::new();
+    print_function_into(&mut out, f);
+    out
+}
+
+fn print_function_into(out: &mut String, f: &Function) {
+    let names = ValueNames::new(f);
+    writeln!(out, "  func @{}(", f.name).unwrap();
+    for (i, p) in f.params.iter().enumerate() {
+        write!(out, "    {}: {}", names.get(p.value), f.ty(p.value)).unwrap();
+        if let ParamRole::State { init } = p.role {
+            write!(out, " state({})", fmt_f64(init)).unwrap();
+        }
+        out.push_str(if i + 1 < f.params.len() { ",\n" } else { "\n" });
+    }
+    out.push_str("  ) -> (\n");
+    for (i, r) in f.results.iter().enumerate() {
+        write!(out, "    {}: {}", r.name, f.ty(r.value)).unwrap();
+        out.push_str(if i + 1 < f.results.len() { ",\n" } else { "\n" });
+    }
+    out.push_str("  ) {\n");
+    for instr in &f.body {
+        write!(out, "    {} = {}", names.get(instr.result), instr.op.mnemonic()).unwrap();
+        if let crate::Op::Weight { name } = &instr.op {
+            write!(out, " @{name}").unwrap();
+        }
+        let operands: Vec<String> = instr.op.operands().iter().map(|v| names.get(*v)).collect();
+        if !operands.is_empty() {
+            write!(out, " {}", operands.join(", ")).unwrap();
+        }
+        let attrs = instr.op.attrs();
+        if !attrs.is_empty() {
+            let parts: Vec<String> = attrs.iter().map(|(k, a)| format!("{k} = {}", fmt_attr(a))).collect();
+            write!(out, " {{{}}}", parts.join(", ")).unwrap();
+        }
+        writeln!(out, " : {}", f.ty(instr.result)).unwrap();
+    }
+    let rets: Vec<String> = f.results.iter().map(|r| names.get(r.value)).collect();
+    writeln!(out, "    return {}", rets.join(", ")).unwrap();
+    out.push_str("  }\n");
+}
+
+fn fmt_attr(a: &Attr) -> String {
+    let list = |items: Vec<String>| format!("[{}]", items.join(", "));
+    match a {
+        Attr::Int(v) => v.to_string(),
+        Attr::Float(v) => fmt_f64(*v),
+        Attr::Ints(vs) => list(vs.iter().map(|v| v.to_string()).collect()),
+        Attr::Floats(vs) => list(vs.iter().map(|v| fmt_f64(*v)).collect()),
+        Attr::Word(w) => w.clone(),
+    }
+}
+
+/// Shortest text that parses back to the same f64 (`1.0`, `-1e30`, `inf`, `nan`).
+pub fn fmt_f64(v: f64) -> String {
+    if v.is_nan() {
+        "nan".into()
+    } else {
+        format!("{v:?}")
+    }
+}

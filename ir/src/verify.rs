@@ -1,0 +1,104 @@
+//! The verifier: every operand defined before use, every result type equal to what its op implies,
+//! weights declared once with the type functions read them at, and state threaded through results.
+
+use crate::{infer_type, print::ValueNames, Function, Module, ParamRole, ValueId};
+use std::collections::HashSet;
+use std::fmt;
+
+/// All problems found in a module, each naming the function, the op and the mismatch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VerifyError {
+    pub problems: Vec<String>,
+}
+
+impl fmt::Display for VerifyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "IR verification failed ({} problem(s)): {}", self.problems.len(), self.problems.join("; "))
+    }
+}
+
+impl std::error::Error for VerifyError {}
+
+pub fn verify_module(m: &Module) -> Result<(), VerifyError> {
+    let mut problems = Vec::new();
+    let mut seen = HashSet::new();
+    for w in &m.weights {
+        if !seen.insert(&w.name) {
+            problems.push(format!("weight @{} declared twice", w.name));
+        }
+    }
+    let mut fnames = HashSet::new();
+    for f in &m.functions {
+        if !fnames.insert(&f.name) {
+            problems.push(format!("function @{} defined twice", f.name));
+        }
+        problems.extend(check_function(m, f));
+    }
+    if problems.is_empty() { Ok(()) } else { Err(VerifyError { problems }) }
+}
+
+pub fn verify_function(m: &Module, f: &Function) -> Result<(), VerifyError> {
+    let problems = check_function(m, f);
+    if problems.is_empty() { Ok(()) } else { Err(VerifyError { problems }) }
+}
+
+fn check_function(m: &Module, f: &Function) -> Vec<String> {
+    let names = ValueNames::new(f);
+    let mut problems = Vec::new();
+    let mut defined = vec![false; f.values.len()];
+    let define = |v: ValueId, defined: &mut Vec<bool>, problems: &mut Vec<String>| {
+        if v.index() >= defined.len() {
+            problems.push(format!("@{}: value #{} has no type", f.name, v.0));
+        } else if std::mem::replace(&mut defined[v.index()], true) {
+            problems.push(format!("@{}: {} defined twice", f.name, names.get(v)));
+        }
+    };
+    for p in &f.params {
+        define(p.value, &mut defined, &mut problems);
+    }
+    for instr in &f.body {
+        let ops = instr.op.operands();
+        let undefined: Vec<_> = ops.iter().filter(|v| !defined.get(v.index()).copied().unwrap_or(false)).collect();
+        let here = || format!("@{}: {} = {}", f.name, names.get(instr.result), instr.op.mnemonic());
+        if !undefined.is_empty() {
+            let list: Vec<String> = undefined.iter().map(|v| names.get(**v)).collect();
+            problems.push(format!("{}: operand(s) {} used before definition", here(), list.join(", ")));
+        } else {
+            let declared = f.ty(instr.result);
+            match infer_type(
+                &instr.op,
+                &|i| f.ty(ops[i]).clone(),
+                &|n| m.weight(n).map(|w| w.ty.clone()),
+                Some(declared),
+            ) {
+                Ok(ty) if &ty == declared => {}
+                Ok(ty) => problems.push(format!("{}: result type is {declared}, op produces {ty}", here())),
+                Err(e) => problems.push(format!("{}: {e}", here())),
+            }
+        }
+        define(instr.result, &mut defined, &mut problems);
+    }
+    let mut rnames = HashSet::new();
+    for r in &f.results {
+        if !rnames.insert(&r.name) {
+            problems.push(format!("@{}: result `{}` returned twice", f.name, r.name));
+        }
+        if !defined.get(r.value.index()).copied().unwrap_or(false) {
+            problems.push(format!("@{}: result `{}` is never defined", f.name, r.name));
+        }
+    }
+    for p in f.params.iter().filter(|p| matches!(p.role, ParamRole::State { .. })) {
+        let pname = f.param_name(p);
+        match f.result(pname) {
+            None => problems.push(format!("@{}: state %{pname} has no result of the same name", f.name)),
+            Some(r) if f.ty(r.value) != f.ty(p.value) => problems.push(format!(
+                "@{}: state %{pname} is {} but its result is {}",
+                f.name,
+                f.ty(p.value),
+                f.ty(r.value)
+            )),
+            _ => {}
+        }
+    }
+    problems
+}

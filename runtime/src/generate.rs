@@ -1,0 +1,208 @@
+//! The generation loop over the entry-point contract of `g4c_frontend::emit`: chunked, padded prefill
+//! of the prompt, then one decode call per token. Backend-agnostic: anything that can call a module's
+//! functions is an `Executor`.
+
+use crate::error::{invalid, Result};
+use crate::interp::Interpreter;
+use crate::tensor::Tensor;
+use g4c_ir::{Function, Module, ParamRole};
+use std::collections::HashMap;
+
+pub trait Executor {
+    fn module(&self) -> &Module;
+    fn call(&mut self, function: &str, inputs: Vec<Tensor>) -> Result<Vec<Tensor>>;
+}
+
+impl Executor for Interpreter<'_> {
+    fn module(&self) -> &Module {
+        Interpreter::module(self)
+    }
+    fn call(&mut self, function: &str, inputs: Vec<Tensor>) -> Result<Vec<Tensor>> {
+        Interpreter::call(self, function, inputs)
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct GenerateOptions {
+    pub max_new_tokens: usize,
+    pub eos_ids: Vec<u32>,
+    pub ignore_eos: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    Eos,
+    MaxTokens,
+}
+
+impl StopReason {
+    pub fn name(self) -> &'static str {
+        match self {
+            StopReason::Eos => "eos",
+            StopReason::MaxTokens => "max_tokens",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Generation {
+    pub prompt_ids: Vec<u32>,
+    pub generated_ids: Vec<u32>,
+    /// Row `i`: the logits from which `generated_ids[i]` was chosen.
+    pub logits: Vec<Vec<f32>>,
+    pub stop: StopReason,
+}
+
+/// Static facts about a compiled module that the loop needs.
+pub struct ModelShape {
+    pub prefill_len: usize,
+    pub vocab: usize,
+    /// Highest number of positions a sequence may use.
+    pub context: usize,
+}
+
+impl ModelShape {
+    pub fn of(module: &Module) -> Result<ModelShape> {
+        let (Some(prefill), Some(decode)) = (module.function("prefill"), module.function("decode")) else {
+            return invalid("the module lacks a `prefill` or `decode` function");
+        };
+        let ids = prefill.param("ids").map(|p| prefill.ty(p.value).shape.clone()).unwrap_or_default();
+        let [batch, prefill_len] = ids[..] else { return invalid("prefill's `ids` must be i32[B, T]") };
+        if batch != 1 {
+            return invalid(format!("generation runs one sequence; this module has batch {batch}"));
+        }
+        let logits = decode.result("logits").map(|r| decode.ty(r.value).shape.clone()).unwrap_or_default();
+        let [_, vocab] = logits[..] else { return invalid("decode's `logits` must be f32[B, V]") };
+        // Full-attention slots are never reused, so their count bounds the positions.
+        let context = decode
+            .param("cache.full.pos")
+            .map(|p| decode.ty(p.value).shape[1])
+            .ok_or_else(|| crate::RuntimeError::Invalid("the module has no `cache.full.pos` state".into()))?;
+        Ok(ModelShape { prefill_len, vocab, context })
+    }
+}
+
+/// Greedy generation (ties go to the lowest token id, like `argmax` in transformers).
+pub fn generate(
+    exec: &mut dyn Executor,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    on_token: &mut dyn FnMut(u32),
+) -> Result<Generation> {
+    let shape = ModelShape::of(exec.module())?;
+    if prompt.is_empty() {
+        return invalid("the prompt is empty: give at least one token id");
+    }
+    if let Some(bad) = prompt.iter().find(|&&id| id as usize >= shape.vocab) {
+        return invalid(format!("prompt token id {bad} is outside the vocabulary (0..{})", shape.vocab));
+    }
+    if prompt.len() + opts.max_new_tokens > shape.context {
+        return invalid(format!(
+            "prompt of {} tokens plus {} new tokens exceeds the context of {} positions",
+            prompt.len(),
+            opts.max_new_tokens,
+            shape.context
+        ));
+    }
+    let mut state = initial_state(exec.module().function("decode").expect("checked above"));
+    let mut gen = Generation { prompt_ids: prompt.to_vec(), generated_ids: vec![], logits: vec![], stop: StopReason::MaxTokens };
+    if opts.max_new_tokens == 0 {
+        return Ok(gen);
+    }
+
+    // Prefill in chunks of the compiled length; the last chunk is right-padded with position -1.
+    let t = shape.prefill_len;
+    let mut logits = Vec::new();
+    for (c, chunk) in prompt.chunks(t).enumerate() {
+        let start = c * t;
+        let mut ids = vec![0i32; t];
+        let mut pos = vec![-1i32; t];
+        for (i, &id) in chunk.iter().enumerate() {
+            ids[i] = id as i32;
+            pos[i] = (start + i) as i32;
+        }
+        let mut inputs = HashMap::from([
+            ("ids", Tensor::i32([1, t], ids)),
+            ("pos", Tensor::i32([1, t], pos)),
+            ("last", Tensor::i32([1], vec![chunk.len() as i32 - 1])),
+        ]);
+        logits = step(exec, "prefill", &mut inputs, &mut state)?;
+    }
+
+    let mut position = prompt.len();
+    loop {
+        let token = argmax(&logits) as u32;
+        gen.generated_ids.push(token);
+        gen.logits.push(std::mem::take(&mut logits));
+        on_token(token);
+        if !opts.ignore_eos && opts.eos_ids.contains(&token) {
+            gen.stop = StopReason::Eos;
+            break;
+        }
+        if gen.generated_ids.len() == opts.max_new_tokens {
+            break;
+        }
+        let mut inputs = HashMap::from([
+            ("ids", Tensor::i32([1, 1], vec![token as i32])),
+            ("pos", Tensor::i32([1, 1], vec![position as i32])),
+        ]);
+        logits = step(exec, "decode", &mut inputs, &mut state)?;
+        position += 1;
+    }
+    Ok(gen)
+}
+
+fn initial_state(f: &Function) -> HashMap<String, Tensor> {
+    f.params
+        .iter()
+        .filter_map(|p| match p.role {
+            ParamRole::State { init } => Some((f.param_name(p).to_string(), Tensor::filled(f.ty(p.value).clone(), init))),
+            ParamRole::Input => None,
+        })
+        .collect()
+}
+
+/// Calls `function` with named inputs plus the current state; stores the next state and returns the
+/// logits row of sequence 0.
+fn step(
+    exec: &mut dyn Executor,
+    function: &str,
+    inputs: &mut HashMap<&str, Tensor>,
+    state: &mut HashMap<String, Tensor>,
+) -> Result<Vec<f32>> {
+    let f = exec.module().function(function).expect("checked by ModelShape").clone();
+    let mut args = Vec::with_capacity(f.params.len());
+    for p in &f.params {
+        let name = f.param_name(p);
+        let value = match p.role {
+            ParamRole::Input => inputs.remove(name),
+            ParamRole::State { .. } => state.remove(name),
+        };
+        match value {
+            Some(v) => args.push(v),
+            None => return invalid(format!("@{function} needs an input %{name} the generation loop does not provide")),
+        }
+    }
+    let outputs = exec.call(function, args)?;
+    let mut logits = None;
+    for (r, value) in f.results.iter().zip(outputs) {
+        if r.name == "logits" {
+            logits = Some(value);
+        } else {
+            state.insert(r.name.clone(), value);
+        }
+    }
+    let logits = logits.ok_or_else(|| crate::RuntimeError::Invalid(format!("@{function} returns no `logits`")))?;
+    let vocab = *logits.shape().last().unwrap_or(&0);
+    Ok(logits.as_f32().map(|v| v[..vocab].to_vec()).unwrap_or_default())
+}
+
+fn argmax(v: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best
+}

@@ -1,0 +1,115 @@
+//! The reference interpreter: executes any IR function on the CPU, one op at a time, in f32 (narrower
+//! floats are rounded to their dtype after every op). It is the oracle later passes and backends are
+//! checked against, so it favours obviously-correct code over speed.
+
+mod kernels;
+
+use crate::error::{invalid, Result, RuntimeError};
+use crate::tensor::Tensor;
+use crate::weights::WeightStore;
+use g4c_ir::{Function, Module, Op, ValueNames};
+use std::collections::HashMap;
+
+pub struct Interpreter<'m> {
+    module: &'m Module,
+    store: &'m dyn WeightStore,
+    /// Weights loaded so far; they stay resident across calls.
+    loaded: HashMap<String, Tensor>,
+}
+
+impl<'m> Interpreter<'m> {
+    pub fn new(module: &'m Module, store: &'m dyn WeightStore) -> Self {
+        Interpreter { module, store, loaded: HashMap::new() }
+    }
+
+    pub fn module(&self) -> &Module {
+        self.module
+    }
+
+    /// Runs `function` on `inputs` (in parameter order) and returns its results in order.
+    pub fn call(&mut self, function: &str, inputs: Vec<Tensor>) -> Result<Vec<Tensor>> {
+        let module = self.module;
+        let Some(f) = module.function(function) else {
+            return invalid(format!("the module has no function @{function}"));
+        };
+        if inputs.len() != f.params.len() {
+            return invalid(format!("@{function} takes {} inputs, {} given", f.params.len(), inputs.len()));
+        }
+        let mut values: Vec<Option<Tensor>> = vec![None; f.values.len()];
+        for (p, t) in f.params.iter().zip(inputs) {
+            if &t.ty != f.ty(p.value) {
+                return invalid(format!("@{function}: input %{} must be {}, got {}", f.param_name(p), f.ty(p.value), t.ty));
+            }
+            values[p.value.index()] = Some(t);
+        }
+        let last_use = last_uses(f);
+        for (i, instr) in f.body.iter().enumerate() {
+            let out = self.eval(f, &instr.op, &values, f.ty(instr.result)).map_err(|message| RuntimeError::Op {
+                function: f.name.clone(),
+                value: ValueNames::new(f).get(instr.result),
+                op: instr.op.mnemonic().to_string(),
+                message,
+            })?;
+            values[instr.result.index()] = Some(out);
+            for v in instr.op.operands() {
+                if last_use[v.index()] == Some(i) {
+                    values[v.index()] = None;
+                }
+            }
+        }
+        Ok(f.results.iter().map(|r| values[r.value.index()].clone().expect("results are defined")).collect())
+    }
+
+    fn eval(&mut self, f: &Function, op: &Op, values: &[Option<Tensor>], ty: &g4c_ir::TensorType) -> std::result::Result<Tensor, String> {
+        let v = |id: g4c_ir::ValueId| values[id.index()].as_ref().expect("operand computed before use");
+        let _ = f;
+        Ok(match op {
+            Op::Weight { name } => self.weight(name)?,
+            Op::Constant(lit) => kernels::constant(lit, ty),
+            Op::Iota { dim } => kernels::iota(*dim, ty),
+            Op::Unary(u, x) => kernels::unary(*u, v(*x))?,
+            Op::Binary(b, x, y) => kernels::binary(*b, v(*x), v(*y))?,
+            Op::Compare(d, x, y) => kernels::compare(*d, v(*x), v(*y))?,
+            Op::Select { cond, on_true, on_false } => kernels::select(v(*cond), v(*on_true), v(*on_false))?,
+            Op::Convert(x) => kernels::convert(v(*x), ty.dtype)?,
+            Op::Reduce { kind, input, axes } => kernels::reduce(*kind, v(*input), axes, ty)?,
+            Op::Reshape(x) => kernels::reshape(v(*x), ty),
+            Op::Transpose { input, perm } => kernels::transpose(v(*input), perm, ty),
+            Op::Broadcast { input, dims } => kernels::broadcast(v(*input), dims, ty),
+            Op::Slice { input, start, .. } => kernels::slice(v(*input), start, ty),
+            Op::Concat { inputs, axis } => {
+                let xs: Vec<&Tensor> = inputs.iter().map(|x| v(*x)).collect();
+                kernels::concat(&xs, *axis, ty)?
+            }
+            Op::DotGeneral { lhs, rhs, dims } => kernels::dot_general(v(*lhs), v(*rhs), dims, ty)?,
+            Op::Gather { table, indices } => kernels::gather(v(*table), v(*indices), ty)?,
+            Op::UpdateSlots { operand, slots, updates, axis } => {
+                kernels::update_slots(v(*operand), v(*slots), v(*updates), *axis)?
+            }
+        })
+    }
+
+    fn weight(&mut self, name: &str) -> std::result::Result<Tensor, String> {
+        if let Some(t) = self.loaded.get(name) {
+            return Ok(t.clone());
+        }
+        let decl = self.module.weight(name).ok_or_else(|| format!("no weight @{name}"))?;
+        let t = self.store.load(decl).map_err(|e| e.to_string())?;
+        self.loaded.insert(name.to_string(), t.clone());
+        Ok(t)
+    }
+}
+
+/// Index of the last instruction reading each value (`None`: never read, or a result).
+fn last_uses(f: &Function) -> Vec<Option<usize>> {
+    let mut last = vec![None; f.values.len()];
+    for (i, instr) in f.body.iter().enumerate() {
+        for v in instr.op.operands() {
+            last[v.index()] = Some(i);
+        }
+    }
+    for r in &f.results {
+        last[r.value.index()] = None;
+    }
+    last
+}

@@ -1,0 +1,14 @@
+//! The g4c runtime: host tensors, the reference interpreter, weight stores and the generation loop.
+//! Later backends (PJRT, CUDA) implement `Executor` and reuse the loop.
+
+mod error;
+pub mod generate;
+pub mod interp;
+pub mod tensor;
+pub mod weights;
+
+pub use error::{Result, RuntimeError};
+pub use generate::{generate, Executor, GenerateOptions, Generation, ModelShape, StopReason};
+pub use interp::Interpreter;
+pub use tensor::{Data, Tensor};
+pub use weights::{decode, WeightStore};

@@ -1,0 +1,34 @@
+pub mod ir;
+pub mod run;
+pub mod synth;
+
+use clap::Args;
+
+/// Static shapes of the emitted entry points.
+#[derive(Args, Clone, Debug)]
+pub struct ShapeArgs {
+    /// Sequences per call
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Tokens per sequence in one prefill call
+    #[arg(long, default_value_t = 128)]
+    pub prefill_len: usize,
+    /// Positions a sequence may reach (sizes the full-attention caches)
+    #[arg(long, default_value_t = 4096)]
+    pub context: usize,
+}
+
+impl ShapeArgs {
+    pub fn shapes(&self) -> g4c_frontend::Shapes {
+        g4c_frontend::Shapes { batch: self.batch, prefill_len: self.prefill_len, context: self.context }
+    }
+}
+
+/// Writes to stdout; a closed pipe (`g4c ir ... | head`) ends output quietly instead of failing.
+pub fn write_stdout(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,25 @@
+use anyhow::{anyhow, Result};
+use clap::Args;
+use g4c_frontend::synth::{synthesize, Preset};
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct SynthArgs {
+    /// `tiny` (toy size, every E2B irregularity, with a tokenizer) or `e2b` (real E2B shapes, ≈9.3 GB)
+    #[arg(long)]
+    pub preset: String,
+    /// Seed of the random weights
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Output directory (must not exist)
+    #[arg(short = 'o', long = "out")]
+    pub out: PathBuf,
+}
+
+pub fn run(args: SynthArgs) -> Result<()> {
+    let preset = Preset::parse(&args.preset)
+        .ok_or_else(|| anyhow!("unknown preset `{}` (expected `tiny` or `e2b`)", args.preset))?;
+    synthesize(preset, args.seed, &args.out)?;
+    eprintln!("wrote {}", args.out.display());
+    Ok(())
+}

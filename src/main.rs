@@ -1,0 +1,57 @@
+//! `g4c`: the command line. It only wires the pipeline crates together.
+
+mod commands;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "g4c", version, about = "Compile and run Gemma 4 checkpoints", long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the IR of a checkpoint's entry points
+    Ir(commands::ir::IrArgs),
+    /// Generate tokens from a checkpoint
+    Run(commands::run::RunArgs),
+    /// Write a synthetic checkpoint in the published Gemma 4 layout
+    Synth(commands::synth::SynthArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            // One line: clap's first line names the flag or value and what was wrong with it.
+            let rendered = e.render().to_string();
+            let first = rendered.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
+            eprintln!("g4c: error: {first} (see `g4c --help`)");
+            return ExitCode::from(2);
+        }
+    };
+    let result = match cli.command {
+        Command::Ir(args) => commands::ir::run(args),
+        Command::Run(args) => commands::run::run(args),
+        Command::Synth(args) => commands::synth::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("g4c: error: {}", one_line(&format!("{e:#}")));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
