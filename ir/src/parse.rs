@@ -161,7 +161,11 @@ impl Parser {
     }
 
     fn err<T>(&self, message: String) -> Result<T, ParseError> {
-        let (_, line, col) = self.toks[self.i];
+        self.err_at(self.i, message)
+    }
+
+    fn err_at<T>(&self, token: usize, message: String) -> Result<T, ParseError> {
+        let (_, line, col) = self.toks[token];
         Err(ParseError { line, col, message })
     }
 
@@ -394,6 +398,7 @@ impl Parser {
             match self.next() {
                 Tok::Value(name) => {
                     self.expect_punct('=')?;
+                    let mnemonic_at = self.i;
                     let mnemonic = self.word()?;
                     let symbol = if matches!(self.peek(), Tok::Symbol(_)) { Some(self.symbol()?) } else { None };
                     let mut operands = Vec::new();
@@ -420,12 +425,13 @@ impl Parser {
                     let ty = self.tensor_type()?;
                     let op = match Op::from_parts(&mnemonic, symbol, operands, attrs) {
                         Ok(op) => op,
-                        Err(e) => return self.err(format!("%{name}: {e}")),
+                        Err(e) => return self.err_at(mnemonic_at, format!("%{name}: {e}")),
                     };
                     let result = self.define(&mut f, &mut scope, &name, ty)?;
                     f.body.push(Instr { result, op });
                 }
                 Tok::Word(w) if w == "return" => {
+                    let return_at = self.i - 1;
                     let mut values = Vec::new();
                     while let Tok::Value(v) = self.peek().clone() {
                         values.push(self.lookup(&scope, &v)?);
@@ -435,7 +441,7 @@ impl Parser {
                         }
                     }
                     if values.len() != result_sig.len() {
-                        return self.err(format!(
+                        return self.err_at(return_at, format!(
                             "return has {} value(s), the signature declares {}",
                             values.len(),
                             result_sig.len()
@@ -443,7 +449,7 @@ impl Parser {
                     }
                     for ((name, ty), value) in result_sig.iter().zip(&values) {
                         if f.ty(*value) != ty {
-                            return self.err(format!("result `{name}` is declared {ty} but returns {}", f.ty(*value)));
+                            return self.err_at(return_at, format!("result `{name}` is declared {ty} but returns {}", f.ty(*value)));
                         }
                         f.results.push(FuncResult { name: name.clone(), value: *value });
                     }

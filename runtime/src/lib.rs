@@ -11,4 +11,5 @@ pub use error::{Result, RuntimeError};
 pub use generate::{generate, Executor, GenerateOptions, Generation, ModelShape, StopReason};
 pub use interp::Interpreter;
 pub use tensor::{Data, Tensor};
+pub use g4c_ir::WeightDecl;
 pub use weights::{decode, WeightStore};

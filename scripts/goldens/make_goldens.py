@@ -9,7 +9,10 @@ For each model it writes
   hf/         the checkpoint as transformers saves it (text-only config, f32, `model.` keys)
   published/  the same weights in the published layout (multimodal config with `global_head_dim`,
               bf16, `model.language_model.` keys, dead K/V tensors on KV-shared layers, a vision tensor)
-  golden.json prompts, greedy tokens, versions; logits.safetensors: per-step logits [N, V] per case.
+  golden.json prompts, greedy tokens, versions, and per step the "reference spread": how far
+              transformers' own full forward (no cache) is from its cached decode, max |Δlogit|.
+              Some steps are ill-conditioned and the reference itself is only that precise there.
+  logits.safetensors: per-step logits [N, V] per case.
 
 Weights are drawn so the checks have teeth (gemma4.md §9): embeddings with std 0.5 so the final softcap
 is non-linear, norm weights from U[0.5, 2] and layer scalars from U[0.3, 1]; every value is rounded to
@@ -115,6 +118,14 @@ def greedy(model, prompt, new_tokens):
     return tokens, torch.stack(rows)
 
 
+@torch.no_grad()
+def reference_spread(model, prompt, tokens, rows):
+    """Per step, max |logit difference| between transformers' full forward and its cached decode."""
+    full = model(input_ids=torch.tensor([prompt + tokens])).logits[0].float()
+    p = len(prompt)
+    return (full[p - 1 : p - 1 + len(tokens)] - rows).abs().max(dim=-1).values.tolist()
+
+
 def write_published(model, cfg, out):
     """The same weights in the layout of the published multimodal release."""
     out.mkdir(parents=True, exist_ok=True)
@@ -154,7 +165,8 @@ def main():
         cases, logits = [], {}
         for case, prompt in spec["prompts"].items():
             tokens, rows = greedy(model, prompt, spec["new_tokens"])
-            cases.append({"name": case, "prompt_ids": prompt, "generated_ids": tokens})
+            spread = [float(f"{x:.3g}") for x in reference_spread(model, prompt, tokens, rows)]
+            cases.append({"name": case, "prompt_ids": prompt, "generated_ids": tokens, "reference_spread": spread})
             logits[case] = rows.contiguous()
             top2 = rows.topk(2, dim=-1).values
             margin = float((top2[:, 0] - top2[:, 1]).min())

@@ -97,13 +97,14 @@ fn emit_entry(cfg: &Gemma4Config, weights: &[WeightDecl], shapes: &Shapes, entry
     let last = (entry == Entry::Prefill).then(|| g.b.input("last", TensorType::new(DType::I32, [b])));
     let mut cx = StepContext::declare_state(&mut g, cfg, shapes, pos);
 
-    // Embedding, scaled by √D rounded to the table's dtype as transformers does.
+    // Embedding scaled by √D. transformers rounds the scale to the dtype the model runs in (39.25 for
+    // √1536 in bf16); this IR computes in f32, and dtype legalization rounds the constant with the
+    // multiply when a target computes in a narrower type.
     let table = g.w("embed_tokens");
     let h = g.b.gather(table, ids);
-    let embed_scale = round_to(weights_dtype(weights, "embed_tokens"), (cfg.hidden_size as f64).sqrt());
-    let h = g.b.binary_scalar(BinaryOp::Mul, h, embed_scale);
+    let h = g.b.binary_scalar(BinaryOp::Mul, h, (cfg.hidden_size as f64).sqrt());
     let mut h = g.b.name(h, "h.embed");
-    cx.ple = per_layer_inputs(&mut g, cfg, weights, ids, h);
+    cx.ple = per_layer_inputs(&mut g, cfg, ids, h);
 
     for l in 0..cfg.num_layers() {
         h = layer::decoder_layer(&mut g, cfg, l, h, &mut cx);
@@ -137,13 +138,7 @@ fn emit_entry(cfg: &Gemma4Config, weights: &[WeightDecl], shapes: &Shapes, entry
 }
 
 /// PLE (gemma4.md §3.2): `(RMS_P(reshape(h0·Wᵀ·D^-½)) + reshape(E_ple[ids]·√P))·2^-½`, `[B, T, L, P]`.
-fn per_layer_inputs(
-    g: &mut Graph,
-    cfg: &Gemma4Config,
-    weights: &[WeightDecl],
-    ids: ValueId,
-    h0: ValueId,
-) -> Option<ValueId> {
+fn per_layer_inputs(g: &mut Graph, cfg: &Gemma4Config, ids: ValueId, h0: ValueId) -> Option<ValueId> {
     let p = cfg.per_layer_input_size;
     if p == 0 {
         return None;
@@ -152,8 +147,7 @@ fn per_layer_inputs(
     let layers = cfg.num_layers();
     let table = g.w("embed_tokens_per_layer");
     let tok = g.b.gather(table, ids);
-    let tok_scale = round_to(weights_dtype(weights, "embed_tokens_per_layer"), (p as f64).sqrt());
-    let tok = g.b.binary_scalar(BinaryOp::Mul, tok, tok_scale);
+    let tok = g.b.binary_scalar(BinaryOp::Mul, tok, (p as f64).sqrt());
     let tok = g.b.reshape(tok, &[b, t, layers, p]);
     let ctx = g.linear(h0, "per_layer_model_projection");
     let ctx = g.b.binary_scalar(BinaryOp::Mul, ctx, (cfg.hidden_size as f64).powf(-0.5));
@@ -162,19 +156,6 @@ fn per_layer_inputs(
     let sum = g.b.binary(BinaryOp::Add, ctx, tok);
     let ple = g.b.binary_scalar(BinaryOp::Mul, sum, 0.5f64.sqrt());
     Some(g.b.name(ple, "ple"))
-}
-
-fn weights_dtype(weights: &[WeightDecl], name: &str) -> DType {
-    weights.iter().find(|w| w.name == name).map(|w| w.ty.dtype).unwrap_or(DType::F32)
-}
-
-/// `x` rounded to `dtype` (transformers casts scale constants to the weight dtype).
-fn round_to(dtype: DType, x: f64) -> f64 {
-    match dtype {
-        DType::BF16 => half::bf16::from_f64(x).to_f64(),
-        DType::F16 => half::f16::from_f64(x).to_f64(),
-        _ => x as f32 as f64,
-    }
 }
 
 /// Per-call values shared by the layers of one entry point.

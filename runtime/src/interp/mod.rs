@@ -7,7 +7,7 @@ mod kernels;
 use crate::error::{invalid, Result, RuntimeError};
 use crate::tensor::Tensor;
 use crate::weights::WeightStore;
-use g4c_ir::{Function, Module, Op, ValueNames};
+use g4c_ir::{Function, Module, Op, TensorType, ValueId, ValueNames};
 use std::collections::HashMap;
 
 pub struct Interpreter<'m> {
@@ -44,7 +44,7 @@ impl<'m> Interpreter<'m> {
         }
         let last_use = last_uses(f);
         for (i, instr) in f.body.iter().enumerate() {
-            let out = self.eval(f, &instr.op, &values, f.ty(instr.result)).map_err(|message| RuntimeError::Op {
+            let out = self.eval(&instr.op, &values, f.ty(instr.result)).map_err(|message| RuntimeError::Op {
                 function: f.name.clone(),
                 value: ValueNames::new(f).get(instr.result),
                 op: instr.op.mnemonic().to_string(),
@@ -60,9 +60,8 @@ impl<'m> Interpreter<'m> {
         Ok(f.results.iter().map(|r| values[r.value.index()].clone().expect("results are defined")).collect())
     }
 
-    fn eval(&mut self, f: &Function, op: &Op, values: &[Option<Tensor>], ty: &g4c_ir::TensorType) -> std::result::Result<Tensor, String> {
-        let v = |id: g4c_ir::ValueId| values[id.index()].as_ref().expect("operand computed before use");
-        let _ = f;
+    fn eval(&mut self, op: &Op, values: &[Option<Tensor>], ty: &TensorType) -> std::result::Result<Tensor, String> {
+        let v = |id: ValueId| values[id.index()].as_ref().expect("operand computed before use");
         Ok(match op {
             Op::Weight { name } => self.weight(name)?,
             Op::Constant(lit) => kernels::constant(lit, ty),

@@ -1,0 +1,120 @@
+//! The `g4c` command line: the stable `run` contract (`--json`, `--logits-out`, `--ignore-eos`),
+//! `ir`, `synth`, and one-line errors for bad invocations.
+
+use crate::common::{assert_one_line_error, g4c, golden_cases, golden_dir};
+use g4c_runtime::Generation;
+
+fn ids(v: &[u32]) -> String {
+    v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",")
+}
+
+#[test]
+fn run_json_and_logits_out_match_goldens() {
+    let tmp = tempfile::tempdir().unwrap();
+    for model in ["tiny", "gqa"] {
+        let case = golden_cases(model).into_iter().find(|c| c.name == "long").unwrap();
+        let logits_path = tmp.path().join(format!("{model}.safetensors"));
+        let n = case.generated_ids.len().to_string();
+        let dir = golden_dir(model).join("published");
+        let out = g4c(&[
+            "run", dir.to_str().unwrap(), "--backend", "interp", "--prompt-ids", &ids(&case.prompt_ids),
+            "--max-new-tokens", &n, "--ignore-eos", "--json", "--logits-out", logits_path.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(stdout.trim_end().lines().count(), 1, "--json prints exactly one object: {stdout}");
+        let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        let got: Vec<u32> = json["generated_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let prompt: Vec<u32> = json["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        assert_eq!(prompt, case.prompt_ids);
+
+        let bytes = std::fs::read(&logits_path).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        assert_eq!(st.names(), vec!["logits"]);
+        let t = st.tensor("logits").unwrap();
+        assert_eq!(t.dtype(), safetensors::Dtype::F32);
+        let vocab = case.logits[0].len();
+        assert_eq!(t.shape(), &[case.generated_ids.len(), vocab]);
+        let values: Vec<f32> = t.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        let generation = Generation {
+            prompt_ids: prompt,
+            generated_ids: got,
+            logits: values.chunks(vocab).map(|r| r.to_vec()).collect(),
+            stop: g4c_runtime::StopReason::MaxTokens,
+        };
+        crate::common::assert_matches_golden(&format!("cli {model}"), &generation, &case);
+    }
+}
+
+#[test]
+fn run_stops_at_eos_unless_ignored() {
+    // Greedy tiny generation from the golden "single" case; make its first generated token the EOS id
+    // through generation_config.json and check that generation stops right there.
+    let case = golden_cases("tiny").into_iter().find(|c| c.name == "single").unwrap();
+    let dir = crate::common::tiny_published_copy();
+    let eos = case.generated_ids[2];
+    std::fs::write(dir.path().join("generation_config.json"), format!("{{\"eos_token_id\": [1, {eos}]}}")).unwrap();
+    let path = dir.path().to_str().unwrap();
+    let out = g4c(&["run", path, "--prompt-ids", "2", "--max-new-tokens", "10", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["generated_ids"].as_array().unwrap().len(), 3, "{json}");
+    assert_eq!(json["stop_reason"], "eos");
+    let out = g4c(&["run", path, "--prompt-ids", "2", "--max-new-tokens", "10", "--json", "--ignore-eos"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["generated_ids"].as_array().unwrap().len(), 10);
+    assert_eq!(json["stop_reason"], "max_tokens");
+}
+
+#[test]
+fn run_text_prompt_streams_words() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tiny");
+    let out = g4c(&["synth", "--preset", "tiny", "--seed", "3", "-o", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = g4c(&["run", dir.to_str().unwrap(), "--prompt", "ba de fi", "--max-new-tokens", "6", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // BOS (2) is added in front of the three words.
+    assert_eq!(json["prompt_ids"].as_array().unwrap()[0], 2);
+    assert_eq!(json["prompt_ids"].as_array().unwrap().len(), 4);
+    // One word per generated id, special tokens (ids 0-3) skipped.
+    let words = json["generated_ids"].as_array().unwrap().iter().filter(|v| v.as_u64().unwrap() > 3).count();
+    assert_eq!(json["text"].as_str().unwrap().split(' ').count(), words);
+    let out = g4c(&["run", dir.to_str().unwrap(), "--prompt", "ba de fi", "--max-new-tokens", "6"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text.trim_end(), json["text"].as_str().unwrap());
+}
+
+#[test]
+fn ir_prints_a_module_that_parses_and_verifies() {
+    let dir = golden_dir("tiny").join("published");
+    let out = g4c(&["ir", dir.to_str().unwrap(), "--entry", "decode", "--prefill-len", "4", "--context", "16"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let module = g4c_ir::parse_module(&text).unwrap();
+    g4c_ir::verify_module(&module).unwrap();
+    assert_eq!(module.functions.len(), 1);
+    assert_eq!(module.functions[0].name, "decode");
+}
+
+#[test]
+fn bad_invocations_get_one_line_errors() {
+    let tiny = golden_dir("tiny").join("published");
+    let tiny = tiny.to_str().unwrap();
+    let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
+        (vec!["run", tiny, "--prompt-ids", "2,512,3"], vec!["512", "vocabulary"]),
+        (vec!["run", tiny, "--prompt-ids", ""], vec!["prompt is empty"]),
+        (vec!["run", tiny, "--prompt-ids", "2,x"], vec!["`x`", "token id"]),
+        (vec!["run", tiny, "--prompt-ids", "2", "--frobnicate"], vec!["--frobnicate"]),
+        (vec!["run", tiny, "--prompt-ids", "2", "--backend", "tpu"], vec!["tpu"]),
+        (vec!["run", tiny, "--prompt", "hello"], vec!["tokenizer.json"]),
+        (vec!["run", "/nonexistent/model", "--prompt-ids", "2"], vec!["/nonexistent/model", "config.json"]),
+        (vec!["synth", "--preset", "huge", "-o", "/tmp/never"], vec!["huge", "tiny"]),
+        (vec!["ir", tiny, "--prefill-len", "64", "--context", "16"], vec!["prefill length 64", "16"]),
+    ];
+    for (args, needles) in cases {
+        let out = g4c(&args);
+        assert_one_line_error(&out, &needles);
+    }
+}

@@ -1,0 +1,102 @@
+//! Shared helpers: golden fixtures, running generation through the library and through the binary.
+
+use g4c_frontend::{Model, Shapes};
+use g4c_runtime::{generate, GenerateOptions, Generation, Interpreter};
+use safetensors::SafeTensors;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn golden_dir(model: &str) -> PathBuf {
+    repo().join("tests/goldens").join(model)
+}
+
+pub struct GoldenCase {
+    pub name: String,
+    pub prompt_ids: Vec<u32>,
+    pub generated_ids: Vec<u32>,
+    /// Row i: the transformers logits from which generated token i was chosen.
+    pub logits: Vec<Vec<f32>>,
+    /// Per step, max |Δlogit| between transformers' full forward and its cached decode.
+    pub reference_spread: Vec<f32>,
+}
+
+pub fn golden_cases(model: &str) -> Vec<GoldenCase> {
+    let dir = golden_dir(model);
+    let golden: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
+    let bytes = std::fs::read(dir.join("logits.safetensors")).unwrap();
+    let logits = SafeTensors::deserialize(&bytes).unwrap();
+    golden["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let name = c["name"].as_str().unwrap().to_string();
+            let ids = |k: &str| c[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect::<Vec<_>>();
+            let t = logits.tensor(&name).unwrap();
+            let vocab = t.shape()[1];
+            let values: Vec<f32> = t.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+            GoldenCase {
+                prompt_ids: ids("prompt_ids"),
+                generated_ids: ids("generated_ids"),
+                logits: values.chunks(vocab).map(|r| r.to_vec()).collect(),
+                reference_spread: c["reference_spread"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect(),
+                name,
+            }
+        })
+        .collect()
+}
+
+/// Greedy generation with the interpreter, EOS ignored. `prefill_len` defaults to the prompt length.
+pub fn interp_generate(dir: &Path, prompt: &[u32], new_tokens: usize, prefill_len: Option<usize>) -> Generation {
+    let model = Model::open(dir).unwrap_or_else(|e| panic!("{e}"));
+    let shapes = Shapes { batch: 1, prefill_len: prefill_len.unwrap_or(prompt.len()), context: prompt.len() + new_tokens };
+    let module = model.module(&shapes).unwrap();
+    g4c_ir::verify_module(&module).unwrap();
+    let mut interp = Interpreter::new(&module, &model.checkpoint);
+    let opts = GenerateOptions { max_new_tokens: new_tokens, eos_ids: model.config.eos_token_ids.clone(), ignore_eos: true };
+    generate(&mut interp, prompt, &opts, &mut |_| {}).unwrap()
+}
+
+/// Tokens exact; logits within 1e-3 of the largest golden |logit| (gemma4.md §9), or within twice
+/// the reference's own spread at that step, where transformers' two paths disagree by more.
+pub fn assert_matches_golden(what: &str, got: &Generation, golden: &GoldenCase) {
+    assert_eq!(got.generated_ids, golden.generated_ids, "{what}: tokens differ from transformers");
+    assert_eq!(got.logits.len(), golden.logits.len(), "{what}: one logits row per generated token");
+    let scale = golden.logits.iter().flatten().fold(0f32, |m, x| m.max(x.abs()));
+    for (i, (row, want)) in got.logits.iter().zip(&golden.logits).enumerate() {
+        let tol = (1e-3 * scale).max(2.0 * golden.reference_spread[i]);
+        let worst = row.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(worst <= tol, "{what}: step {i}: logits differ by {worst} (tolerance {tol})");
+    }
+}
+
+/// Runs the `g4c` binary.
+pub fn g4c(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_g4c")).args(args).output().expect("g4c runs")
+}
+
+/// Asserts a failed run: non-zero exit, no panic, one line on stderr containing every `needle`.
+pub fn assert_one_line_error(out: &Output, needles: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure, got success; stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "panicked: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "error is not one line: {stderr}");
+    for n in needles {
+        assert!(stderr.contains(n), "error does not mention {n:?}: {stderr}");
+    }
+}
+
+/// A copy of the tiny golden model in the published layout, in a temporary directory, for tests
+/// that damage it.
+pub fn tiny_published_copy() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(golden_dir("tiny").join("published").join(f), dir.path().join(f)).unwrap();
+    }
+    dir
+}

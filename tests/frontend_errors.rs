@@ -1,0 +1,183 @@
+//! Bad checkpoints and configs: each is refused with one line that names the file, tensor or field,
+//! what was expected and what was found; `g4c` exits non-zero without panicking.
+
+use crate::common::{assert_one_line_error, g4c, tiny_published_copy};
+use g4c_frontend::Model;
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+use std::path::Path;
+
+/// Rewrites `dir/model.safetensors` through `edit(name, dtype, shape, bytes)`, which returns the
+/// tensor to write in its place or `None` to drop it.
+fn rewrite(dir: &Path, edit: impl Fn(&str, Dtype, Vec<usize>, Vec<u8>) -> Option<(Dtype, Vec<usize>, Vec<u8>)>) {
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let kept: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .filter_map(|(n, t)| edit(&n, t.dtype(), t.shape().to_vec(), t.data().to_vec()).map(|(d, s, b)| (n, d, s, b)))
+        .collect();
+    let views: Vec<(String, TensorView)> =
+        kept.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
+    std::fs::write(&path, safetensors::serialize(views, None).unwrap()).unwrap();
+}
+
+fn open_error(dir: &Path) -> String {
+    match Model::open(dir) {
+        Ok(_) => panic!("{} opened although it is broken", dir.display()),
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(!msg.contains('\n'), "error is not one line: {msg}");
+            msg
+        }
+    }
+}
+
+fn edit_config(dir: &Path, edit: impl Fn(&mut serde_json::Value)) {
+    let path = dir.join("config.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(path, v.to_string()).unwrap();
+}
+
+const P: &str = "model.language_model.";
+
+#[test]
+fn every_missing_tensor_is_named_in_one_error() {
+    let dir = tiny_published_copy();
+    let gone = [format!("{P}layers.3.mlp.up_proj.weight"), format!("{P}norm.weight"), format!("{P}layers.7.layer_scalar")];
+    rewrite(dir.path(), |n, d, s, b| (!gone.iter().any(|g| g == n)).then_some((d, s, b)));
+    let msg = open_error(dir.path());
+    assert!(msg.contains("3 tensor problem(s)"), "{msg}");
+    for g in &gone {
+        assert!(msg.contains(&format!("missing `{g}`")), "{msg}");
+    }
+    assert!(msg.contains("[128, 64]"), "expected shape named: {msg}");
+}
+
+#[test]
+fn misshaped_tensor_names_expected_and_found() {
+    let dir = tiny_published_copy();
+    rewrite(dir.path(), |n, d, s, b| {
+        if n == format!("{P}layers.4.self_attn.q_proj.weight") {
+            // Same bytes, the shape a single-head-dim loader would wrongly expect.
+            Some((d, vec![s[0] / 2, s[1] * 2], b))
+        } else {
+            Some((d, s, b))
+        }
+    });
+    let msg = open_error(dir.path());
+    assert!(msg.contains("layers.4.self_attn.q_proj.weight` has shape [128, 128], expected [256, 64]"), "{msg}");
+}
+
+#[test]
+fn unreadable_element_type_is_reported() {
+    let dir = tiny_published_copy();
+    rewrite(dir.path(), |n, d, s, b| {
+        if n == format!("{P}norm.weight") {
+            Some((Dtype::U16, s, b))
+        } else {
+            Some((d, s, b))
+        }
+    });
+    let msg = open_error(dir.path());
+    assert!(msg.contains("norm.weight` has element type U16"), "{msg}");
+}
+
+#[test]
+fn dead_and_foreign_tensors_are_ignored() {
+    // The published copy carries K/V of KV-shared layers and a vision tensor; dropping them all
+    // changes nothing, and neither does their presence.
+    let dir = tiny_published_copy();
+    Model::open(dir.path()).unwrap();
+    rewrite(dir.path(), |n, d, s, b| {
+        let dead = n.contains("vision_tower") || ["5", "6", "7", "8", "9"].iter().any(|l| n.starts_with(&format!("{P}layers.{l}.self_attn.k")) || n.starts_with(&format!("{P}layers.{l}.self_attn.v")));
+        (!dead).then_some((d, s, b))
+    });
+    Model::open(dir.path()).unwrap();
+}
+
+#[test]
+fn truncated_safetensors() {
+    let dir = tiny_published_copy();
+    let path = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() - 1000]).unwrap();
+    let msg = open_error(dir.path());
+    assert!(msg.contains("model.safetensors") && msg.contains("truncated"), "{msg}");
+    std::fs::write(&path, &bytes[..5]).unwrap();
+    let msg = open_error(dir.path());
+    assert!(msg.contains("model.safetensors") && msg.contains("truncated"), "{msg}");
+}
+
+#[test]
+fn corrupt_safetensors_header() {
+    let dir = tiny_published_copy();
+    let path = dir.path().join("model.safetensors");
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[8..16].copy_from_slice(b"garbage!");
+    std::fs::write(&path, &bytes).unwrap();
+    let msg = open_error(dir.path());
+    assert!(msg.contains("model.safetensors") && msg.contains("corrupt"), "{msg}");
+}
+
+#[test]
+fn missing_weights_file() {
+    let dir = tiny_published_copy();
+    std::fs::remove_file(dir.path().join("model.safetensors")).unwrap();
+    let msg = open_error(dir.path());
+    assert!(msg.contains("no model.safetensors or model.safetensors.index.json"), "{msg}");
+}
+
+#[test]
+fn invalid_json_config() {
+    let dir = tiny_published_copy();
+    std::fs::write(dir.path().join("config.json"), "{\"model_type\": \"gemma4\",").unwrap();
+    let msg = open_error(dir.path());
+    assert!(msg.contains("config.json: invalid JSON"), "{msg}");
+}
+
+#[test]
+fn unsupported_models_and_features() {
+    let cases: Vec<(Box<dyn Fn(&mut serde_json::Value)>, &str)> = vec![
+        (Box::new(|v| v["model_type"] = "llama".into()), "model_type `llama`"),
+        (Box::new(|v| v["text_config"]["enable_moe_block"] = true.into()), "mixture-of-experts"),
+        (Box::new(|v| v["text_config"]["attention_k_eq_v"] = true.into()), "attention_k_eq_v"),
+        (Box::new(|v| v["text_config"]["hidden_activation"] = "silu".into()), "hidden_activation `silu`"),
+        (Box::new(|v| v["text_config"]["rope_parameters"]["full_attention"]["rope_type"] = "yarn".into()), "rope_type `yarn`"),
+    ];
+    for (edit, needle) in cases {
+        let dir = tiny_published_copy();
+        edit_config(dir.path(), edit);
+        let msg = open_error(dir.path());
+        assert!(msg.contains("unsupported") && msg.contains(needle), "{msg}");
+    }
+}
+
+#[test]
+fn bad_config_fields_name_field_expected_and_found() {
+    let cases: Vec<(Box<dyn Fn(&mut serde_json::Value)>, &str)> = vec![
+        (Box::new(|v| v["text_config"]["hidden_size"] = "wide".into()), "field `text_config.hidden_size`: expected a non-negative integer, found \"wide\""),
+        (Box::new(|v| v["text_config"]["num_hidden_layers"] = 0.into()), "field `text_config.num_hidden_layers`: expected a positive integer, found 0"),
+        (Box::new(|v| { v["text_config"]["layer_types"].as_array_mut().unwrap().pop(); }), "field `text_config.layer_types`: expected 10 entries"),
+        (Box::new(|v| v["text_config"]["layer_types"][1] = "local".into()), "field `text_config.layer_types[1]`"),
+        (Box::new(|v| v["text_config"]["num_key_value_heads"] = 3.into()), "a divisor of num_attention_heads"),
+        (Box::new(|v| v["text_config"]["num_kv_shared_layers"] = 10.into()), "fewer than num_hidden_layers"),
+        (Box::new(|v| { v.as_object_mut().unwrap().remove("text_config"); }), "field `text_config`: expected an object, found nothing"),
+    ];
+    for (edit, needle) in cases {
+        let dir = tiny_published_copy();
+        edit_config(dir.path(), edit);
+        let msg = open_error(dir.path());
+        assert!(msg.contains("config.json") && msg.contains(needle), "{msg}");
+    }
+}
+
+#[test]
+fn cli_exits_nonzero_with_one_line_on_a_broken_checkpoint() {
+    let dir = tiny_published_copy();
+    rewrite(dir.path(), |n, d, s, b| (n != format!("{P}layers.0.self_attn.k_norm.weight")).then_some((d, s, b)));
+    let out = g4c(&["run", dir.path().to_str().unwrap(), "--prompt-ids", "2,3"]);
+    assert_one_line_error(&out, &["missing", "layers.0.self_attn.k_norm.weight"]);
+}

@@ -1,0 +1,13 @@
+//! g4c's integration tests: one binary, one module per topic.
+
+mod common;
+
+mod cli;
+mod config;
+mod frontend_errors;
+mod goldens;
+mod interp_ops;
+mod ir_text;
+mod snapshots;
+mod synth;
+mod verifier;
