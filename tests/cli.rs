@@ -17,15 +17,27 @@ fn run_json_and_logits_out_match_goldens() {
         let n = case.generated_ids.len().to_string();
         let dir = golden_dir(model).join("published");
         let out = g4c(&[
-            "run", dir.to_str().unwrap(), "--backend", "interp", "--prompt-ids", &ids(&case.prompt_ids),
-            "--max-new-tokens", &n, "--ignore-eos", "--json", "--logits-out", logits_path.to_str().unwrap(),
+            "run",
+            dir.to_str().unwrap(),
+            "--backend",
+            "interp",
+            "--prompt-ids",
+            &ids(&case.prompt_ids),
+            "--max-new-tokens",
+            &n,
+            "--ignore-eos",
+            "--json",
+            "--logits-out",
+            logits_path.to_str().unwrap(),
         ]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let stdout = String::from_utf8(out.stdout).unwrap();
         assert_eq!(stdout.trim_end().lines().count(), 1, "--json prints exactly one object: {stdout}");
         let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-        let got: Vec<u32> = json["generated_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
-        let prompt: Vec<u32> = json["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let got: Vec<u32> =
+            json["generated_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let prompt: Vec<u32> =
+            json["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
         assert_eq!(prompt, case.prompt_ids);
 
         let bytes = std::fs::read(&logits_path).unwrap();

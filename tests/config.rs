@@ -14,7 +14,8 @@ fn e2b_layer_table_matches_the_spec() {
     let cfg = parse(&Preset::E2b.config_json());
     // gemma4.md §1.3, the map transformers' `kv_sharing_modes` produces for E2B.
     let kv_map = [
-        0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 13, 13, 13, 13, 14, 13, 13, 13, 13, 14, 13, 13, 13, 13, 14, 13, 13, 13, 13, 14,
+        0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 13, 13, 13, 13, 14, 13, 13, 13, 13, 14, 13, 13, 13, 13, 14,
+        13, 13, 13, 13, 14,
     ];
     assert_eq!(cfg.layers.iter().map(|l| l.kv_source).collect::<Vec<_>>(), kv_map);
     for (i, l) in cfg.layers.iter().enumerate() {
@@ -25,7 +26,8 @@ fn e2b_layer_table_matches_the_spec() {
         assert_eq!(l.intermediate_size, if i < 15 { 6144 } else { 12288 }, "layer {i}");
     }
     assert_eq!(cfg.kv_layers().count(), 15);
-    let kv_bytes_bf16: usize = cfg.kv_layers().map(|l| 2 * cfg.layers[l].num_kv_heads * cfg.layers[l].head_dim * 2).sum();
+    let kv_bytes_bf16: usize =
+        cfg.kv_layers().map(|l| 2 * cfg.layers[l].num_kv_heads * cfg.layers[l].head_dim * 2).sum();
     assert_eq!(kv_bytes_bf16, 18 * 1024, "18 KiB of KV per token in bf16");
     assert_eq!(cfg.rope_full.inv_freq(512).iter().filter(|&&f| f != 0.0).count(), 64, "64 of 256 pairs rotate");
     assert_eq!(cfg.rope_sliding.inv_freq(256).iter().filter(|&&f| f != 0.0).count(), 128);

@@ -41,12 +41,15 @@ fn edit_config(dir: &Path, edit: impl Fn(&mut serde_json::Value)) {
     std::fs::write(path, v.to_string()).unwrap();
 }
 
+type ConfigEdit = Box<dyn Fn(&mut serde_json::Value)>;
+
 const P: &str = "model.language_model.";
 
 #[test]
 fn every_missing_tensor_is_named_in_one_error() {
     let dir = tiny_published_copy();
-    let gone = [format!("{P}layers.3.mlp.up_proj.weight"), format!("{P}norm.weight"), format!("{P}layers.7.layer_scalar")];
+    let gone =
+        [format!("{P}layers.3.mlp.up_proj.weight"), format!("{P}norm.weight"), format!("{P}layers.7.layer_scalar")];
     rewrite(dir.path(), |n, d, s, b| (!gone.iter().any(|g| g == n)).then_some((d, s, b)));
     let msg = open_error(dir.path());
     assert!(msg.contains("3 tensor problem(s)"), "{msg}");
@@ -74,13 +77,16 @@ fn misshaped_tensor_names_expected_and_found() {
 #[test]
 fn unreadable_element_type_is_reported() {
     let dir = tiny_published_copy();
-    rewrite(dir.path(), |n, d, s, b| {
-        if n == format!("{P}norm.weight") {
-            Some((Dtype::U16, s, b))
-        } else {
-            Some((d, s, b))
-        }
-    });
+    rewrite(
+        dir.path(),
+        |n, d, s, b| {
+            if n == format!("{P}norm.weight") {
+                Some((Dtype::U16, s, b))
+            } else {
+                Some((d, s, b))
+            }
+        },
+    );
     let msg = open_error(dir.path());
     assert!(msg.contains("norm.weight` has element type U16"), "{msg}");
 }
@@ -92,7 +98,11 @@ fn dead_and_foreign_tensors_are_ignored() {
     let dir = tiny_published_copy();
     Model::open(dir.path()).unwrap();
     rewrite(dir.path(), |n, d, s, b| {
-        let dead = n.contains("vision_tower") || ["5", "6", "7", "8", "9"].iter().any(|l| n.starts_with(&format!("{P}layers.{l}.self_attn.k")) || n.starts_with(&format!("{P}layers.{l}.self_attn.v")));
+        let dead = n.contains("vision_tower")
+            || ["5", "6", "7", "8", "9"].iter().any(|l| {
+                n.starts_with(&format!("{P}layers.{l}.self_attn.k"))
+                    || n.starts_with(&format!("{P}layers.{l}.self_attn.v"))
+            });
         (!dead).then_some((d, s, b))
     });
     Model::open(dir.path()).unwrap();
@@ -140,12 +150,15 @@ fn invalid_json_config() {
 
 #[test]
 fn unsupported_models_and_features() {
-    let cases: Vec<(Box<dyn Fn(&mut serde_json::Value)>, &str)> = vec![
+    let cases: Vec<(ConfigEdit, &str)> = vec![
         (Box::new(|v| v["model_type"] = "llama".into()), "model_type `llama`"),
         (Box::new(|v| v["text_config"]["enable_moe_block"] = true.into()), "mixture-of-experts"),
         (Box::new(|v| v["text_config"]["attention_k_eq_v"] = true.into()), "attention_k_eq_v"),
         (Box::new(|v| v["text_config"]["hidden_activation"] = "silu".into()), "hidden_activation `silu`"),
-        (Box::new(|v| v["text_config"]["rope_parameters"]["full_attention"]["rope_type"] = "yarn".into()), "rope_type `yarn`"),
+        (
+            Box::new(|v| v["text_config"]["rope_parameters"]["full_attention"]["rope_type"] = "yarn".into()),
+            "rope_type `yarn`",
+        ),
     ];
     for (edit, needle) in cases {
         let dir = tiny_published_copy();
@@ -157,14 +170,30 @@ fn unsupported_models_and_features() {
 
 #[test]
 fn bad_config_fields_name_field_expected_and_found() {
-    let cases: Vec<(Box<dyn Fn(&mut serde_json::Value)>, &str)> = vec![
-        (Box::new(|v| v["text_config"]["hidden_size"] = "wide".into()), "field `text_config.hidden_size`: expected a non-negative integer, found \"wide\""),
-        (Box::new(|v| v["text_config"]["num_hidden_layers"] = 0.into()), "field `text_config.num_hidden_layers`: expected a positive integer, found 0"),
-        (Box::new(|v| { v["text_config"]["layer_types"].as_array_mut().unwrap().pop(); }), "field `text_config.layer_types`: expected 10 entries"),
+    let cases: Vec<(ConfigEdit, &str)> = vec![
+        (
+            Box::new(|v| v["text_config"]["hidden_size"] = "wide".into()),
+            "field `text_config.hidden_size`: expected a non-negative integer, found \"wide\"",
+        ),
+        (
+            Box::new(|v| v["text_config"]["num_hidden_layers"] = 0.into()),
+            "field `text_config.num_hidden_layers`: expected a positive integer, found 0",
+        ),
+        (
+            Box::new(|v| {
+                v["text_config"]["layer_types"].as_array_mut().unwrap().pop();
+            }),
+            "field `text_config.layer_types`: expected 10 entries",
+        ),
         (Box::new(|v| v["text_config"]["layer_types"][1] = "local".into()), "field `text_config.layer_types[1]`"),
         (Box::new(|v| v["text_config"]["num_key_value_heads"] = 3.into()), "a divisor of num_attention_heads"),
         (Box::new(|v| v["text_config"]["num_kv_shared_layers"] = 10.into()), "fewer than num_hidden_layers"),
-        (Box::new(|v| { v.as_object_mut().unwrap().remove("text_config"); }), "field `text_config`: expected an object, found nothing"),
+        (
+            Box::new(|v| {
+                v.as_object_mut().unwrap().remove("text_config");
+            }),
+            "field `text_config`: expected an object, found nothing",
+        ),
     ];
     for (edit, needle) in cases {
         let dir = tiny_published_copy();

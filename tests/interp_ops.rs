@@ -54,19 +54,54 @@ fn dot_general_against_a_linear_weight() {
 #[test]
 fn layout_ops() {
     let x = || Tensor::f32([2, 3], vec![0., 1., 2., 3., 4., 5.]);
-    let t = run("(%x: f32[2,3]) -> (y: f32[3,2])", "    %0 = transpose %x {perm = [1, 0]} : f32[3,2]\n    return %0", vec![x()]).unwrap();
+    let t = run(
+        "(%x: f32[2,3]) -> (y: f32[3,2])",
+        "    %0 = transpose %x {perm = [1, 0]} : f32[3,2]\n    return %0",
+        vec![x()],
+    )
+    .unwrap();
     assert_eq!(f32s(&t[0]), vec![0., 3., 1., 4., 2., 5.]);
-    let s = run("(%x: f32[2,3]) -> (y: f32[2,2])", "    %0 = slice %x {start = [0, 1], limit = [2, 3]} : f32[2,2]\n    return %0", vec![x()]).unwrap();
+    let s = run(
+        "(%x: f32[2,3]) -> (y: f32[2,2])",
+        "    %0 = slice %x {start = [0, 1], limit = [2, 3]} : f32[2,2]\n    return %0",
+        vec![x()],
+    )
+    .unwrap();
     assert_eq!(f32s(&s[0]), vec![1., 2., 4., 5.]);
-    let c = run("(%x: f32[2,3]) -> (y: f32[2,6])", "    %0 = concat %x, %x {axis = 1} : f32[2,6]\n    return %0", vec![x()]).unwrap();
+    let c = run(
+        "(%x: f32[2,3]) -> (y: f32[2,6])",
+        "    %0 = concat %x, %x {axis = 1} : f32[2,6]\n    return %0",
+        vec![x()],
+    )
+    .unwrap();
     assert_eq!(f32s(&c[0]), vec![0., 1., 2., 0., 1., 2., 3., 4., 5., 3., 4., 5.]);
-    let b = run("(%v: f32[3]) -> (y: f32[2,3])", "    %0 = broadcast %v {dims = [1]} : f32[2,3]\n    return %0", vec![Tensor::f32([3], vec![7., 8., 9.])]).unwrap();
+    let b = run(
+        "(%v: f32[3]) -> (y: f32[2,3])",
+        "    %0 = broadcast %v {dims = [1]} : f32[2,3]\n    return %0",
+        vec![Tensor::f32([3], vec![7., 8., 9.])],
+    )
+    .unwrap();
     assert_eq!(f32s(&b[0]), vec![7., 8., 9., 7., 8., 9.]);
-    let b = run("(%v: f32[2,1]) -> (y: f32[2,3])", "    %0 = broadcast %v {dims = [0, 1]} : f32[2,3]\n    return %0", vec![Tensor::f32([2, 1], vec![1., 2.])]).unwrap();
+    let b = run(
+        "(%v: f32[2,1]) -> (y: f32[2,3])",
+        "    %0 = broadcast %v {dims = [0, 1]} : f32[2,3]\n    return %0",
+        vec![Tensor::f32([2, 1], vec![1., 2.])],
+    )
+    .unwrap();
     assert_eq!(f32s(&b[0]), vec![1., 1., 1., 2., 2., 2.]);
-    let r = run("(%x: f32[2,3]) -> (y: f32[3])", "    %0 = reduce %x {kind = sum, axes = [0]} : f32[3]\n    return %0", vec![x()]).unwrap();
+    let r = run(
+        "(%x: f32[2,3]) -> (y: f32[3])",
+        "    %0 = reduce %x {kind = sum, axes = [0]} : f32[3]\n    return %0",
+        vec![x()],
+    )
+    .unwrap();
     assert_eq!(f32s(&r[0]), vec![3., 5., 7.]);
-    let r = run("(%x: f32[2,3]) -> (y: f32[2])", "    %0 = reduce %x {kind = max, axes = [1]} : f32[2]\n    return %0", vec![x()]).unwrap();
+    let r = run(
+        "(%x: f32[2,3]) -> (y: f32[2])",
+        "    %0 = reduce %x {kind = max, axes = [1]} : f32[2]\n    return %0",
+        vec![x()],
+    )
+    .unwrap();
     assert_eq!(f32s(&r[0]), vec![2., 5.]);
     let i = run("() -> (y: i32[2,3])", "    %0 = iota {dim = 1} : i32[2,3]\n    return %0", vec![]).unwrap();
     assert_eq!(i[0].as_i32().unwrap(), &[0, 1, 2, 0, 1, 2]);
@@ -78,7 +113,7 @@ fn converts_round_like_stablehlo() {
     let out = run(
         "(%x: f32[4]) -> (y: bf16[4], z: i32[4])",
         "    %0 = convert %x : bf16[4]\n    %1 = convert %x : i32[4]\n    return %0, %1",
-        vec![Tensor::f32([4], vec![1.00390625, 1.01171875, -2.7, 65504.0])],
+        vec![Tensor::f32([4], vec![1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, -2.7, 65504.0])],
     )
     .unwrap();
     assert_eq!(f32s(&out[0]), vec![1.0, 1.015625, -2.703125, 65536.0]);
@@ -101,9 +136,11 @@ fn update_slots_skips_padding_and_rejects_collisions() {
     let sig = "(%c: f32[1,4,2], %s: i32[1,3], %u: f32[1,3,2]) -> (y: f32[1,4,2])";
     let body = "    %0 = update_slots %c, %s, %u {axis = 1} : f32[1,4,2]\n    return %0";
     let upd = || Tensor::f32([1, 3, 2], vec![1., 1., 2., 2., 3., 3.]);
-    let out = run(sig, body, vec![Tensor::f32([1, 4, 2], vec![0.; 8]), Tensor::i32([1, 3], vec![3, -1, 0]), upd()]).unwrap();
+    let out =
+        run(sig, body, vec![Tensor::f32([1, 4, 2], vec![0.; 8]), Tensor::i32([1, 3], vec![3, -1, 0]), upd()]).unwrap();
     assert_eq!(f32s(&out[0]), vec![3., 3., 0., 0., 0., 0., 1., 1.]);
-    let e = run(sig, body, vec![Tensor::f32([1, 4, 2], vec![0.; 8]), Tensor::i32([1, 3], vec![2, 2, 0]), upd()]).unwrap_err();
+    let e = run(sig, body, vec![Tensor::f32([1, 4, 2], vec![0.; 8]), Tensor::i32([1, 3], vec![2, 2, 0]), upd()])
+        .unwrap_err();
     assert!(e.contains("slot 2 written twice"), "{e}");
 }
 

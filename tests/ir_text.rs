@@ -39,7 +39,10 @@ fn e2b_entry_points_round_trip() {
     // 15 KV-owning layers: 12 sliding + 3 full, two stored-position arrays.
     let decode = m.function("decode").unwrap();
     assert_eq!(decode.state_params().count(), 15 * 2 + 2);
-    assert_eq!(decode.ty(decode.param("cache.l13.k").unwrap().value), &TensorType::new(DType::F32, [1, 1, 512 + 127, 256]));
+    assert_eq!(
+        decode.ty(decode.param("cache.l13.k").unwrap().value),
+        &TensorType::new(DType::F32, [1, 1, 512 + 127, 256])
+    );
     assert_eq!(decode.ty(decode.param("cache.l14.v").unwrap().value), &TensorType::new(DType::F32, [1, 1, 4096, 512]));
     assert!(decode.param("cache.l15.k").is_none(), "KV-shared layers own no cache");
 }
@@ -82,7 +85,8 @@ module @ring {
     verify_module(&m).unwrap();
     let store = Table(vec![("w", Tensor::f32([3], vec![1.0, 10.0, 100.0]))]);
     let mut interp = Interpreter::new(&m, &store);
-    let out = interp.call("step", vec![Tensor::i32([1, 2], vec![4, 5]), Tensor::i32([1, 3], vec![-1, -1, -1])]).unwrap();
+    let out =
+        interp.call("step", vec![Tensor::i32([1, 2], vec![4, 5]), Tensor::i32([1, 3], vec![-1, -1, -1])]).unwrap();
     // Position 4 goes to slot 1 and 5 to slot 2; slot 0 stays empty (-1).
     assert_eq!(out[1].as_i32().unwrap(), &[-1, 4, 5]);
     assert_eq!(out[0].as_f32().unwrap(), &[-1.0, 40.0, 500.0]);
@@ -91,12 +95,32 @@ module @ring {
 #[test]
 fn malformed_text_is_rejected_with_a_position() {
     let cases = [
-        ("module @m {\n  func @f(%x: f32[2]) -> (y: f32[2]) {\n    return %z\n  }\n}\n", "3:12", "%z is used before it is defined"),
+        (
+            "module @m {\n  func @f(%x: f32[2]) -> (y: f32[2]) {\n    return %z\n  }\n}\n",
+            "3:12",
+            "%z is used before it is defined",
+        ),
         ("module @m {\n  func @f(%x: f33[2]) -> (y: f32[2]) {\n", "2:15", "unknown element type `f33`"),
-        ("module @m {\n  func @f(%x: f32[2]) -> (y: f32[2]) {\n    %0 = frob %x : f32[2]\n", "3:10", "unknown op `frob`"),
-        ("module @m {\n  func @f(%x: f32[2]) -> (y: f32[2]) {\n    %0 = transpose %x : f32[2]\n", "3:10", "needs attribute `perm`"),
-        ("module @m {\n  func @f(%x: f32[2]) -> (y: f32[2], z: f32[2]) {\n    return %x\n  }\n}\n", "3:5", "return has 1 value(s), the signature declares 2"),
-        ("module @m {\n  weight @w : f32[2] = \"w\"\n  func @f(%x: f32[2]) -> (y: f32[2]) {\n    return %x\n  }\n", "6:1", "expected `weight`, `func` or `}`"),
+        (
+            "module @m {\n  func @f(%x: f32[2]) -> (y: f32[2]) {\n    %0 = frob %x : f32[2]\n",
+            "3:10",
+            "unknown op `frob`",
+        ),
+        (
+            "module @m {\n  func @f(%x: f32[2]) -> (y: f32[2]) {\n    %0 = transpose %x : f32[2]\n",
+            "3:10",
+            "needs attribute `perm`",
+        ),
+        (
+            "module @m {\n  func @f(%x: f32[2]) -> (y: f32[2], z: f32[2]) {\n    return %x\n  }\n}\n",
+            "3:5",
+            "return has 1 value(s), the signature declares 2",
+        ),
+        (
+            "module @m {\n  weight @w : f32[2] = \"w\"\n  func @f(%x: f32[2]) -> (y: f32[2]) {\n    return %x\n  }\n",
+            "6:1",
+            "expected `weight`, `func` or `}`",
+        ),
     ];
     for (text, pos, needle) in cases {
         let e = parse_module(text).unwrap_err().to_string();

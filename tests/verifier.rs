@@ -36,7 +36,9 @@ fn rejects_ill_typed_ops() {
 
 #[test]
 fn accepts_well_typed_gather_and_reports_every_problem() {
-    let msg = problems("    %0 = gather %x, %ids : f32[2,3,8]\n    %1 = add %x, %ids : f32[2,8]\n    %2 = neg %ids : f32[2,3]");
+    let msg = problems(
+        "    %0 = gather %x, %ids : f32[2,3,8]\n    %1 = add %x, %ids : f32[2,8]\n    %2 = neg %ids : f32[2,3]",
+    );
     assert!(msg.contains("2 problem(s)"), "{msg}");
     assert!(!msg.contains("%0 = gather"), "{msg}");
 }

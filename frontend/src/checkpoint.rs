@@ -57,7 +57,8 @@ impl Checkpoint {
             // SAFETY: the mapping is read-only; a checkpoint modified while g4c runs is outside what
             // any loader can defend against.
             let mmap = unsafe { Mmap::map(&file) }.map_err(|e| io_error(&path, e))?;
-            let (header_len, metadata) = SafeTensors::read_metadata(&mmap).map_err(|e| safetensors_error(&path, mmap.len(), e))?;
+            let (header_len, metadata) =
+                SafeTensors::read_metadata(&mmap).map_err(|e| safetensors_error(&path, mmap.len(), e))?;
             let data_start = 8 + header_len;
             let file_index = ckpt.files.len();
             for (name, info) in metadata.tensors() {
@@ -127,12 +128,13 @@ fn read_index(path: &Path) -> Result<Vec<String>> {
     })?;
     let mut shards = BTreeSet::new();
     for (tensor, file) in map {
-        let file = file.as_str().filter(|f| !f.contains('/') && !f.is_empty()).ok_or_else(|| FrontendError::Config {
-            path: path.into(),
-            field: format!("weight_map.{tensor}"),
-            expected: "a shard file name in the same directory".into(),
-            found: file.to_string(),
-        })?;
+        let file =
+            file.as_str().filter(|f| !f.contains('/') && !f.is_empty()).ok_or_else(|| FrontendError::Config {
+                path: path.into(),
+                field: format!("weight_map.{tensor}"),
+                expected: "a shard file name in the same directory".into(),
+                found: file.to_string(),
+            })?;
         shards.insert(file.to_string());
     }
     Ok(shards.into_iter().collect())

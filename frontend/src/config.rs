@@ -147,9 +147,9 @@ impl Gemma4Config {
                 r
             }
             other => {
-                return Err(top.unsupported(format!(
-                    "model_type `{other}` (g4c reads Gemma 4: `gemma4` or `gemma4_text`)"
-                )))
+                return Err(
+                    top.unsupported(format!("model_type `{other}` (g4c reads Gemma 4: `gemma4` or `gemma4_text`)"))
+                )
             }
         };
         parse_text_config(&text_reader)
@@ -187,7 +187,11 @@ fn parse_text_config(r: &Reader) -> Result<Gemma4Config> {
     let sliding_window = r.positive("sliding_window", Some(512))?;
     let num_shared = r.usize("num_kv_shared_layers", Some(0))?;
     if num_shared >= num_layers {
-        return Err(r.bad("num_kv_shared_layers", format!("fewer than num_hidden_layers ({num_layers})"), num_shared.to_string()));
+        return Err(r.bad(
+            "num_kv_shared_layers",
+            format!("fewer than num_hidden_layers ({num_layers})"),
+            num_shared.to_string(),
+        ));
     }
 
     let mut kinds = match r.obj.get("layer_types").filter(|v| !v.is_null()) {
@@ -208,7 +212,11 @@ fn parse_text_config(r: &Reader) -> Result<Gemma4Config> {
                 .map(|(i, t)| match t.as_str() {
                     Some("sliding_attention") => Ok(AttentionKind::Sliding),
                     Some("full_attention") => Ok(AttentionKind::Full),
-                    _ => Err(r.bad(&format!("layer_types[{i}]"), "\"sliding_attention\" or \"full_attention\"".into(), t.to_string())),
+                    _ => Err(r.bad(
+                        &format!("layer_types[{i}]"),
+                        "\"sliding_attention\" or \"full_attention\"".into(),
+                        t.to_string(),
+                    )),
                 })
                 .collect::<Result<Vec<_>>>()?
         }
@@ -225,11 +233,9 @@ fn parse_text_config(r: &Reader) -> Result<Gemma4Config> {
             let map = v.as_object().ok_or_else(|| r.bad("per_layer_config", "an object".into(), kind_of(v)))?;
             for (key, overrides) in map {
                 let field = format!("per_layer_config.{key}");
-                let layer: usize = key
-                    .parse()
-                    .ok()
-                    .filter(|&l| l < num_layers)
-                    .ok_or_else(|| r.bad(&field, format!("a layer index below {num_layers}"), format!("key {key:?}")))?;
+                let layer: usize = key.parse().ok().filter(|&l| l < num_layers).ok_or_else(|| {
+                    r.bad(&field, format!("a layer index below {num_layers}"), format!("key {key:?}"))
+                })?;
                 if overrides.is_null() {
                     continue;
                 }
@@ -247,7 +253,8 @@ fn parse_text_config(r: &Reader) -> Result<Gemma4Config> {
         }
         None => {
             let global_head_dim = r.positive("global_head_dim", Some(512))?;
-            head_dims = kinds.iter().map(|k| if *k == AttentionKind::Full { global_head_dim } else { head_dim }).collect();
+            head_dims =
+                kinds.iter().map(|k| if *k == AttentionKind::Full { global_head_dim } else { head_dim }).collect();
         }
     }
     for (l, &kv) in kv_heads.iter().enumerate() {
@@ -278,9 +285,9 @@ fn parse_text_config(r: &Reader) -> Result<Gemma4Config> {
             )
         })?;
         if head_dims[src] != head_dims[l] || kv_heads[src] != kv_heads[l] {
-            return Err(r.unsupported(format!(
-                "layer {l} shares keys/values of layer {src} but their head geometry differs"
-            )));
+            return Err(
+                r.unsupported(format!("layer {l} shares keys/values of layer {src} but their head geometry differs"))
+            );
         }
         kv_source[l] = src;
     }
@@ -441,10 +448,9 @@ impl Reader {
         let bad = |v: &Value| self.bad(field, "a token id or a list of token ids".into(), kind_of(v));
         match self.get(field) {
             None => Ok(vec![]),
-            Some(Value::Array(items)) => items
-                .iter()
-                .map(|v| v.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(|| bad(v)))
-                .collect(),
+            Some(Value::Array(items)) => {
+                items.iter().map(|v| v.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(|| bad(v))).collect()
+            }
             Some(v) => Ok(vec![v.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(|| bad(v))?]),
         }
     }
@@ -452,5 +458,27 @@ impl Reader {
 
 fn kind_of(v: &Value) -> String {
     let text = v.to_string();
-    if text.chars().count() > 40 { format!("{}...", text.chars().take(40).collect::<String>()) } else { text }
+    if text.chars().count() > 40 {
+        format!("{}...", text.chars().take(40).collect::<String>())
+    } else {
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Rope;
+
+    #[test]
+    fn proportional_rope_keeps_the_full_head_dim_in_the_exponent() {
+        // gemma4.md §3.3: head 64 with factor 0.25 rotates int(0.25 * 64 / 2) = 8 pairs at theta^(-2j/64).
+        let rope = Rope { theta: 1e6, partial_rotary_factor: 0.25, factor: 1.0 };
+        let inv = rope.inv_freq(64);
+        assert_eq!(inv.len(), 32);
+        assert!(inv[8..].iter().all(|&f| f == 0.0));
+        for (j, &f) in inv[..8].iter().enumerate() {
+            let want = 1.0 / 1e6f64.powf(2.0 * j as f64 / 64.0);
+            assert!(((f as f64) - want).abs() <= 1e-7 * want.max(1e-30), "pair {j}: {f} vs {want}");
+        }
+    }
 }

@@ -23,7 +23,10 @@ impl TextTokenizer {
     /// Token ids of `text`, with BOS first: Gemma's tokenizer does not add it, and without it the model
     /// echoes the prompt (gemma4.md §6 item 13).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self.inner.encode(text, false).map_err(|e| FrontendError::Invalid { message: format!("cannot tokenize the prompt: {e}") })?;
+        let enc = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| FrontendError::Invalid { message: format!("cannot tokenize the prompt: {e}") })?;
         Ok(self.bos.into_iter().chain(enc.get_ids().iter().copied()).collect())
     }
 

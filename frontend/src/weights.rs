@@ -40,7 +40,9 @@ pub fn expected_tensors(cfg: &Gemma4Config) -> Vec<ExpectedTensor> {
         let y = |s: &str| format!("layers.{i}.{s}");
         let (hd, q_width, kv_width) =
             (layer.head_dim, cfg.num_attention_heads * layer.head_dim, layer.num_kv_heads * layer.head_dim);
-        for norm in ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"] {
+        for norm in
+            ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"]
+        {
             add(y(norm), vec![d], true);
         }
         add(y("self_attn.q_proj"), vec![q_width, d], true);
@@ -84,7 +86,11 @@ pub fn bind_weights(cfg: &Gemma4Config, ckpt: &Checkpoint) -> Result<Vec<WeightD
     let mut decls = Vec::new();
     let mut expected = expected_tensors(cfg);
     if !cfg.tie_word_embeddings {
-        expected.push(ExpectedTensor { name: "lm_head".into(), key: "lm_head.weight".into(), shape: vec![cfg.vocab_size, cfg.hidden_size] });
+        expected.push(ExpectedTensor {
+            name: "lm_head".into(),
+            key: "lm_head.weight".into(),
+            shape: vec![cfg.vocab_size, cfg.hidden_size],
+        });
     }
     for t in expected {
         let key = if t.name == "lm_head" { t.key.clone() } else { format!("{prefix}{}", t.key) };
@@ -99,7 +105,9 @@ pub fn bind_weights(cfg: &Gemma4Config, ckpt: &Checkpoint) -> Result<Vec<WeightD
             Some(e) if e.shape != t.shape => {
                 problems.push(format!("`{key}` has shape {:?}, expected {:?}", e.shape, t.shape))
             }
-            Some(e) => decls.push(WeightDecl { name: t.name, ty: TensorType::new(e.dtype, e.shape.clone()), source: key }),
+            Some(e) => {
+                decls.push(WeightDecl { name: t.name, ty: TensorType::new(e.dtype, e.shape.clone()), source: key })
+            }
         }
     }
     if problems.is_empty() {

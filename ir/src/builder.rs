@@ -3,8 +3,8 @@
 //! with the op and the mismatch.
 
 use crate::{
-    infer_type, BinaryOp, CompareDir, DType, DotDims, FuncResult, Function, Instr, Literal, Op, Param,
-    ParamRole, ReduceKind, TensorType, UnaryOp, ValueId, WeightDecl,
+    infer_type, BinaryOp, CompareDir, DType, DotDims, FuncResult, Function, Instr, Literal, Op, Param, ParamRole,
+    ReduceKind, TensorType, UnaryOp, ValueId, WeightDecl,
 };
 use std::collections::HashSet;
 
@@ -225,4 +225,16 @@ pub fn common_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
             _ => None,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::common_shape;
+
+    #[test]
+    fn numpy_broadcasting() {
+        assert_eq!(common_shape(&[2, 1, 4], &[3, 1]), Some(vec![2, 3, 4]));
+        assert_eq!(common_shape(&[], &[5]), Some(vec![5]));
+        assert_eq!(common_shape(&[2, 3], &[4, 3]), None);
+    }
 }

@@ -16,8 +16,7 @@ pub enum DType {
 }
 
 impl DType {
-    pub const ALL: [DType; 7] =
-        [DType::F32, DType::BF16, DType::F16, DType::I32, DType::I8, DType::I4, DType::Bool];
+    pub const ALL: [DType; 7] = [DType::F32, DType::BF16, DType::F16, DType::I32, DType::I8, DType::I4, DType::Bool];
 
     pub fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::BF16 | DType::F16)

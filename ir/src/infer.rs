@@ -123,7 +123,10 @@ pub fn infer_type(
             }
             for (i, &d) in dims.iter().enumerate() {
                 if x.shape[i] != ty.shape[d] && x.shape[i] != 1 {
-                    return Err(format!("broadcast of {x} to {ty}: input dim {i} ({}) does not fit result dim {d} ({})", x.shape[i], ty.shape[d]));
+                    return Err(format!(
+                        "broadcast of {x} to {ty}: input dim {i} ({}) does not fit result dim {d} ({})",
+                        x.shape[i], ty.shape[d]
+                    ));
                 }
             }
             Ok(ty)
@@ -153,8 +156,8 @@ pub fn infer_type(
             let mut shape = first.shape.clone();
             for i in 1..inputs.len() {
                 let t = operand(i);
-                let same_rest = t.rank() == first.rank()
-                    && (0..t.rank()).all(|d| d == *axis || t.shape[d] == first.shape[d]);
+                let same_rest =
+                    t.rank() == first.rank() && (0..t.rank()).all(|d| d == *axis || t.shape[d] == first.shape[d]);
                 if t.dtype != first.dtype || !same_rest {
                     return Err(format!("concat operand {i} ({t}) does not match {first} off axis {axis}"));
                 }

@@ -82,35 +82,72 @@ pub enum Literal {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
     /// A checkpoint tensor declared at module level (`weight @name`).
-    Weight { name: String },
+    Weight {
+        name: String,
+    },
     Constant(Literal),
     /// `iota` along `dim` of the result type: element value = its index along `dim`.
-    Iota { dim: usize },
+    Iota {
+        dim: usize,
+    },
     Unary(UnaryOp, ValueId),
     Binary(BinaryOp, ValueId, ValueId),
     Compare(CompareDir, ValueId, ValueId),
-    Select { cond: ValueId, on_true: ValueId, on_false: ValueId },
+    Select {
+        cond: ValueId,
+        on_true: ValueId,
+        on_false: ValueId,
+    },
     /// Element type conversion to the result type's dtype (round to nearest even for floats).
     Convert(ValueId),
     /// Reduces `axes` away (they disappear from the shape).
-    Reduce { kind: ReduceKind, input: ValueId, axes: Vec<usize> },
+    Reduce {
+        kind: ReduceKind,
+        input: ValueId,
+        axes: Vec<usize>,
+    },
     Reshape(ValueId),
     /// Result dim `i` is input dim `perm[i]`.
-    Transpose { input: ValueId, perm: Vec<usize> },
+    Transpose {
+        input: ValueId,
+        perm: Vec<usize>,
+    },
     /// `broadcast_in_dim`: input dim `i` maps to result dim `dims[i]` (size equal or 1).
-    Broadcast { input: ValueId, dims: Vec<usize> },
+    Broadcast {
+        input: ValueId,
+        dims: Vec<usize>,
+    },
     /// Static slice `[start, limit)` per dimension, stride 1.
-    Slice { input: ValueId, start: Vec<usize>, limit: Vec<usize> },
-    Concat { inputs: Vec<ValueId>, axis: usize },
-    DotGeneral { lhs: ValueId, rhs: ValueId, dims: DotDims },
+    Slice {
+        input: ValueId,
+        start: Vec<usize>,
+        limit: Vec<usize>,
+    },
+    Concat {
+        inputs: Vec<ValueId>,
+        axis: usize,
+    },
+    DotGeneral {
+        lhs: ValueId,
+        rhs: ValueId,
+        dims: DotDims,
+    },
     /// Rows of `table` (along axis 0) selected by integer `indices`:
     /// `[N, r...]` gathered by `[i...]` gives `[i..., r...]`. Out-of-range indices are an error.
-    Gather { table: ValueId, indices: ValueId },
+    Gather {
+        table: ValueId,
+        indices: ValueId,
+    },
     /// Writes cache slots: `operand` is `[B, ..., S (at axis), ...]`, `slots` is `i32[B, T]`,
     /// `updates` equals `operand` with `S` replaced by `T`. For every `(b, t)` with
     /// `0 <= slots[b,t] < S`, slice `t` of `updates[b]` along `axis` is stored at slot `slots[b,t]`;
     /// negative slots (padding tokens) write nothing. Slots within one row must be distinct.
-    UpdateSlots { operand: ValueId, slots: ValueId, updates: ValueId, axis: usize },
+    UpdateSlots {
+        operand: ValueId,
+        slots: ValueId,
+        updates: ValueId,
+        axis: usize,
+    },
 }
 
 /// An attribute value in the text form.

@@ -107,7 +107,11 @@ impl<'a> Lexer<'a> {
                     if name.is_empty() {
                         return Err(self.err(format!("expected a name after `{}`", c as char)));
                     }
-                    if c == b'%' { Tok::Value(name) } else { Tok::Symbol(name) }
+                    if c == b'%' {
+                        Tok::Value(name)
+                    } else {
+                        Tok::Symbol(name)
+                    }
                 }
                 b'"' => {
                     self.bump();
@@ -187,7 +191,11 @@ impl Parser {
     }
 
     fn expect_punct(&mut self, c: char) -> Result<(), ParseError> {
-        if self.eat_punct(c) { Ok(()) } else { self.err(format!("expected `{c}`, found {}", self.peek())) }
+        if self.eat_punct(c) {
+            Ok(())
+        } else {
+            self.err(format!("expected `{c}`, found {}", self.peek()))
+        }
     }
 
     fn expect_word(&mut self, w: &str) -> Result<(), ParseError> {
@@ -441,15 +449,21 @@ impl Parser {
                         }
                     }
                     if values.len() != result_sig.len() {
-                        return self.err_at(return_at, format!(
-                            "return has {} value(s), the signature declares {}",
-                            values.len(),
-                            result_sig.len()
-                        ));
+                        return self.err_at(
+                            return_at,
+                            format!(
+                                "return has {} value(s), the signature declares {}",
+                                values.len(),
+                                result_sig.len()
+                            ),
+                        );
                     }
                     for ((name, ty), value) in result_sig.iter().zip(&values) {
                         if f.ty(*value) != ty {
-                            return self.err_at(return_at, format!("result `{name}` is declared {ty} but returns {}", f.ty(*value)));
+                            return self.err_at(
+                                return_at,
+                                format!("result `{name}` is declared {ty} but returns {}", f.ty(*value)),
+                            );
                         }
                         f.results.push(FuncResult { name: name.clone(), value: *value });
                     }

@@ -26,10 +26,15 @@ pub struct ValueNames(Vec<String>);
 
 impl ValueNames {
     pub fn new(f: &Function) -> Self {
-        let mut names: Vec<String> = f.values.iter().enumerate().map(|(i, v)| match &v.name {
-            Some(n) => n.clone(),
-            None => format!("#{i}"),
-        }).collect();
+        let mut names: Vec<String> = f
+            .values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match &v.name {
+                Some(n) => n.clone(),
+                None => format!("#{i}"),
+            })
+            .collect();
         let mut next = 0;
         for instr in &f.body {
             if f.values[instr.result.index()].name.is_none() {
@@ -121,5 +126,20 @@ pub fn fmt_f64(v: f64) -> String {
         "nan".into()
     } else {
         format!("{v:?}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fmt_f64;
+
+    #[test]
+    fn floats_print_in_a_form_that_parses_back_exactly() {
+        for v in
+            [0.0, -1e30, 0.1, 1.0 / 3.0, f32::MIN_POSITIVE as f64, f64::INFINITY, -f64::INFINITY, 39.191835884530846]
+        {
+            assert_eq!(fmt_f64(v).parse::<f64>().unwrap().to_bits(), v.to_bits(), "{v}");
+        }
+        assert!(fmt_f64(f64::NAN).parse::<f64>().unwrap().is_nan());
     }
 }

@@ -34,12 +34,20 @@ pub fn verify_module(m: &Module) -> Result<(), VerifyError> {
         }
         problems.extend(check_function(m, f));
     }
-    if problems.is_empty() { Ok(()) } else { Err(VerifyError { problems }) }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(VerifyError { problems })
+    }
 }
 
 pub fn verify_function(m: &Module, f: &Function) -> Result<(), VerifyError> {
     let problems = check_function(m, f);
-    if problems.is_empty() { Ok(()) } else { Err(VerifyError { problems }) }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(VerifyError { problems })
+    }
 }
 
 fn check_function(m: &Module, f: &Function) -> Vec<String> {

@@ -105,7 +105,8 @@ pub fn generate(
         ));
     }
     let mut state = initial_state(exec.module().function("decode").expect("checked above"));
-    let mut gen = Generation { prompt_ids: prompt.to_vec(), generated_ids: vec![], logits: vec![], stop: StopReason::MaxTokens };
+    let mut gen =
+        Generation { prompt_ids: prompt.to_vec(), generated_ids: vec![], logits: vec![], stop: StopReason::MaxTokens };
     if opts.max_new_tokens == 0 {
         return Ok(gen);
     }
@@ -156,7 +157,9 @@ fn initial_state(f: &Function) -> HashMap<String, Tensor> {
     f.params
         .iter()
         .filter_map(|p| match p.role {
-            ParamRole::State { init } => Some((f.param_name(p).to_string(), Tensor::filled(f.ty(p.value).clone(), init))),
+            ParamRole::State { init } => {
+                Some((f.param_name(p).to_string(), Tensor::filled(f.ty(p.value).clone(), init)))
+            }
             ParamRole::Input => None,
         })
         .collect()

@@ -8,8 +8,8 @@ pub mod tensor;
 pub mod weights;
 
 pub use error::{Result, RuntimeError};
+pub use g4c_ir::WeightDecl;
 pub use generate::{generate, Executor, GenerateOptions, Generation, ModelShape, StopReason};
 pub use interp::Interpreter;
 pub use tensor::{Data, Tensor};
-pub use g4c_ir::WeightDecl;
 pub use weights::{decode, WeightStore};

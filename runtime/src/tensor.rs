@@ -99,3 +99,18 @@ pub fn round_float(dtype: DType, x: f32) -> f32 {
         _ => x,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::round_float;
+    use g4c_ir::DType;
+
+    #[test]
+    fn rounding_to_narrow_floats_is_nearest_even() {
+        assert_eq!(round_float(DType::BF16, 39.191835), 39.25);
+        assert_eq!(round_float(DType::BF16, 1.0 + 1.0 / 256.0), 1.0);
+        assert_eq!(round_float(DType::F16, 65519.0), 65504.0);
+        assert_eq!(round_float(DType::F16, 70000.0), f32::INFINITY);
+        assert_eq!(round_float(DType::F32, 0.1), 0.1);
+    }
+}

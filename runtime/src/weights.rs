@@ -11,7 +11,11 @@ pub trait WeightStore {
 
 impl WeightStore for Checkpoint {
     fn load(&self, decl: &WeightDecl) -> Result<Tensor> {
-        let err = |message: String| RuntimeError::Weight { name: decl.name.clone(), source_key: decl.source.clone(), message };
+        let err = |message: String| RuntimeError::Weight {
+            name: decl.name.clone(),
+            source_key: decl.source.clone(),
+            message,
+        };
         let t = self.bytes(&decl.source).ok_or_else(|| err("not in the checkpoint".into()))?;
         if t.dtype != decl.ty.dtype || t.shape != decl.ty.shape.as_slice() {
             return Err(err(format!("checkpoint has {}{:?}, the IR expects {}", t.dtype, t.shape, decl.ty)));
@@ -35,7 +39,12 @@ pub fn decode(decl: &WeightDecl, bytes: &[u8]) -> std::result::Result<Tensor, St
         DType::I8 => Data::I32(bytes.iter().map(|&b| b as i8 as i32).collect()),
         // Two's-complement nibbles, low nibble first.
         DType::I4 => Data::I32(
-            bytes.iter().flat_map(|&b| [(b & 0xF) as i32, (b >> 4) as i32]).map(|n| (n ^ 8) - 8).take(ty.numel()).collect(),
+            bytes
+                .iter()
+                .flat_map(|&b| [(b & 0xF) as i32, (b >> 4) as i32])
+                .map(|n| (n ^ 8) - 8)
+                .take(ty.numel())
+                .collect(),
         ),
         DType::Bool => Data::Bool(bytes.iter().map(|&b| b != 0).collect()),
     };

@@ -48,7 +48,10 @@ pub fn run(args: RunArgs) -> Result<()> {
         (Some(ids), _) => parse_ids(ids)?,
         (None, Some(text)) => match &tokenizer {
             Some(t) => t.encode(text)?,
-            None => bail!("--prompt needs {}/tokenizer.json, which does not exist; use --prompt-ids", args.model_dir.display()),
+            None => bail!(
+                "--prompt needs {}/tokenizer.json, which does not exist; use --prompt-ids",
+                args.model_dir.display()
+            ),
         },
         (None, None) => unreachable!("clap requires one of --prompt-ids and --prompt"),
     };
@@ -68,7 +71,8 @@ pub fn run(args: RunArgs) -> Result<()> {
         ignore_eos: args.ignore_eos,
     };
 
-    let mut printer = StreamPrinter { tokenizer: tokenizer.as_ref(), enabled: !args.json, ids: vec![], printed: String::new() };
+    let mut printer =
+        StreamPrinter { tokenizer: tokenizer.as_ref(), enabled: !args.json, ids: vec![], printed: String::new() };
     let generation = match args.backend {
         Backend::Interp => {
             let mut interp = Interpreter::new(&module, &model.checkpoint);
@@ -101,7 +105,10 @@ fn parse_ids(text: &str) -> Result<Vec<u32>> {
     text.split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<u32>().with_context(|| format!("--prompt-ids: `{s}` is not a token id (expected a non-negative integer)")))
+        .map(|s| {
+            s.parse::<u32>()
+                .with_context(|| format!("--prompt-ids: `{s}` is not a token id (expected a non-negative integer)"))
+        })
         .collect()
 }
 

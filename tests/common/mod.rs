@@ -39,12 +39,18 @@ pub fn golden_cases(model: &str) -> Vec<GoldenCase> {
             let ids = |k: &str| c[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect::<Vec<_>>();
             let t = logits.tensor(&name).unwrap();
             let vocab = t.shape()[1];
-            let values: Vec<f32> = t.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+            let values: Vec<f32> =
+                t.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
             GoldenCase {
                 prompt_ids: ids("prompt_ids"),
                 generated_ids: ids("generated_ids"),
                 logits: values.chunks(vocab).map(|r| r.to_vec()).collect(),
-                reference_spread: c["reference_spread"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect(),
+                reference_spread: c["reference_spread"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_f64().unwrap() as f32)
+                    .collect(),
                 name,
             }
         })
@@ -54,11 +60,13 @@ pub fn golden_cases(model: &str) -> Vec<GoldenCase> {
 /// Greedy generation with the interpreter, EOS ignored. `prefill_len` defaults to the prompt length.
 pub fn interp_generate(dir: &Path, prompt: &[u32], new_tokens: usize, prefill_len: Option<usize>) -> Generation {
     let model = Model::open(dir).unwrap_or_else(|e| panic!("{e}"));
-    let shapes = Shapes { batch: 1, prefill_len: prefill_len.unwrap_or(prompt.len()), context: prompt.len() + new_tokens };
+    let shapes =
+        Shapes { batch: 1, prefill_len: prefill_len.unwrap_or(prompt.len()), context: prompt.len() + new_tokens };
     let module = model.module(&shapes).unwrap();
     g4c_ir::verify_module(&module).unwrap();
     let mut interp = Interpreter::new(&module, &model.checkpoint);
-    let opts = GenerateOptions { max_new_tokens: new_tokens, eos_ids: model.config.eos_token_ids.clone(), ignore_eos: true };
+    let opts =
+        GenerateOptions { max_new_tokens: new_tokens, eos_ids: model.config.eos_token_ids.clone(), ignore_eos: true };
     generate(&mut interp, prompt, &opts, &mut |_| {}).unwrap()
 }
 

@@ -46,7 +46,10 @@ impl Shapes {
             return bad(format!("batch ({}) and prefill length ({}) must be at least 1", self.batch, self.prefill_len));
         }
         if self.prefill_len > self.context {
-            return bad(format!("prefill length {} exceeds the context of {} positions", self.prefill_len, self.context));
+            return bad(format!(
+                "prefill length {} exceeds the context of {} positions",
+                self.prefill_len, self.context
+            ));
         }
         if self.context > cfg.max_position_embeddings {
             return bad(format!(
@@ -201,7 +204,8 @@ impl StepContext {
         }
         for l in cfg.kv_layers() {
             let spec = &cfg.layers[l];
-            let ty = TensorType::new(DType::F32, [b, spec.num_kv_heads, shapes.cache_len(cfg, spec.kind), spec.head_dim]);
+            let ty =
+                TensorType::new(DType::F32, [b, spec.num_kv_heads, shapes.cache_len(cfg, spec.kind), spec.head_dim]);
             let k = g.b.state(&format!("cache.l{l}.k"), ty.clone(), 0.0);
             let v = g.b.state(&format!("cache.l{l}.v"), ty, 0.0);
             caches.insert(l, (k, v));

@@ -7,7 +7,7 @@ mod tokenizer;
 mod writer;
 
 pub use tokenizer::{tokenizer_json, words as tokenizer_words};
-pub use writer::{write_safetensors, TensorSpec};
+pub use writer::{write_safetensors, Filler, TensorSpec};
 
 use crate::config::Gemma4Config;
 use crate::error::{io_error, FrontendError, Result};
@@ -41,8 +41,9 @@ impl Preset {
             Preset::Tiny => (10, 5, 5),
             Preset::E2b => (35, 5, 20),
         };
-        let layer_types: Vec<&str> =
-            (0..layers).map(|i| if i % period == period - 1 { "full_attention" } else { "sliding_attention" }).collect();
+        let layer_types: Vec<&str> = (0..layers)
+            .map(|i| if i % period == period - 1 { "full_attention" } else { "sliding_attention" })
+            .collect();
         let (vocab, hidden, inter, heads, head_dim, global_head_dim, window, ple) = match self {
             Preset::Tiny => (512, 64, 128, 4, 32, 64, 4, 8),
             Preset::E2b => (262_144, 1536, 6144, 8, 256, 512, 512, 256),
@@ -106,7 +107,7 @@ fn tensor_seed(seed: u64, key: &str) -> u64 {
     key.bytes().fold(seed ^ 0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
 }
 
-fn bf16_filler<'a>(key: &str, shape: &[usize], seed: u64) -> Box<dyn FnMut(usize, &mut [u8]) + 'a> {
+fn bf16_filler<'a>(key: &str, shape: &[usize], seed: u64) -> Filler<'a> {
     let mut rng = ChaCha8Rng::seed_from_u64(tensor_seed(seed, key));
     let init = init_for(key, shape);
     let normal = Normal::new(0.0f32, 1.0).expect("valid normal");

@@ -10,13 +10,16 @@ pub const SPECIAL: [&str; 4] = ["<pad>", "<eos>", "<bos>", "<unk>"];
 pub fn words(vocab_size: usize) -> Vec<String> {
     const ONSETS: [&str; 16] = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "sh", "th"];
     const VOWELS: [&str; 6] = ["a", "e", "i", "o", "u", "ai"];
-    let syllables: Vec<String> =
-        ONSETS.iter().flat_map(|o| VOWELS.iter().map(move |v| format!("{o}{v}"))).collect();
+    let syllables: Vec<String> = ONSETS.iter().flat_map(|o| VOWELS.iter().map(move |v| format!("{o}{v}"))).collect();
     let mut out: Vec<String> = SPECIAL.iter().map(|s| s.to_string()).collect();
     let mut i = 0usize;
     while out.len() < vocab_size {
         let a = &syllables[i % syllables.len()];
-        let word = if i < syllables.len() { a.clone() } else { format!("{a}{}", syllables[(i / syllables.len() - 1) % syllables.len()]) };
+        let word = if i < syllables.len() {
+            a.clone()
+        } else {
+            format!("{a}{}", syllables[(i / syllables.len() - 1) % syllables.len()])
+        };
         if !out.contains(&word) {
             out.push(word);
         }

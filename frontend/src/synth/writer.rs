@@ -3,6 +3,10 @@
 
 use std::io::{self, Write};
 
+/// Fills a buffer with a tensor's next elements as little-endian bytes; called with the index of the
+/// first element the buffer holds.
+pub type Filler<'a> = Box<dyn FnMut(usize, &mut [u8]) + 'a>;
+
 /// One tensor to write: its key, safetensors dtype name, shape, and a function that fills a buffer
 /// with the next elements' little-endian bytes (called with the element offset it starts at).
 pub struct TensorSpec<'a> {
@@ -10,7 +14,7 @@ pub struct TensorSpec<'a> {
     pub dtype: &'static str,
     pub elem_bytes: usize,
     pub shape: Vec<usize>,
-    pub fill: Box<dyn FnMut(usize, &mut [u8]) + 'a>,
+    pub fill: Filler<'a>,
 }
 
 const CHUNK_ELEMS: usize = 1 << 20;

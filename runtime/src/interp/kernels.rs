@@ -151,9 +151,15 @@ pub fn compare(dir: CompareDir, a: &Tensor, b: &Tensor) -> KResult {
 pub fn select(c: &Tensor, t: &Tensor, f: &Tensor) -> KResult {
     let Data::Bool(c) = &c.data else { return Err("condition is not bool".into()) };
     let data = match (&t.data, &f.data) {
-        (Data::F32(x), Data::F32(y)) => Data::F32(c.iter().zip(x.iter().zip(y.iter())).map(|(&c, (&p, &q))| if c { p } else { q }).collect()),
-        (Data::I32(x), Data::I32(y)) => Data::I32(c.iter().zip(x.iter().zip(y.iter())).map(|(&c, (&p, &q))| if c { p } else { q }).collect()),
-        (Data::Bool(x), Data::Bool(y)) => Data::Bool(c.iter().zip(x.iter().zip(y.iter())).map(|(&c, (&p, &q))| if c { p } else { q }).collect()),
+        (Data::F32(x), Data::F32(y)) => {
+            Data::F32(c.iter().zip(x.iter().zip(y.iter())).map(|(&c, (&p, &q))| if c { p } else { q }).collect())
+        }
+        (Data::I32(x), Data::I32(y)) => {
+            Data::I32(c.iter().zip(x.iter().zip(y.iter())).map(|(&c, (&p, &q))| if c { p } else { q }).collect())
+        }
+        (Data::Bool(x), Data::Bool(y)) => {
+            Data::Bool(c.iter().zip(x.iter().zip(y.iter())).map(|(&c, (&p, &q))| if c { p } else { q }).collect())
+        }
         _ => return Err("branches of different storage".into()),
     };
     Ok(Tensor::of_type(t.ty.clone(), data))

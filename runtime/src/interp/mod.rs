@@ -38,7 +38,12 @@ impl<'m> Interpreter<'m> {
         let mut values: Vec<Option<Tensor>> = vec![None; f.values.len()];
         for (p, t) in f.params.iter().zip(inputs) {
             if &t.ty != f.ty(p.value) {
-                return invalid(format!("@{function}: input %{} must be {}, got {}", f.param_name(p), f.ty(p.value), t.ty));
+                return invalid(format!(
+                    "@{function}: input %{} must be {}, got {}",
+                    f.param_name(p),
+                    f.ty(p.value),
+                    t.ty
+                ));
             }
             values[p.value.index()] = Some(t);
         }

@@ -1,0 +1,28 @@
+# The two set-up commands of the README. Both install what is missing first (scripts/setup).
+SHELL := /bin/bash
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+G4C := target/debug/g4c
+DEMO_MODEL := build/tiny
+
+.PHONY: setup build demo test lint
+
+setup:
+	@scripts/setup
+
+build: setup
+	cargo build --locked
+
+# Makes the tiny synthetic model and generates text from it.
+demo: build
+	@test -d $(DEMO_MODEL) || $(G4C) synth --preset tiny --seed 0 -o $(DEMO_MODEL)
+	$(G4C) run $(DEMO_MODEL) --backend interp --prompt "ba de fi ko" --max-new-tokens 24
+
+# Ends with one "N passed, N failed" line summing every test binary.
+test: setup
+	@mkdir -p build
+	@set -o pipefail; cargo test --workspace --locked 2>&1 | tee build/test.log
+	@awk '/^test result:/ { p += $$4; f += $$6 } END { printf "%d passed, %d failed\n", p, f }' build/test.log
+
+lint:
+	cargo fmt --check
+	cargo clippy --workspace --all-targets -- -D warnings
