@@ -188,23 +188,6 @@ impl<'w> FunctionBuilder<'w> {
         self.broadcast(x, shape, &dims)
     }
 
-    /// `x op y` after numpy-style broadcasting of both operands to their common shape.
-    pub fn binary_bcast(&mut self, b: BinaryOp, x: ValueId, y: ValueId) -> ValueId {
-        let shape = common_shape(&self.shape(x), &self.shape(y))
-            .unwrap_or_else(|| panic!("`{b}`: shapes {} and {} do not broadcast", self.ty(x), self.ty(y)));
-        let x = self.broadcast_to(x, &shape);
-        let y = self.broadcast_to(y, &shape);
-        self.binary(b, x, y)
-    }
-
-    pub fn compare_bcast(&mut self, dir: CompareDir, x: ValueId, y: ValueId) -> ValueId {
-        let shape = common_shape(&self.shape(x), &self.shape(y))
-            .unwrap_or_else(|| panic!("`compare`: shapes {} and {} do not broadcast", self.ty(x), self.ty(y)));
-        let x = self.broadcast_to(x, &shape);
-        let y = self.broadcast_to(y, &shape);
-        self.compare(dir, x, y)
-    }
-
     /// `x op c` for a scalar constant `c` of `x`'s element type.
     pub fn binary_scalar(&mut self, b: BinaryOp, x: ValueId, c: f64) -> ValueId {
         let ty = self.ty(x).clone();
