@@ -101,3 +101,25 @@ fn sharded_f16_checkpoint() {
         assert_eq!(got.generated_ids, case.generated_ids, "tiny/{} from f16 shards", case.name);
     }
 }
+
+/// StableHLO through the PJRT CPU plugin against the same goldens: both models, both layouts, and
+/// prompts right-padded to a bucket larger than the window.
+#[test]
+fn pjrt_cpu_matches_goldens() {
+    use crate::common::{run_generate, Backend};
+    for model in ["tiny", "gqa"] {
+        for layout in ["hf", "published"] {
+            for case in golden_cases(model) {
+                let dir = golden_dir(model).join(layout);
+                let got = run_generate(Backend::Pjrt, &dir, &case.prompt_ids, case.generated_ids.len(), None);
+                assert_matches_golden(&format!("pjrt {model}/{layout}/{}", case.name), &got, &case);
+            }
+        }
+        for case in golden_cases(model) {
+            let bucket = 16.max(case.prompt_ids.len());
+            let dir = golden_dir(model).join("hf");
+            let got = run_generate(Backend::Pjrt, &dir, &case.prompt_ids, case.generated_ids.len(), Some(bucket));
+            assert_matches_golden(&format!("pjrt {model}/{} padded to {bucket}", case.name), &got, &case);
+        }
+    }
+}

@@ -1,2 +1,10 @@
-//! Code generation from g4c IR: StableHLO for XLA/PJRT (next), fused CUDA kernels (later).
-//! Nothing lives here yet; the crate exists so the workspace already shows the pipeline.
+//! Code generation from g4c IR. `stablehlo` lowers an entry point to a StableHLO module for any PJRT
+//! plugin (CPU, TPU, GPU); CUDA kernels come later.
+
+pub mod stablehlo;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CodegenError {
+    #[error("StableHLO codegen: @{function}: {message}")]
+    Lowering { function: String, message: String },
+}

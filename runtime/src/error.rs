@@ -4,6 +4,8 @@ pub enum RuntimeError {
     Invalid(String),
     #[error("interpreter: @{function}: {value} = {op}: {message}")]
     Op { function: String, value: String, op: String, message: String },
+    #[error("PJRT: {0}")]
+    Pjrt(String),
     #[error("weight @{name} (`{source_key}`): {message}")]
     Weight { name: String, source_key: String, message: String },
 }

@@ -3,24 +3,10 @@
 //! functions is an `Executor`.
 
 use crate::error::{invalid, Result};
-use crate::interp::Interpreter;
+use crate::executor::Executor;
 use crate::tensor::Tensor;
-use g4c_ir::{Function, Module, ParamRole};
+use g4c_ir::Module;
 use std::collections::HashMap;
-
-pub trait Executor {
-    fn module(&self) -> &Module;
-    fn call(&mut self, function: &str, inputs: Vec<Tensor>) -> Result<Vec<Tensor>>;
-}
-
-impl Executor for Interpreter<'_> {
-    fn module(&self) -> &Module {
-        Interpreter::module(self)
-    }
-    fn call(&mut self, function: &str, inputs: Vec<Tensor>) -> Result<Vec<Tensor>> {
-        Interpreter::call(self, function, inputs)
-    }
-}
 
 #[derive(Clone, Debug, Default)]
 pub struct GenerateOptions {
@@ -104,7 +90,7 @@ pub fn generate(
             shape.context
         ));
     }
-    let mut state = initial_state(exec.module().function("decode").expect("checked above"));
+    exec.reset()?;
     let mut gen =
         Generation { prompt_ids: prompt.to_vec(), generated_ids: vec![], logits: vec![], stop: StopReason::MaxTokens };
     if opts.max_new_tokens == 0 {
@@ -122,12 +108,12 @@ pub fn generate(
             ids[i] = id as i32;
             pos[i] = (start + i) as i32;
         }
-        let mut inputs = HashMap::from([
+        let inputs = HashMap::from([
             ("ids", Tensor::i32([1, t], ids)),
             ("pos", Tensor::i32([1, t], pos)),
             ("last", Tensor::i32([1], vec![chunk.len() as i32 - 1])),
         ]);
-        logits = step(exec, "prefill", &mut inputs, &mut state)?;
+        logits = logits_row(exec.step("prefill", inputs)?);
     }
 
     let mut position = prompt.len();
@@ -143,61 +129,20 @@ pub fn generate(
         if gen.generated_ids.len() == opts.max_new_tokens {
             break;
         }
-        let mut inputs = HashMap::from([
+        let inputs = HashMap::from([
             ("ids", Tensor::i32([1, 1], vec![token as i32])),
             ("pos", Tensor::i32([1, 1], vec![position as i32])),
         ]);
-        logits = step(exec, "decode", &mut inputs, &mut state)?;
+        logits = logits_row(exec.step("decode", inputs)?);
         position += 1;
     }
     Ok(gen)
 }
 
-fn initial_state(f: &Function) -> HashMap<String, Tensor> {
-    f.params
-        .iter()
-        .filter_map(|p| match p.role {
-            ParamRole::State { init } => {
-                Some((f.param_name(p).to_string(), Tensor::filled(f.ty(p.value).clone(), init)))
-            }
-            ParamRole::Input => None,
-        })
-        .collect()
-}
-
-/// Calls `function` with named inputs plus the current state; stores the next state and returns the
-/// logits row of sequence 0.
-fn step(
-    exec: &mut dyn Executor,
-    function: &str,
-    inputs: &mut HashMap<&str, Tensor>,
-    state: &mut HashMap<String, Tensor>,
-) -> Result<Vec<f32>> {
-    let f = exec.module().function(function).expect("checked by ModelShape").clone();
-    let mut args = Vec::with_capacity(f.params.len());
-    for p in &f.params {
-        let name = f.param_name(p);
-        let value = match p.role {
-            ParamRole::Input => inputs.remove(name),
-            ParamRole::State { .. } => state.remove(name),
-        };
-        match value {
-            Some(v) => args.push(v),
-            None => return invalid(format!("@{function} needs an input %{name} the generation loop does not provide")),
-        }
-    }
-    let outputs = exec.call(function, args)?;
-    let mut logits = None;
-    for (r, value) in f.results.iter().zip(outputs) {
-        if r.name == "logits" {
-            logits = Some(value);
-        } else {
-            state.insert(r.name.clone(), value);
-        }
-    }
-    let logits = logits.ok_or_else(|| crate::RuntimeError::Invalid(format!("@{function} returns no `logits`")))?;
+/// The logits of sequence 0.
+fn logits_row(logits: Tensor) -> Vec<f32> {
     let vocab = *logits.shape().last().unwrap_or(&0);
-    Ok(logits.as_f32().map(|v| v[..vocab].to_vec()).unwrap_or_default())
+    logits.as_f32().map(|v| v[..vocab].to_vec()).unwrap_or_default()
 }
 
 fn argmax(v: &[f32]) -> usize {

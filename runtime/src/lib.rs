@@ -2,14 +2,19 @@
 //! Later backends (PJRT, CUDA) implement `Executor` and reuse the loop.
 
 mod error;
+pub mod executor;
 pub mod generate;
 pub mod interp;
+pub mod pjrt;
+mod pjrt_executor;
 pub mod tensor;
 pub mod weights;
 
 pub use error::{Result, RuntimeError};
+pub use executor::{Executor, InterpExecutor};
 pub use g4c_ir::WeightDecl;
-pub use generate::{generate, Executor, GenerateOptions, Generation, ModelShape, StopReason};
+pub use generate::{generate, GenerateOptions, Generation, ModelShape, StopReason};
 pub use interp::Interpreter;
+pub use pjrt_executor::PjrtExecutor;
 pub use tensor::{Data, Tensor};
-pub use weights::{decode, WeightStore};
+pub use weights::WeightStore;

@@ -69,6 +69,48 @@ impl Tensor {
         }
     }
 
+    /// Decodes little-endian, row-major bytes of `ty`'s dtype.
+    pub fn from_bytes(ty: TensorType, bytes: &[u8]) -> Result<Tensor, String> {
+        if bytes.len() as u64 != ty.byte_size() {
+            return Err(format!("{} bytes, {} needs {}", bytes.len(), ty, ty.byte_size()));
+        }
+        let words2 = || bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]));
+        let words4 = || bytes.chunks_exact(4).map(|c| [c[0], c[1], c[2], c[3]]);
+        let data = match ty.dtype {
+            DType::F32 => Data::F32(words4().map(f32::from_le_bytes).collect()),
+            DType::BF16 => Data::F32(words2().map(|w| half::bf16::from_bits(w).to_f32()).collect()),
+            DType::F16 => Data::F32(words2().map(|w| half::f16::from_bits(w).to_f32()).collect()),
+            DType::I32 => Data::I32(words4().map(i32::from_le_bytes).collect()),
+            DType::I8 => Data::I32(bytes.iter().map(|&b| b as i8 as i32).collect()),
+            // Two's-complement nibbles, low nibble first.
+            DType::I4 => Data::I32(
+                bytes
+                    .iter()
+                    .flat_map(|&b| [(b & 0xF) as i32, (b >> 4) as i32])
+                    .map(|n| (n ^ 8) - 8)
+                    .take(ty.numel())
+                    .collect(),
+            ),
+            DType::Bool => Data::Bool(bytes.iter().map(|&b| b != 0).collect()),
+        };
+        Ok(Tensor::of_type(ty, data))
+    }
+
+    /// Little-endian, row-major bytes in the tensor's dtype (the inverse of `from_bytes`).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        match (&self.data, self.ty.dtype) {
+            (Data::F32(v), DType::BF16) => v.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect(),
+            (Data::F32(v), DType::F16) => v.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect(),
+            (Data::F32(v), _) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            (Data::I32(v), DType::I8) => v.iter().map(|&x| x as i8 as u8).collect(),
+            (Data::I32(v), DType::I4) => {
+                v.chunks(2).map(|p| (p[0] as u8 & 0xF) | ((p.get(1).copied().unwrap_or(0) as u8 & 0xF) << 4)).collect()
+            }
+            (Data::I32(v), _) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            (Data::Bool(v), _) => v.iter().map(|&b| b as u8).collect(),
+        }
+    }
+
     pub fn as_i32(&self) -> Option<&[i32]> {
         match &self.data {
             Data::I32(v) => Some(v),

@@ -14,6 +14,11 @@ For each model it writes
               Some steps are ill-conditioned and the reference itself is only that precise there.
   logits.safetensors: per-step logits [N, V] per case.
 
+A reference must be well-conditioned to be worth comparing against: random weights sometimes make
+near-ties that amplify rounding, so that transformers' own two paths disagree by a lot. The script
+refuses a model whose reference spread exceeds 5e-4 of its logit scale, half of the tests' tolerance
+(seeds are picked by that property of the reference alone).
+
 Weights are drawn so the checks have teeth (gemma4.md §9): embeddings with std 0.5 so the final softcap
 is non-linear, norm weights from U[0.5, 2] and layer scalars from U[0.3, 1]; every value is rounded to
 bf16 so the f32 and bf16 copies hold identical weights. Generation is transformers' own cached decode
@@ -70,7 +75,7 @@ MODELS = {
             hidden_activation="gelu_pytorch_tanh", attention_k_eq_v=False, enable_moe_block=False,
             tie_word_embeddings=True, attention_bias=False, pad_token_id=0, bos_token_id=2, eos_token_id=1,
         ),
-        seed=99,
+        seed=1,
         prompts={
             "single": [2],
             "short": [2, 5, 77, 301, 12],
@@ -171,6 +176,10 @@ def main():
             top2 = rows.topk(2, dim=-1).values
             margin = float((top2[:, 0] - top2[:, 1]).min())
             print(f"{name}/{case}: {len(prompt)} prompt tokens -> {tokens[:8]}... max|logit| {float(rows.abs().max()):.2f}, min top-2 margin {margin:.4f}")
+        scale = max(float(r.abs().max()) for r in logits.values())
+        worst = max(max(c["reference_spread"]) for c in cases)
+        if worst > 5e-4 * scale:
+            sys.exit(f"{name}: reference spread {worst:.1e} exceeds 5e-4 of the logit scale {scale:.1f}: pick another seed")
         save_file(logits, str(out / "logits.safetensors"))
         golden = {
             "model": name,

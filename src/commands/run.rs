@@ -1,7 +1,8 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use g4c_frontend::{Model, Shapes, TextTokenizer};
-use g4c_runtime::{generate, GenerateOptions, Generation, Interpreter};
+use g4c_runtime::pjrt::{find_cpu_plugin, Api, Client};
+use g4c_runtime::{generate, GenerateOptions, Generation, InterpExecutor, Interpreter, PjrtExecutor};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -30,6 +31,9 @@ pub struct RunArgs {
     /// Write the logits of every generated token to FILE (safetensors, F32 `logits` [N, vocab])
     #[arg(long, value_name = "FILE")]
     pub logits_out: Option<PathBuf>,
+    /// PJRT plugin shared object (default: $G4C_PJRT_PLUGIN, else the CPU plugin scripts/setup installed)
+    #[arg(long, value_name = "PATH")]
+    pub plugin: Option<PathBuf>,
     /// Tokens per prefill call (default: the whole prompt in one call); longer prompts are prefilled in chunks
     #[arg(long)]
     pub prefill_len: Option<usize>,
@@ -39,6 +43,17 @@ pub struct RunArgs {
 pub enum Backend {
     /// The reference interpreter (f32, op by op)
     Interp,
+    /// StableHLO compiled and run by a PJRT plugin
+    Pjrt,
+}
+
+impl Backend {
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Interp => "interp",
+            Backend::Pjrt => "pjrt",
+        }
+    }
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
@@ -75,8 +90,20 @@ pub fn run(args: RunArgs) -> Result<()> {
         StreamPrinter { tokenizer: tokenizer.as_ref(), enabled: !args.json, ids: vec![], printed: String::new() };
     let generation = match args.backend {
         Backend::Interp => {
-            let mut interp = Interpreter::new(&module, &model.checkpoint);
-            generate(&mut interp, &prompt, &opts, &mut |t| printer.push(t))?
+            let mut exec = InterpExecutor::new(Interpreter::new(&module, &model.checkpoint));
+            generate(&mut exec, &prompt, &opts, &mut |t| printer.push(t))?
+        }
+        Backend::Pjrt => {
+            let plugin = match args.plugin.clone().or_else(find_cpu_plugin) {
+                Some(p) => p,
+                None => bail!("no PJRT plugin: pass --plugin PATH, set G4C_PJRT_PLUGIN, or run scripts/setup to install the CPU plugin"),
+            };
+            if !plugin.exists() {
+                bail!("PJRT plugin {} does not exist", plugin.display());
+            }
+            let client = Client::new(Api::load(&plugin)?)?;
+            let mut exec = PjrtExecutor::new(&module, &model.checkpoint, client)?;
+            generate(&mut exec, &prompt, &opts, &mut |t| printer.push(t))?
         }
     };
     printer.finish();
@@ -94,7 +121,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             "generated_ids": generation.generated_ids,
             "text": text,
             "stop_reason": generation.stop.name(),
-            "backend": "interp",
+            "backend": args.backend.name(),
         });
         println!("{out}");
     }

@@ -1,7 +1,7 @@
 //! Shared helpers: golden fixtures, running generation through the library and through the binary.
 
 use g4c_frontend::{Model, Shapes};
-use g4c_runtime::{generate, GenerateOptions, Generation, Interpreter};
+use g4c_runtime::{generate, Executor, GenerateOptions, Generation, InterpExecutor, Interpreter, PjrtExecutor};
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -57,23 +57,62 @@ pub fn golden_cases(model: &str) -> Vec<GoldenCase> {
         .collect()
 }
 
-/// Greedy generation with the interpreter, EOS ignored. `prefill_len` defaults to the prompt length.
-pub fn interp_generate(dir: &Path, prompt: &[u32], new_tokens: usize, prefill_len: Option<usize>) -> Generation {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Interp,
+    Pjrt,
+}
+
+/// Greedy generation, EOS ignored. `prefill_len` defaults to the prompt length.
+pub fn run_generate(
+    backend: Backend,
+    dir: &Path,
+    prompt: &[u32],
+    new_tokens: usize,
+    prefill_len: Option<usize>,
+) -> Generation {
     let model = Model::open(dir).unwrap_or_else(|e| panic!("{e}"));
     let shapes =
         Shapes { batch: 1, prefill_len: prefill_len.unwrap_or(prompt.len()), context: prompt.len() + new_tokens };
     let module = model.module(&shapes).unwrap();
     g4c_ir::verify_module(&module).unwrap();
-    let mut interp = Interpreter::new(&module, &model.checkpoint);
     let opts =
         GenerateOptions { max_new_tokens: new_tokens, eos_ids: model.config.eos_token_ids.clone(), ignore_eos: true };
-    generate(&mut interp, prompt, &opts, &mut |_| {}).unwrap()
+    let mut exec: Box<dyn Executor> = match backend {
+        Backend::Interp => Box::new(InterpExecutor::new(Interpreter::new(&module, &model.checkpoint))),
+        Backend::Pjrt => {
+            Box::new(PjrtExecutor::new(&module, &model.checkpoint, pjrt_client()).unwrap_or_else(|e| panic!("{e}")))
+        }
+    };
+    generate(exec.as_mut(), prompt, &opts, &mut |_| {}).unwrap_or_else(|e| panic!("{e}"))
+}
+
+pub fn interp_generate(dir: &Path, prompt: &[u32], new_tokens: usize, prefill_len: Option<usize>) -> Generation {
+    run_generate(Backend::Interp, dir, prompt, new_tokens, prefill_len)
+}
+
+/// A client on the PJRT CPU plugin that scripts/setup installs. Its absence is a failure, not a
+/// skip: every machine that runs the tests has run scripts/setup.
+pub fn pjrt_client() -> g4c_runtime::pjrt::Client {
+    use g4c_runtime::pjrt::{find_cpu_plugin, Api, Client};
+    let path = find_cpu_plugin().expect("PJRT CPU plugin not found: run scripts/setup (or set G4C_PJRT_PLUGIN)");
+    Client::new(Api::load(&path).unwrap_or_else(|e| panic!("{e}"))).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Tokens exact; logits within 1e-3 of the largest golden |logit| (gemma4.md §9), or within twice
 /// the reference's own spread at that step, where transformers' two paths disagree by more.
 pub fn assert_matches_golden(what: &str, got: &Generation, golden: &GoldenCase) {
-    assert_eq!(got.generated_ids, golden.generated_ids, "{what}: tokens differ from transformers");
+    if let Some(i) = got.generated_ids.iter().zip(&golden.generated_ids).position(|(a, b)| a != b) {
+        let mut row = golden.logits[i].clone();
+        row.sort_by(|a, b| b.total_cmp(a));
+        panic!(
+            "{what}: token {i} is {} where transformers chose {} (golden top-2 margin there: {})",
+            got.generated_ids[i],
+            golden.generated_ids[i],
+            row[0] - row[1]
+        );
+    }
+    assert_eq!(got.generated_ids.len(), golden.generated_ids.len(), "{what}: number of tokens");
     assert_eq!(got.logits.len(), golden.logits.len(), "{what}: one logits row per generated token");
     let scale = golden.logits.iter().flatten().fold(0f32, |m, x| m.max(x.abs()));
     for (i, (row, want)) in got.logits.iter().zip(&golden.logits).enumerate() {

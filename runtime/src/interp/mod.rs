@@ -22,7 +22,7 @@ impl<'m> Interpreter<'m> {
         Interpreter { module, store, loaded: HashMap::new() }
     }
 
-    pub fn module(&self) -> &Module {
+    pub fn module(&self) -> &'m Module {
         self.module
     }
 
