@@ -103,8 +103,7 @@ fn emit_entry(cfg: &Gemma4Config, weights: &[WeightDecl], shapes: &Shapes, entry
     // Embedding scaled by √D. transformers rounds the scale to the dtype the model runs in (39.25 for
     // √1536 in bf16); this IR computes in f32, and dtype legalization rounds the constant with the
     // multiply when a target computes in a narrower type.
-    let table = g.w("embed_tokens");
-    let h = g.b.gather(table, ids);
+    let h = g.embedding_rows("embed_tokens", ids);
     let h = g.b.binary_scalar(BinaryOp::Mul, h, (cfg.hidden_size as f64).sqrt());
     let mut h = g.b.name(h, "h.embed");
     cx.ple = per_layer_inputs(&mut g, cfg, ids, h);
@@ -148,8 +147,7 @@ fn per_layer_inputs(g: &mut Graph, cfg: &Gemma4Config, ids: ValueId, h0: ValueId
     }
     let [b, t] = g.b.shape(ids)[..] else { unreachable!() };
     let layers = cfg.num_layers();
-    let table = g.w("embed_tokens_per_layer");
-    let tok = g.b.gather(table, ids);
+    let tok = g.embedding_rows("embed_tokens_per_layer", ids);
     let tok = g.b.binary_scalar(BinaryOp::Mul, tok, (p as f64).sqrt());
     let tok = g.b.reshape(tok, &[b, t, layers, p]);
     let ctx = g.linear(h0, "per_layer_model_projection");

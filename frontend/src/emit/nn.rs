@@ -30,6 +30,14 @@ impl<'w> Graph<'w> {
         v
     }
 
+    /// Rows of embedding table `name` for integer `ids`, as f32. Rows are gathered in the stored
+    /// dtype and only they are converted: a whole-table convert of E2B's PLE table would be 9.4 GB.
+    pub fn embedding_rows(&mut self, name: &str, ids: ValueId) -> ValueId {
+        let table = self.b.weight(name);
+        let rows = self.b.gather(table, ids);
+        self.b.convert(rows, DType::F32)
+    }
+
     /// `x · Wᵀ` for an HF linear weight `W[out, in]`: `[..., in]` to `[..., out]`.
     pub fn linear(&mut self, x: ValueId, weight: &str) -> ValueId {
         let w = self.w(weight);
