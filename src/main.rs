@@ -20,6 +20,8 @@ enum Command {
     Run(commands::run::RunArgs),
     /// Write a synthetic checkpoint in the published Gemma 4 layout
     Synth(commands::synth::SynthArgs),
+    /// List the compilation targets and their properties
+    Targets(commands::targets::TargetsArgs),
 }
 
 fn main() -> ExitCode {
@@ -47,6 +49,7 @@ fn main() -> ExitCode {
         Command::Ir(args) => commands::ir::run(args),
         Command::Run(args) => commands::run::run(args),
         Command::Synth(args) => commands::synth::run(args),
+        Command::Targets(args) => commands::targets::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -8,6 +8,7 @@ mod frontend_errors;
 mod goldens;
 mod interp_ops;
 mod ir_text;
+mod passes;
 mod snapshots;
 mod synth;
 mod verifier;

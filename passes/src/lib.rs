@@ -1,2 +1,14 @@
-//! IR-to-IR passes (static shapes, KV-share folding, dtype legalization, cleanup), arriving with the
-//! XLA-path issue. The crate exists so the workspace already shows the pipeline.
+//! Target descriptions and IR-to-IR passes. Each pass is a small named type implementing `Pass`;
+//! `Pipeline::for_target` lists, in order, what a target runs. The module is verified after every pass.
+
+mod constant_fold;
+mod cse;
+mod dce;
+mod pass;
+pub mod target;
+
+pub use constant_fold::ConstantFold;
+pub use cse::Cse;
+pub use dce::Dce;
+pub use pass::{Pass, PassError, Pipeline};
+pub use target::{Platform, Target, TARGETS};

@@ -1,5 +1,6 @@
 use super::ShapeArgs;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
+use g4c_passes::{Pipeline, Target};
 use clap::{Args, ValueEnum};
 use g4c_frontend::Model;
 use std::path::PathBuf;
@@ -13,6 +14,15 @@ pub struct IrArgs {
     pub entry: Option<EntryArg>,
     #[command(flatten)]
     pub shapes: ShapeArgs,
+    /// Run this target's pass pipeline (see `g4c targets`); without it, print the frontend's IR
+    #[arg(long)]
+    pub target: Option<String>,
+    /// With --target: print the IR after this pass instead of after the whole pipeline
+    #[arg(long, value_name = "PASS", requires = "target")]
+    pub after: Option<String>,
+    /// With --target: write the IR before the first pass and after every pass into DIR
+    #[arg(long, value_name = "DIR", requires = "target")]
+    pub dump_dir: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -25,6 +35,23 @@ pub fn run(args: IrArgs) -> Result<()> {
     let model = Model::open(&args.model_dir)?;
     let mut module = model.module(&args.shapes.shapes())?;
     g4c_ir::verify_module(&module)?;
+    if let Some(name) = &args.target {
+        let target = Target::by_name(name).map_err(anyhow::Error::msg)?;
+        let pipeline = Pipeline::for_target(target);
+        let mut dumps = Vec::new();
+        pipeline.run(&mut module, target, args.after.as_deref(), &mut |stage, m| {
+            if args.dump_dir.is_some() {
+                dumps.push((format!("{:02}-{stage}.g4c", dumps.len()), g4c_ir::print_module(m)));
+            }
+        })?;
+        if let Some(dir) = &args.dump_dir {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            for (file, text) in dumps {
+                let path = dir.join(file);
+                std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+            }
+        }
+    }
     if let Some(entry) = args.entry {
         let name = match entry {
             EntryArg::Prefill => "prefill",

@@ -1,6 +1,7 @@
 pub mod ir;
 pub mod run;
 pub mod synth;
+pub mod targets;
 
 use clap::Args;
 

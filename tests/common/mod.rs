@@ -71,10 +71,23 @@ pub fn run_generate(
     new_tokens: usize,
     prefill_len: Option<usize>,
 ) -> Generation {
+    run_transformed(backend, dir, prompt, new_tokens, prefill_len, &|_| {})
+}
+
+/// `run_generate` on the module after `transform` (a pass, a pipeline).
+pub fn run_transformed(
+    backend: Backend,
+    dir: &Path,
+    prompt: &[u32],
+    new_tokens: usize,
+    prefill_len: Option<usize>,
+    transform: &dyn Fn(&mut g4c_ir::Module),
+) -> Generation {
     let model = Model::open(dir).unwrap_or_else(|e| panic!("{e}"));
     let shapes =
         Shapes { batch: 1, prefill_len: prefill_len.unwrap_or(prompt.len()), context: prompt.len() + new_tokens };
-    let module = model.module(&shapes).unwrap();
+    let mut module = model.module(&shapes).unwrap();
+    transform(&mut module);
     g4c_ir::verify_module(&module).unwrap();
     let opts =
         GenerateOptions { max_new_tokens: new_tokens, eos_ids: model.config.eos_token_ids.clone(), ignore_eos: true };

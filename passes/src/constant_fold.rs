@@ -1,0 +1,148 @@
+//! Constant folding of splats: an op whose operands are all splat constants becomes a splat constant
+//! (and `select` on a constant condition becomes the chosen operand). Arithmetic follows the
+//! interpreter: floats in f32 rounded to their dtype, integers in wrapping i32.
+
+use crate::{Pass, PassError, Target};
+use g4c_ir::{BinaryOp, CompareDir, DType, Literal, Module, Op, UnaryOp, ValueId};
+use std::collections::HashMap;
+
+pub struct ConstantFold;
+
+impl Pass for ConstantFold {
+    fn name(&self) -> &'static str {
+        "constant-fold"
+    }
+
+    fn run(&self, module: &mut Module, _: &Target) -> Result<(), PassError> {
+        for f in &mut module.functions {
+            let mut splats: HashMap<ValueId, f64> = HashMap::new();
+            let mut replace: HashMap<ValueId, ValueId> = HashMap::new();
+            for instr in &mut f.body {
+                instr.op.map_operands(|v| *replace.get(&v).unwrap_or(&v));
+                let ty = &f.values[instr.result.index()].ty;
+                let splat = |v: &ValueId| splats.get(v).copied();
+                let dtype_of = |v: &ValueId| f.values[v.index()].ty.dtype;
+                let folded = match &instr.op {
+                    Op::Constant(Literal::Splat(c)) => Some(*c),
+                    Op::Broadcast { input, .. } => splat(input),
+                    Op::Reshape(x) => splat(x),
+                    Op::Convert(x) => splat(x).map(|c| convert(dtype_of(x), ty.dtype, c)),
+                    Op::Unary(u, x) => splat(x).and_then(|c| unary(*u, ty.dtype, c)),
+                    Op::Binary(b, x, y) => splat(x).zip(splat(y)).and_then(|(p, q)| binary(*b, ty.dtype, p, q)),
+                    Op::Compare(dir, x, y) => splat(x).zip(splat(y)).map(|(p, q)| compare(*dir, p, q)),
+                    Op::Select { cond, on_true, on_false } => {
+                        if let Some(c) = splat(cond) {
+                            replace.insert(instr.result, if c != 0.0 { *on_true } else { *on_false });
+                        }
+                        None
+                    }
+                    _ => None,
+                };
+                if let Some(c) = folded {
+                    splats.insert(instr.result, c);
+                    instr.op = Op::Constant(Literal::Splat(c));
+                }
+            }
+            for r in &mut f.results {
+                r.value = *replace.get(&r.value).unwrap_or(&r.value);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn round(dtype: DType, x: f32) -> f64 {
+    match dtype {
+        DType::BF16 => half::bf16::from_f32(x).to_f64(),
+        DType::F16 => half::f16::from_f32(x).to_f64(),
+        _ => x as f64,
+    }
+}
+
+fn convert(from: DType, to: DType, c: f64) -> f64 {
+    match to {
+        DType::Bool => (c != 0.0) as u8 as f64,
+        d if d.is_float() => round(d, c as f32),
+        DType::I8 => (c.trunc() as i64 as i8) as f64,
+        DType::I4 => ((((c.trunc() as i64) & 0xF) ^ 0x8) - 0x8) as f64,
+        _ if from.is_float() => c.trunc() as i64 as i32 as f64,
+        _ => c as i64 as i32 as f64,
+    }
+}
+
+fn unary(u: UnaryOp, dtype: DType, c: f64) -> Option<f64> {
+    if !dtype.is_float() {
+        return match u {
+            UnaryOp::Neg => Some((c as i32).wrapping_neg() as f64),
+            UnaryOp::Abs => Some((c as i32).wrapping_abs() as f64),
+            UnaryOp::Not if dtype == DType::Bool => Some((c == 0.0) as u8 as f64),
+            _ => None,
+        };
+    }
+    let x = c as f32;
+    let y = match u {
+        UnaryOp::Neg => -x,
+        UnaryOp::Abs => x.abs(),
+        UnaryOp::Exp => x.exp(),
+        UnaryOp::Log => x.ln(),
+        UnaryOp::Tanh => x.tanh(),
+        UnaryOp::Sqrt => x.sqrt(),
+        UnaryOp::Rsqrt => 1.0 / x.sqrt(),
+        UnaryOp::Sin => x.sin(),
+        UnaryOp::Cos => x.cos(),
+        UnaryOp::Not => return None,
+    };
+    Some(round(dtype, y))
+}
+
+fn binary(b: BinaryOp, dtype: DType, p: f64, q: f64) -> Option<f64> {
+    if dtype == DType::Bool {
+        let (p, q) = (p != 0.0, q != 0.0);
+        return match b {
+            BinaryOp::And => Some((p && q) as u8 as f64),
+            BinaryOp::Or => Some((p || q) as u8 as f64),
+            _ => None,
+        };
+    }
+    if !dtype.is_float() {
+        let (p, q) = (p as i32, q as i32);
+        return Some(match b {
+            BinaryOp::Add => p.wrapping_add(q),
+            BinaryOp::Sub => p.wrapping_sub(q),
+            BinaryOp::Mul => p.wrapping_mul(q),
+            BinaryOp::Max => p.max(q),
+            BinaryOp::Min => p.min(q),
+            BinaryOp::And => p & q,
+            BinaryOp::Or => p | q,
+            BinaryOp::Div | BinaryOp::Rem if q == 0 => return None,
+            BinaryOp::Div => p.wrapping_div(q),
+            BinaryOp::Rem => p.wrapping_rem(q),
+            BinaryOp::Pow => return None,
+        } as f64);
+    }
+    let (x, y) = (p as f32, q as f32);
+    let r = match b {
+        BinaryOp::Add => x + y,
+        BinaryOp::Sub => x - y,
+        BinaryOp::Mul => x * y,
+        BinaryOp::Div => x / y,
+        BinaryOp::Max => x.max(y),
+        BinaryOp::Min => x.min(y),
+        BinaryOp::Pow => x.powf(y),
+        BinaryOp::Rem => x % y,
+        BinaryOp::And | BinaryOp::Or => return None,
+    };
+    Some(round(dtype, r))
+}
+
+fn compare(dir: CompareDir, p: f64, q: f64) -> f64 {
+    let r = match dir {
+        CompareDir::Eq => p == q,
+        CompareDir::Ne => p != q,
+        CompareDir::Lt => p < q,
+        CompareDir::Le => p <= q,
+        CompareDir::Gt => p > q,
+        CompareDir::Ge => p >= q,
+    };
+    r as u8 as f64
+}

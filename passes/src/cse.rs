@@ -1,0 +1,39 @@
+//! Common-subexpression elimination: an instruction equal to an earlier one (same op, operands,
+//! attributes and result type) is replaced by it. The frontend emits, per layer, the same constants
+//! and the same mask and RoPE broadcasts; this pass keeps one of each. Dead copies are left to `dce`.
+
+use crate::{Pass, PassError, Target};
+use g4c_ir::{Module, ValueId};
+use std::collections::HashMap;
+
+pub struct Cse;
+
+impl Pass for Cse {
+    fn name(&self) -> &'static str {
+        "cse"
+    }
+
+    fn run(&self, module: &mut Module, _: &Target) -> Result<(), PassError> {
+        for f in &mut module.functions {
+            let mut replace: HashMap<ValueId, ValueId> = HashMap::new();
+            // Keyed by the op's text-form parts and result type (f64 literals compared by bits).
+            let mut seen: HashMap<String, ValueId> = HashMap::new();
+            for instr in &mut f.body {
+                instr.op.map_operands(|v| *replace.get(&v).unwrap_or(&v));
+                let key = format!("{:?}|{}", instr.op, f.values[instr.result.index()].ty);
+                match seen.get(&key) {
+                    Some(&earlier) => {
+                        replace.insert(instr.result, earlier);
+                    }
+                    None => {
+                        seen.insert(key, instr.result);
+                    }
+                }
+            }
+            for r in &mut f.results {
+                r.value = *replace.get(&r.value).unwrap_or(&r.value);
+            }
+        }
+        Ok(())
+    }
+}

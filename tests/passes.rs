@@ -1,0 +1,109 @@
+//! Passes: each on small hand-written IR with its expected output (the IR text form is the test
+//! format), each preserving the tiny model's output exactly, and a snapshot of the tiny model's IR
+//! after every pass of the `cpu` pipeline.
+
+use crate::common::{assert_matches_golden, golden_cases, golden_dir, run_transformed, Backend};
+use g4c_frontend::{Model, Shapes};
+use g4c_ir::{parse_module, print_module, Module};
+use g4c_passes::{ConstantFold, Cse, Dce, Pass, Pipeline, Target};
+
+fn cpu() -> &'static Target {
+    Target::by_name("cpu").unwrap()
+}
+
+/// Runs `pass` on the function body given as text and returns the printed body.
+fn apply(pass: &dyn Pass, sig: &str, body: &str) -> String {
+    let text = format!("module @m {{\n  func @f{sig} {{\n{body}\n  }}\n}}\n");
+    let mut m = parse_module(&text).unwrap_or_else(|e| panic!("{e}"));
+    g4c_ir::verify_module(&m).unwrap();
+    pass.run(&mut m, cpu()).unwrap();
+    g4c_ir::verify_module(&m).unwrap();
+    let printed = print_module(&m);
+    let start = printed.find(") {\n").unwrap() + 4;
+    let end = printed.rfind("  }\n}").unwrap();
+    printed[start..end].to_string()
+}
+
+const SIG: &str = "(%x: f32[4]) -> (y: f32[4])";
+
+#[test]
+fn cse_merges_equal_instructions() {
+    let out = apply(
+        &Cse,
+        SIG,
+        "    %0 = constant {value = 2.0} : f32[4]\n    %1 = constant {value = 2.0} : f32[4]\n    %2 = mul %x, %0 : f32[4]\n    %3 = mul %x, %1 : f32[4]\n    %4 = add %2, %3 : f32[4]\n    return %4",
+    );
+    // %3 became %2 and %1 became %0; the duplicates stay until dce.
+    assert!(out.contains("%4 = add %2, %2 : f32[4]"), "{out}");
+}
+
+#[test]
+fn cse_keeps_different_attributes_and_types_apart() {
+    let out = apply(
+        &Cse,
+        SIG,
+        "    %0 = constant {value = 2.0} : f32[4]\n    %1 = constant {value = 3.0} : f32[4]\n    %2 = add %0, %1 : f32[4]\n    return %2",
+    );
+    assert!(out.contains("%2 = add %0, %1"), "{out}");
+}
+
+#[test]
+fn dce_removes_what_no_result_reads() {
+    let out = apply(
+        &Dce,
+        SIG,
+        "    %0 = exp %x : f32[4]\n    %1 = tanh %0 : f32[4]\n    %2 = neg %x : f32[4]\n    return %2",
+    );
+    assert_eq!(out.trim(), "%0 = neg %x : f32[4]\n    return %0");
+}
+
+#[test]
+fn constant_fold_folds_splat_chains_and_selects() {
+    let out = apply(
+        &ConstantFold,
+        "(%x: f32[2,3], %a: i32[2,3], %b: i32[2,3]) -> (y: f32[2,3], z: i32[2,3])",
+        "    %0 = constant {value = 4.0} : f32[3]\n    %1 = rsqrt %0 : f32[3]\n    %2 = broadcast %1 {dims = [1]} : f32[2,3]\n    %3 = mul %x, %2 : f32[2,3]\n    %4 = constant {value = 7} : i32[2,3]\n    %5 = constant {value = 0} : i32[2,3]\n    %6 = compare %4, %5 {dir = gt} : bool[2,3]\n    %7 = select %6, %a, %b : i32[2,3]\n    return %3, %7",
+    );
+    assert!(out.contains("%2 = constant {value = 0.5} : f32[2,3]"), "{out}");
+    assert!(out.contains("%6 = constant {value = 1.0} : bool[2,3]"), "{out}");
+    assert!(out.contains("return %3, %a"), "{out}");
+}
+
+/// Each pass alone, and the whole pipeline, leaves the tiny model's tokens and logits bit-identical.
+#[test]
+fn passes_preserve_the_tiny_model_exactly() {
+    let dir = golden_dir("tiny").join("hf");
+    let case = golden_cases("tiny").into_iter().find(|c| c.name == "long").unwrap();
+    let n = case.generated_ids.len();
+    let reference = run_transformed(Backend::Interp, &dir, &case.prompt_ids, n, None, &|_| {});
+    let passes: Vec<(&str, Box<dyn Fn(&mut Module)>)> = vec![
+        ("constant-fold", Box::new(|m| ConstantFold.run(m, cpu()).unwrap())),
+        ("cse", Box::new(|m| Cse.run(m, cpu()).unwrap())),
+        ("dce", Box::new(|m| Dce.run(m, cpu()).unwrap())),
+        ("cpu pipeline", Box::new(|m| Pipeline::for_target(cpu()).run(m, cpu(), None, &mut |_, _| {}).unwrap())),
+    ];
+    for (name, transform) in passes {
+        let got = run_transformed(Backend::Interp, &dir, &case.prompt_ids, n, None, transform.as_ref());
+        assert_eq!(got.generated_ids, reference.generated_ids, "{name}");
+        assert_eq!(got.logits, reference.logits, "{name}: logits changed");
+        assert_matches_golden(name, &got, &case);
+    }
+}
+
+#[test]
+fn tiny_ir_after_each_cpu_pass() {
+    let model = Model::open(&golden_dir("tiny").join("published")).unwrap();
+    let mut m = model.module(&Shapes { batch: 1, prefill_len: 4, context: 12 }).unwrap();
+    m.functions.retain(|f| f.name == "decode");
+    let mut snapshots = Vec::new();
+    Pipeline::for_target(cpu())
+        .run(&mut m, cpu(), None, &mut |stage, m| {
+            if stage != "input" {
+                snapshots.push((stage.to_string(), print_module(m)));
+            }
+        })
+        .unwrap();
+    for (stage, text) in snapshots {
+        insta::assert_snapshot!(format!("tiny_decode_after_{stage}"), text);
+    }
+}
