@@ -12,10 +12,11 @@ setup:
 build: setup
 	cargo build --locked
 
-# Makes the tiny synthetic model and generates text from it.
+# Makes the tiny synthetic model, compiles it for the CPU (StableHLO on the PJRT CPU plugin) and
+# generates text from it.
 demo: build
 	@test -d $(DEMO_MODEL) || $(G4C) synth --preset tiny --seed 0 -o $(DEMO_MODEL)
-	$(G4C) run $(DEMO_MODEL) --backend interp --prompt "ba de fi ko" --max-new-tokens 24
+	$(G4C) run $(DEMO_MODEL) --prompt "ba de fi ko" --max-new-tokens 24
 
 # Ends with one "N passed, N failed" line summing every test binary.
 test: setup

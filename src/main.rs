@@ -14,6 +14,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run a target's pass pipeline, lower to StableHLO and report what was compiled
+    Compile(commands::compile::CompileArgs),
     /// Print the IR of a checkpoint's entry points
     Ir(commands::ir::IrArgs),
     /// Generate tokens from a checkpoint
@@ -46,6 +48,7 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
+        Command::Compile(args) => commands::compile::run(args),
         Command::Ir(args) => commands::ir::run(args),
         Command::Run(args) => commands::run::run(args),
         Command::Synth(args) => commands::synth::run(args),

@@ -11,16 +11,16 @@ fn ids(v: &[u32]) -> String {
 #[test]
 fn run_json_and_logits_out_match_goldens() {
     let tmp = tempfile::tempdir().unwrap();
-    for model in ["tiny", "gqa"] {
+    for (model, backend) in [("tiny", "interp"), ("gqa", "interp"), ("tiny", "pjrt"), ("gqa", "pjrt")] {
         let case = golden_cases(model).into_iter().find(|c| c.name == "long").unwrap();
-        let logits_path = tmp.path().join(format!("{model}.safetensors"));
+        let logits_path = tmp.path().join(format!("{model}-{backend}.safetensors"));
         let n = case.generated_ids.len().to_string();
         let dir = golden_dir(model).join("published");
         let out = g4c(&[
             "run",
             dir.to_str().unwrap(),
             "--backend",
-            "interp",
+            backend,
             "--prompt-ids",
             &ids(&case.prompt_ids),
             "--max-new-tokens",
@@ -53,8 +53,10 @@ fn run_json_and_logits_out_match_goldens() {
             generated_ids: got,
             logits: values.chunks(vocab).map(|r| r.to_vec()).collect(),
             stop: g4c_runtime::StopReason::MaxTokens,
+            timings: Default::default(),
         };
-        crate::common::assert_matches_golden(&format!("cli {model}"), &generation, &case);
+        assert_eq!(json["backend"], backend);
+        crate::common::assert_matches_golden(&format!("cli {model} {backend}"), &generation, &case);
     }
 }
 
@@ -124,6 +126,20 @@ fn bad_invocations_get_one_line_errors() {
         (vec!["run", "/nonexistent/model", "--prompt-ids", "2"], vec!["/nonexistent/model", "config.json"]),
         (vec!["synth", "--preset", "huge", "-o", "/tmp/never"], vec!["huge", "tiny"]),
         (vec!["ir", tiny, "--prefill-len", "64", "--context", "16"], vec!["prefill length 64", "16"]),
+        (vec!["ir", tiny, "--target", "tpu9"], vec!["unknown target `tpu9`", "tpu-v6e"]),
+        (vec!["run", tiny, "--prompt-ids", "2", "--target", "tpu9"], vec!["unknown target `tpu9`"]),
+        (vec!["run", tiny, "--prompt-ids", "2", "--plugin", "/nonexistent/plugin.so"], vec!["/nonexistent/plugin.so"]),
+        (vec!["run", tiny, "--prompt-ids", "2", "--plugin", "/etc/hostname"], vec!["/etc/hostname", "cannot load"]),
+        (
+            vec!["run", tiny, "--prompt-ids", "2,3,4", "--context", "8", "--max-new-tokens", "6"],
+            vec!["3 tokens", "context of 8"],
+        ),
+        (
+            vec!["run", tiny, "--prompt-ids", "2", "--prefill-buckets", "256,128"],
+            vec!["--prefill-buckets", "increasing"],
+        ),
+        (vec!["run", tiny, "--prompt-ids", "2", "--prefill-buckets", "0"], vec!["--prefill-buckets", "between 1"]),
+        (vec!["run", tiny, "--prompt-ids", "2", "--prefill-buckets", "128,x"], vec!["--prefill-buckets", "`x`"]),
     ];
     for (args, needles) in cases {
         let out = g4c(&args);

@@ -3,6 +3,7 @@
 mod common;
 
 mod cli;
+mod compile;
 mod config;
 mod frontend_errors;
 mod goldens;

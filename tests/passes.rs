@@ -7,6 +7,8 @@ use g4c_frontend::{Model, Shapes};
 use g4c_ir::{parse_module, print_module, Module};
 use g4c_passes::{ConstantFold, Cse, Dce, Pass, Pipeline, Target};
 
+type Transform = Box<dyn Fn(&mut Module)>;
+
 fn cpu() -> &'static Target {
     Target::by_name("cpu").unwrap()
 }
@@ -76,10 +78,11 @@ fn passes_preserve_the_tiny_model_exactly() {
     let case = golden_cases("tiny").into_iter().find(|c| c.name == "long").unwrap();
     let n = case.generated_ids.len();
     let reference = run_transformed(Backend::Interp, &dir, &case.prompt_ids, n, None, &|_| {});
-    let passes: Vec<(&str, Box<dyn Fn(&mut Module)>)> = vec![
+    let passes: Vec<(&str, Transform)> = vec![
         ("constant-fold", Box::new(|m| ConstantFold.run(m, cpu()).unwrap())),
         ("cse", Box::new(|m| Cse.run(m, cpu()).unwrap())),
         ("dce", Box::new(|m| Dce.run(m, cpu()).unwrap())),
+        ("weight-dtype", Box::new(|m| g4c_passes::WeightDtype.run(m, cpu()).unwrap())),
         ("cpu pipeline", Box::new(|m| Pipeline::for_target(cpu()).run(m, cpu(), None, &mut |_, _| {}).unwrap())),
     ];
     for (name, transform) in passes {
@@ -106,4 +109,22 @@ fn tiny_ir_after_each_cpu_pass() {
     for (stage, text) in snapshots {
         insta::assert_snapshot!(format!("tiny_decode_after_{stage}"), text);
     }
+}
+
+#[test]
+fn weight_dtype_stores_converted_weights_wide_and_leaves_gather_only_tables() {
+    let text = "module @m {\n  weight @w : bf16[4,3] = \"w\"\n  weight @table : bf16[8,3] = \"t\"\n  weight @mixed : bf16[8,3] = \"m\"\n\n  func @f(\n    %x: f32[2,3],\n    %ids: i32[2]\n  ) -> (\n    y: f32[2,4],\n    r: f32[2,3],\n    s: f32[2,3]\n  ) {\n    %0 = weight @w : bf16[4,3]\n    %1 = convert %0 : f32[4,3]\n    %2 = dot_general %x, %1 {lhs_batch = [], rhs_batch = [], lhs_contract = [1], rhs_contract = [1]} : f32[2,4]\n    %3 = weight @table : bf16[8,3]\n    %4 = gather %3, %ids : bf16[2,3]\n    %5 = convert %4 : f32[2,3]\n    %6 = weight @mixed : bf16[8,3]\n    %7 = gather %6, %ids : bf16[2,3]\n    %8 = convert %7 : f32[2,3]\n    %9 = convert %6 : f32[8,3]\n    return %2, %5, %8\n  }\n}\n";
+    let mut m = parse_module(text).unwrap();
+    g4c_passes::WeightDtype.run(&mut m, cpu()).unwrap();
+    g4c_ir::verify_module(&m).unwrap();
+    let dtype = |n: &str| m.weight(n).unwrap().ty.dtype;
+    assert_eq!(dtype("w"), g4c_ir::DType::F32, "a matmul weight is stored as it is computed");
+    assert_eq!(dtype("table"), g4c_ir::DType::BF16, "a gather-only table keeps its type");
+    assert_eq!(dtype("mixed"), g4c_ir::DType::F32, "gathered and converted whole: stored wide");
+    let printed = print_module(&m);
+    assert!(printed.contains("%1 = dot_general %x, %0"), "{printed}");
+    assert!(printed.contains("%6 = gather %5, %ids : f32[2,3]"), "{printed}");
+    assert!(printed.contains("return %1, %4, %6"), "{printed}");
+    // On a target without native f32 math nothing would change; bf16 -> f32 stays the cpu policy.
+    assert!(!printed.contains("convert %0"), "{printed}");
 }

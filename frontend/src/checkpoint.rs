@@ -110,6 +110,19 @@ impl Checkpoint {
         Some(TensorBytes { dtype: e.dtype, shape: &e.shape, bytes: &self.files[e.file].1[e.start..e.end] })
     }
 
+    /// Drops the resident pages of a tensor's bytes from this process, e.g. once a backend has copied
+    /// them to a device; a later read faults them back in from the file.
+    pub fn release(&self, name: &str) {
+        if let Some(e) = self.tensors.get(name) {
+            let mmap = &self.files[e.file].1;
+            // SAFETY: the map is a shared, read-only mapping of the checkpoint file, so dropped pages
+            // are re-read from the file unchanged; no reference into them outlives this call's
+            // caller holding them (backends call this after their copy is done).
+            let _ =
+                unsafe { mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, e.start, e.end - e.start) };
+        }
+    }
+
     /// The file a tensor is stored in (for messages).
     pub fn file_of(&self, name: &str) -> Option<&Path> {
         self.tensors.get(name).map(|e| self.files[e.file].0.as_path())

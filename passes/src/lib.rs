@@ -5,10 +5,14 @@ mod constant_fold;
 mod cse;
 mod dce;
 mod pass;
+mod report;
 pub mod target;
+mod weight_dtype;
 
 pub use constant_fold::ConstantFold;
 pub use cse::Cse;
 pub use dce::Dce;
 pub use pass::{Pass, PassError, Pipeline};
+pub use report::compile_report;
 pub use target::{Platform, Target, TARGETS};
+pub use weight_dtype::WeightDtype;

@@ -7,6 +7,7 @@ use crate::executor::Executor;
 use crate::tensor::Tensor;
 use g4c_ir::Module;
 use std::collections::HashMap;
+use std::time::Instant;
 
 #[derive(Clone, Debug, Default)]
 pub struct GenerateOptions {
@@ -37,6 +38,16 @@ pub struct Generation {
     /// Row `i`: the logits from which `generated_ids[i]` was chosen.
     pub logits: Vec<Vec<f32>>,
     pub stop: StopReason,
+    pub timings: Timings,
+}
+
+/// Wall-clock time of the two phases (measured, never part of a pass/fail test).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Timings {
+    /// All prefill calls, up to the first generated token.
+    pub prefill_seconds: f64,
+    /// All decode calls (one per generated token after the first).
+    pub decode_seconds: f64,
 }
 
 /// Static facts about a compiled module that the loop needs.
@@ -91,13 +102,19 @@ pub fn generate(
         ));
     }
     exec.reset()?;
-    let mut gen =
-        Generation { prompt_ids: prompt.to_vec(), generated_ids: vec![], logits: vec![], stop: StopReason::MaxTokens };
+    let mut gen = Generation {
+        prompt_ids: prompt.to_vec(),
+        generated_ids: vec![],
+        logits: vec![],
+        stop: StopReason::MaxTokens,
+        timings: Timings::default(),
+    };
     if opts.max_new_tokens == 0 {
         return Ok(gen);
     }
 
     // Prefill in chunks of the compiled length; the last chunk is right-padded with position -1.
+    let started = Instant::now();
     let t = shape.prefill_len;
     let mut logits = Vec::new();
     for (c, chunk) in prompt.chunks(t).enumerate() {
@@ -116,6 +133,8 @@ pub fn generate(
         logits = logits_row(exec.step("prefill", inputs)?);
     }
 
+    gen.timings.prefill_seconds = started.elapsed().as_secs_f64();
+    let started = Instant::now();
     let mut position = prompt.len();
     loop {
         let token = argmax(&logits) as u32;
@@ -136,6 +155,7 @@ pub fn generate(
         logits = logits_row(exec.step("decode", inputs)?);
         position += 1;
     }
+    gen.timings.decode_seconds = started.elapsed().as_secs_f64();
     Ok(gen)
 }
 

@@ -13,7 +13,7 @@ pub mod weights;
 pub use error::{Result, RuntimeError};
 pub use executor::{Executor, InterpExecutor};
 pub use g4c_ir::WeightDecl;
-pub use generate::{generate, GenerateOptions, Generation, ModelShape, StopReason};
+pub use generate::{generate, GenerateOptions, Generation, ModelShape, StopReason, Timings};
 pub use interp::Interpreter;
 pub use pjrt_executor::PjrtExecutor;
 pub use tensor::{Data, Tensor};

@@ -33,6 +33,8 @@ impl<'m> PjrtExecutor<'m> {
                         let decl = module.weight(name).expect("lowering checked the weight exists");
                         let bytes = store.bytes(decl)?;
                         weights.insert(name.clone(), client.buffer(decl.ty.dtype, &decl.ty.shape, &bytes)?);
+                        drop(bytes);
+                        store.release(decl);
                     }
                 }
             }

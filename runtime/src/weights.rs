@@ -17,6 +17,9 @@ pub trait WeightStore {
         let bytes = self.bytes(decl)?;
         Tensor::from_bytes(decl.ty.clone(), &bytes).map_err(|message| weight_error(decl, message))
     }
+
+    /// A hint that the caller is done with `decl`'s bytes (copied to a device, say).
+    fn release(&self, _decl: &WeightDecl) {}
 }
 
 fn weight_error(decl: &WeightDecl, message: String) -> RuntimeError {
@@ -24,14 +27,24 @@ fn weight_error(decl: &WeightDecl, message: String) -> RuntimeError {
 }
 
 impl WeightStore for Checkpoint {
-    /// The tensor's bytes straight from the mmap.
+    /// The tensor's bytes straight from the mmap, or widened to the declared float type when a pass
+    /// chose to store the weight wider (`weight-dtype`).
     fn bytes(&self, decl: &WeightDecl) -> Result<Cow<'_, [u8]>> {
         let t =
             Checkpoint::bytes(self, &decl.source).ok_or_else(|| weight_error(decl, "not in the checkpoint".into()))?;
-        if t.dtype != decl.ty.dtype || t.shape != decl.ty.shape.as_slice() {
+        let widening = t.dtype.is_float() && decl.ty.dtype.is_float() && decl.ty.dtype.bits() >= t.dtype.bits();
+        if t.shape != decl.ty.shape.as_slice() || (t.dtype != decl.ty.dtype && !widening) {
             let found = format!("checkpoint has {}{:?}, the IR expects {}", t.dtype, t.shape, decl.ty);
             return Err(weight_error(decl, found));
         }
-        Ok(Cow::Borrowed(t.bytes))
+        if t.dtype == decl.ty.dtype {
+            return Ok(Cow::Borrowed(t.bytes));
+        }
+        let stored = Tensor::from_bytes(decl.ty.with_dtype(t.dtype), t.bytes).map_err(|m| weight_error(decl, m))?;
+        Ok(Cow::Owned(Tensor::of_type(decl.ty.clone(), stored.data).to_bytes()))
+    }
+
+    fn release(&self, decl: &WeightDecl) {
+        Checkpoint::release(self, &decl.source);
     }
 }

@@ -1,8 +1,8 @@
 use super::ShapeArgs;
 use anyhow::{bail, Context, Result};
-use g4c_passes::{Pipeline, Target};
 use clap::{Args, ValueEnum};
 use g4c_frontend::Model;
+use g4c_passes::{Pipeline, Target};
 use std::path::PathBuf;
 
 #[derive(Args)]

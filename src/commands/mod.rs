@@ -1,3 +1,4 @@
+pub mod compile;
 pub mod ir;
 pub mod run;
 pub mod synth;

@@ -1,18 +1,26 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use g4c_frontend::{Model, Shapes, TextTokenizer};
+use g4c_passes::{Pipeline, Target};
 use g4c_runtime::pjrt::{find_cpu_plugin, Api, Client};
 use g4c_runtime::{generate, GenerateOptions, Generation, InterpExecutor, Interpreter, PjrtExecutor};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 #[derive(Args)]
 pub struct RunArgs {
     /// Checkpoint directory (config.json + safetensors [+ tokenizer.json])
     pub model_dir: PathBuf,
     /// Execution backend
-    #[arg(long, value_enum, default_value = "interp")]
+    #[arg(long, value_enum, default_value = "pjrt")]
     pub backend: Backend,
+    /// Target whose pass pipeline prepares the IR for the pjrt backend (see `g4c targets`)
+    #[arg(long, default_value = "cpu")]
+    pub target: String,
+    /// PJRT plugin shared object (default: $G4C_PJRT_PLUGIN, else the CPU plugin scripts/setup installed)
+    #[arg(long, value_name = "PATH")]
+    pub plugin: Option<PathBuf>,
     /// Prompt as comma-separated token ids, e.g. `2,17,301` (used as given: add BOS yourself)
     #[arg(long, conflicts_with = "prompt", required_unless_present = "prompt")]
     pub prompt_ids: Option<String>,
@@ -31,17 +39,23 @@ pub struct RunArgs {
     /// Write the logits of every generated token to FILE (safetensors, F32 `logits` [N, vocab])
     #[arg(long, value_name = "FILE")]
     pub logits_out: Option<PathBuf>,
-    /// PJRT plugin shared object (default: $G4C_PJRT_PLUGIN, else the CPU plugin scripts/setup installed)
-    #[arg(long, value_name = "PATH")]
-    pub plugin: Option<PathBuf>,
-    /// Tokens per prefill call (default: the whole prompt in one call); longer prompts are prefilled in chunks
+    /// Positions a sequence may reach, prompt included, capped at the model's max_position_embeddings
+    /// (default: 4096 for pjrt; the prompt plus --max-new-tokens for interp, which needs no fixed shapes)
     #[arg(long)]
-    pub prefill_len: Option<usize>,
+    pub context: Option<usize>,
+    /// Prefill lengths to compile, increasing (default for pjrt: 128, 256, … up to the context; for
+    /// interp: the prompt's length). The prompt is prefilled in the smallest that holds it, or in
+    /// chunks of the largest, right-padded.
+    #[arg(long, value_name = "LIST")]
+    pub prefill_buckets: Option<String>,
+    /// Print timings and peak memory to stderr
+    #[arg(long)]
+    pub stats: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum Backend {
-    /// The reference interpreter (f32, op by op)
+    /// The reference interpreter (f32, op by op, on the frontend's IR)
     Interp,
     /// StableHLO compiled and run by a PJRT plugin
     Pjrt,
@@ -57,10 +71,11 @@ impl Backend {
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
-    let model = Model::open(&args.model_dir)?;
-    let tokenizer = TextTokenizer::open(&args.model_dir, model.config.bos_token_id)?;
+    let target = Target::by_name(&args.target).map_err(anyhow::Error::msg)?;
+    let Model { config, checkpoint, weights } = Model::open(&args.model_dir)?;
+    let tokenizer = TextTokenizer::open(&args.model_dir, config.bos_token_id)?;
     let prompt = match (&args.prompt_ids, &args.prompt) {
-        (Some(ids), _) => parse_ids(ids)?,
+        (Some(ids), _) => parse_list(ids, "--prompt-ids", "a token id")?,
         (None, Some(text)) => match &tokenizer {
             Some(t) => t.encode(text)?,
             None => bail!(
@@ -73,40 +88,69 @@ pub fn run(args: RunArgs) -> Result<()> {
     if prompt.is_empty() {
         bail!("the prompt is empty: give at least one token id");
     }
-    let shapes = Shapes {
-        batch: 1,
-        prefill_len: args.prefill_len.unwrap_or(prompt.len()).max(1),
-        context: prompt.len() + args.max_new_tokens,
+    let fixed_shapes = matches!(args.backend, Backend::Pjrt);
+    let default_context = if fixed_shapes { 4096 } else { prompt.len() + args.max_new_tokens };
+    let context = args.context.unwrap_or(default_context).min(config.max_position_embeddings);
+    if prompt.len() + args.max_new_tokens > context {
+        bail!(
+            "prompt of {} tokens plus --max-new-tokens {} exceeds the context of {context} positions (--context)",
+            prompt.len(),
+            args.max_new_tokens
+        );
+    }
+    let buckets = match &args.prefill_buckets {
+        Some(list) => {
+            let lengths = parse_list(list, "--prefill-buckets", "a length")?;
+            check_buckets(lengths.into_iter().map(|b| b as usize).collect(), context)?
+        }
+        None if fixed_shapes => default_buckets(context),
+        None => vec![prompt.len()],
     };
-    let module = model.module(&shapes)?;
+    let bucket = buckets.iter().copied().find(|&b| b >= prompt.len()).unwrap_or(*buckets.last().unwrap());
+    let shapes = Shapes { batch: 1, prefill_len: bucket, context };
+    let mut module = g4c_frontend::emit_module(&config, weights, &shapes)?;
     g4c_ir::verify_module(&module)?;
     let opts = GenerateOptions {
         max_new_tokens: args.max_new_tokens,
-        eos_ids: model.config.eos_token_ids.clone(),
+        eos_ids: config.eos_token_ids.clone(),
         ignore_eos: args.ignore_eos,
     };
 
     let mut printer =
         StreamPrinter { tokenizer: tokenizer.as_ref(), enabled: !args.json, ids: vec![], printed: String::new() };
+    let compile_started = Instant::now();
     let generation = match args.backend {
         Backend::Interp => {
-            let mut exec = InterpExecutor::new(Interpreter::new(&module, &model.checkpoint));
+            let mut exec = InterpExecutor::new(Interpreter::new(&module, &checkpoint));
             generate(&mut exec, &prompt, &opts, &mut |t| printer.push(t))?
         }
         Backend::Pjrt => {
+            Pipeline::for_target(target).run(&mut module, target, None, &mut |_, _| {})?;
             let plugin = match args.plugin.clone().or_else(find_cpu_plugin) {
                 Some(p) => p,
-                None => bail!("no PJRT plugin: pass --plugin PATH, set G4C_PJRT_PLUGIN, or run scripts/setup to install the CPU plugin"),
+                None => bail!(
+                    "no PJRT plugin: pass --plugin PATH, set G4C_PJRT_PLUGIN, or run scripts/setup to install the CPU plugin"
+                ),
             };
             if !plugin.exists() {
                 bail!("PJRT plugin {} does not exist", plugin.display());
             }
             let client = Client::new(Api::load(&plugin)?)?;
-            let mut exec = PjrtExecutor::new(&module, &model.checkpoint, client)?;
-            generate(&mut exec, &prompt, &opts, &mut |t| printer.push(t))?
+            let mut exec = PjrtExecutor::new(&module, &checkpoint, client)?;
+            // The weights now live in device buffers; unmapping the checkpoint returns its pages.
+            drop(checkpoint);
+            let compile_seconds = compile_started.elapsed().as_secs_f64();
+            let g = generate(&mut exec, &prompt, &opts, &mut |t| printer.push(t))?;
+            if args.stats {
+                eprintln!("stats: compile and weight upload {compile_seconds:.2} s");
+            }
+            g
         }
     };
     printer.finish();
+    if args.stats {
+        print_stats(&args, target, bucket, &generation);
+    }
 
     if let Some(path) = &args.logits_out {
         write_logits(path, &generation)?;
@@ -128,15 +172,61 @@ pub fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
-fn parse_ids(text: &str) -> Result<Vec<u32>> {
+/// 128, 256, … up to the context (the ladder grows in steps of 128, not by doubling, so padding never
+/// costs more than 127 positions).
+fn default_buckets(context: usize) -> Vec<usize> {
+    let ladder: Vec<usize> = (1..).map(|i| i * 128).take_while(|&b| b <= context).collect();
+    if ladder.is_empty() {
+        vec![context]
+    } else {
+        ladder
+    }
+}
+
+fn check_buckets(buckets: Vec<usize>, context: usize) -> Result<Vec<usize>> {
+    if buckets.is_empty() {
+        bail!("--prefill-buckets: expected at least one length, found none");
+    }
+    if let Some(w) = buckets.windows(2).find(|w| w[0] >= w[1]) {
+        bail!("--prefill-buckets: expected increasing lengths, found {} before {}", w[0], w[1]);
+    }
+    if buckets[0] == 0 || *buckets.last().unwrap() > context {
+        bail!("--prefill-buckets: expected lengths between 1 and the context ({context}), found {buckets:?}");
+    }
+    Ok(buckets)
+}
+
+fn parse_list(text: &str, flag: &str, what: &str) -> Result<Vec<u32>> {
     text.split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|s| {
-            s.parse::<u32>()
-                .with_context(|| format!("--prompt-ids: `{s}` is not a token id (expected a non-negative integer)"))
+            s.parse::<u32>().with_context(|| format!("{flag}: `{s}` is not {what} (expected a non-negative integer)"))
         })
         .collect()
+}
+
+fn print_stats(args: &RunArgs, target: &Target, bucket: usize, g: &Generation) {
+    let t = g.timings;
+    let decoded = g.generated_ids.len().saturating_sub(1);
+    let rate = if t.decode_seconds > 0.0 { decoded as f64 / t.decode_seconds } else { 0.0 };
+    eprintln!(
+        "stats: backend {} (target {}), prefill {} tokens (bucket {bucket}) {:.1} ms, decode {decoded} tokens {:.2} tok/s, peak memory {}",
+        args.backend.name(),
+        target.name,
+        g.prompt_ids.len(),
+        t.prefill_seconds * 1e3,
+        rate,
+        peak_memory().map_or("unknown".into(), |b| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)),
+    );
+}
+
+/// Peak resident set size of this process (Linux `VmHWM`).
+fn peak_memory() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// Streams generated tokens to stdout: text when there is a tokenizer, else ids.

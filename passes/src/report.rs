@@ -1,0 +1,73 @@
+//! The compile report: facts about a module after its target's pipeline, read off the IR itself.
+
+use crate::Target;
+use g4c_ir::{Function, Module, Op, ParamRole};
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+
+/// `target`, `passes`, `entries` (inputs and outputs with types), `kv_layers`,
+/// `kv_bytes_per_token`, `device_weight_bytes`, `host_weight_bytes`, `converts` per entry.
+pub fn compile_report(module: &Module, target: &Target, passes: &[&str]) -> Value {
+    let entries: Vec<Value> = module.functions.iter().map(entry_json).collect();
+    let converts: serde_json::Map<String, Value> = module
+        .functions
+        .iter()
+        .map(|f| (f.name.clone(), json!(f.body.iter().filter(|i| matches!(i.op, Op::Convert(_))).count())))
+        .collect();
+    let read: BTreeSet<&str> = module
+        .functions
+        .iter()
+        .flat_map(|f| f.body.iter())
+        .filter_map(|i| match &i.op {
+            Op::Weight { name } => Some(name.as_str()),
+            _ => None,
+        })
+        .collect();
+    let device_weight_bytes: u64 =
+        module.weights.iter().filter(|w| read.contains(w.name.as_str())).map(|w| w.ty.byte_size()).sum();
+    let (kv_layers, kv_bytes_per_token) = module.function("decode").map(kv_facts).unwrap_or((0, 0));
+    json!({
+        "target": target.to_json(),
+        "passes": passes,
+        "entries": entries,
+        "kv_layers": kv_layers,
+        "kv_bytes_per_token": kv_bytes_per_token,
+        "device_weight_bytes": device_weight_bytes,
+        "host_weight_bytes": 0,
+        "converts": converts,
+    })
+}
+
+fn entry_json(f: &Function) -> Value {
+    let inputs: Vec<Value> = f
+        .params
+        .iter()
+        .map(|p| {
+            json!({"name": f.param_name(p), "type": f.ty(p.value).to_string(),
+                   "state": matches!(p.role, ParamRole::State { .. })})
+        })
+        .collect();
+    let outputs: Vec<Value> =
+        f.results.iter().map(|r| json!({"name": r.name, "type": f.ty(r.value).to_string()})).collect();
+    json!({"name": f.name, "inputs": inputs, "outputs": outputs})
+}
+
+/// Layers with K/V cache state (`cache.l{L}.k`), and the bytes one token adds to all of them:
+/// a K and a V row of `Hkv × d` elements per layer, in the caches' element type.
+fn kv_facts(decode: &Function) -> (usize, u64) {
+    let mut layers = 0;
+    let mut bytes = 0;
+    for p in decode.state_params() {
+        let name = decode.param_name(p);
+        if name.starts_with("cache.l") && (name.ends_with(".k") || name.ends_with(".v")) {
+            let ty = decode.ty(p.value);
+            // [B, Hkv, S, d]: one token is Hkv × d elements.
+            let per_token = (ty.shape[1] * ty.shape[3]) as u64 * ty.dtype.bits() / 8;
+            bytes += per_token;
+            if name.ends_with(".k") {
+                layers += 1;
+            }
+        }
+    }
+    (layers, bytes)
+}

@@ -1,0 +1,66 @@
+//! `g4c compile`: the report states what the IR after the pipeline holds, and the StableHLO of a TPU
+//! target is well-formed enough for the CPU plugin to compile.
+
+use crate::common::{g4c, golden_dir};
+use g4c_frontend::synth::Preset;
+use g4c_frontend::{expected_tensors, Gemma4Config, Shapes};
+use g4c_ir::{DType, TensorType, WeightDecl};
+use g4c_passes::{compile_report, Pipeline, Target};
+use std::path::Path;
+
+#[test]
+fn tiny_report_and_tpu_stablehlo_compiles_on_cpu() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = golden_dir("tiny").join("published");
+    let out = g4c(&[
+        "compile",
+        dir.to_str().unwrap(),
+        "--target",
+        "tpu-v6e",
+        "--prefill-len",
+        "128",
+        "--context",
+        "4096",
+        "--check-on-cpu",
+        "--json",
+        "-o",
+        tmp.path().to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["target"]["name"], "tpu-v6e");
+    assert_eq!(report["kv_layers"], 5);
+    // f32 caches (no dtype legalization yet): 4 sliding layers × K,V × 32 + 1 full × K,V × 64, × 4 bytes.
+    assert_eq!(report["kv_bytes_per_token"], (4 * 2 * 32 + 2 * 64) * 4);
+    let names: Vec<&str> = report["entries"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["prefill", "decode"]);
+    assert!(report["converts"]["decode"].as_u64().unwrap() > 0);
+    for file in ["prefill.mlir", "decode.mlir", "report.json"] {
+        assert!(tmp.path().join(file).exists(), "{file}");
+    }
+    let mlir = std::fs::read_to_string(tmp.path().join("decode.mlir")).unwrap();
+    assert!(mlir.contains("tf.aliasing_output"), "caches are donated");
+}
+
+#[test]
+fn e2b_report_counts_fifteen_kv_layers() {
+    let cfg = Gemma4Config::from_json_str(&Preset::E2b.config_json().to_string(), Path::new("e2b.json")).unwrap();
+    let weights = expected_tensors(&cfg)
+        .into_iter()
+        .map(|t| WeightDecl { name: t.name, ty: TensorType::new(DType::BF16, t.shape), source: t.key })
+        .collect();
+    let mut m =
+        g4c_frontend::emit_module(&cfg, weights, &Shapes { batch: 1, prefill_len: 128, context: 4096 }).unwrap();
+    let cpu = Target::by_name("cpu").unwrap();
+    let pipeline = Pipeline::for_target(cpu);
+    pipeline.run(&mut m, cpu, None, &mut |_, _| {}).unwrap();
+    let report = compile_report(&m, cpu, &pipeline.names());
+    assert_eq!(report["kv_layers"], 15);
+    // 12 sliding × 2 × 256 + 3 full × 2 × 512 elements per token, in f32 caches: 36 KiB (18 KiB in bf16).
+    assert_eq!(report["kv_bytes_per_token"], 36 * 1024);
+    // 4,628,569,379 parameters: on `cpu` (f32 compute) `weight-dtype` stores every matrix, norm and
+    // embedding in f32 at load, except the PLE table (262,144 × 8,960), which is only gathered and
+    // stays bf16.
+    let ple = 262_144u64 * 8_960;
+    assert_eq!(report["device_weight_bytes"], 2 * ple + 4 * (4_628_569_379u64 - ple));
+}
