@@ -83,6 +83,7 @@ fn passes_preserve_the_tiny_model_exactly() {
         ("cse", Box::new(|m| Cse.run(m, cpu()).unwrap())),
         ("dce", Box::new(|m| Dce.run(m, cpu()).unwrap())),
         ("weight-dtype", Box::new(|m| g4c_passes::WeightDtype.run(m, cpu()).unwrap())),
+        ("host-tables", Box::new(|m| g4c_passes::HostTables.run(m, cpu()).unwrap())),
         ("cpu pipeline", Box::new(|m| Pipeline::for_target(cpu()).run(m, cpu(), None, &mut |_, _| {}).unwrap())),
     ];
     for (name, transform) in passes {
@@ -125,6 +126,20 @@ fn weight_dtype_stores_converted_weights_wide_and_leaves_gather_only_tables() {
     assert!(printed.contains("%1 = dot_general %x, %0"), "{printed}");
     assert!(printed.contains("%6 = gather %5, %ids : f32[2,3]"), "{printed}");
     assert!(printed.contains("return %1, %4, %6"), "{printed}");
-    // On a target without native f32 math nothing would change; bf16 -> f32 stays the cpu policy.
     assert!(!printed.contains("convert %0"), "{printed}");
+}
+
+#[test]
+fn host_tables_turn_gather_only_tables_into_host_gathered_parameters() {
+    let text = "module @m {\n  weight @table : bf16[8,3] = \"t\"\n  weight @both : bf16[8,3] = \"b\"\n\n  func @f(\n    %ids: i32[2]\n  ) -> (\n    r: f32[2,3],\n    s: bf16[8,3]\n  ) {\n    %0 = weight @table : bf16[8,3]\n    %1 = gather %0, %ids : bf16[2,3]\n    %2 = convert %1 : f32[2,3]\n    %3 = weight @both : bf16[8,3]\n    %4 = gather %3, %ids : bf16[2,3]\n    return %2, %3\n  }\n}\n";
+    let mut m = parse_module(text).unwrap();
+    g4c_passes::HostTables.run(&mut m, cpu()).unwrap();
+    g4c_ir::verify_module(&m).unwrap();
+    let printed = print_module(&m);
+    assert!(printed.contains("%table.rows: bf16[2,3] host_gather(@table, %ids)"), "{printed}");
+    assert!(printed.contains("%0 = convert %table.rows : f32[2,3]"), "{printed}");
+    assert!(printed.contains("weight @both"), "a table also read otherwise stays: {printed}");
+    assert!(!printed.contains("host_gather(@both"), "{printed}");
+    // The text form round-trips with the new parameter role.
+    assert_eq!(print_module(&parse_module(&printed).unwrap()), printed);
 }

@@ -20,13 +20,17 @@ pub struct ValueData {
 }
 
 /// What a function parameter carries between calls.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum ParamRole {
     /// A per-call input (token ids, positions).
     Input,
     /// State owned by the caller and threaded through calls: a result of the same name returns its
     /// next value. Before the first call every element holds `init` (e.g. `-1` for "empty slot").
     State { init: f64 },
+    /// Rows of weight `table` selected by the integer input parameter `indices`, gathered by the
+    /// caller on the host: a table too large for device memory that a call reads only a few rows of
+    /// (E2B's 4.7 GB per-layer-embedding table).
+    HostGather { table: String, indices: String },
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -367,14 +367,30 @@ impl Parser {
                 };
                 self.expect_punct(':')?;
                 let ty = self.tensor_type()?;
-                let role = if matches!(self.peek(), Tok::Word(w) if w == "state") {
-                    self.next();
-                    self.expect_punct('(')?;
-                    let init = self.number()?;
-                    self.expect_punct(')')?;
-                    ParamRole::State { init }
-                } else {
-                    ParamRole::Input
+                let role = match self.peek() {
+                    Tok::Word(w) if w == "state" => {
+                        self.next();
+                        self.expect_punct('(')?;
+                        let init = self.number()?;
+                        self.expect_punct(')')?;
+                        ParamRole::State { init }
+                    }
+                    Tok::Word(w) if w == "host_gather" => {
+                        self.next();
+                        self.expect_punct('(')?;
+                        let table = self.symbol()?;
+                        self.expect_punct(',')?;
+                        let indices = match self.next() {
+                            Tok::Value(v) => v,
+                            other => {
+                                self.i -= 1;
+                                return self.err(format!("expected the `%indices` parameter, found {other}"));
+                            }
+                        };
+                        self.expect_punct(')')?;
+                        ParamRole::HostGather { table, indices }
+                    }
+                    _ => ParamRole::Input,
                 };
                 let value = self.define(&mut f, &mut scope, &name, ty)?;
                 f.params.push(Param { value, role });

@@ -6,7 +6,8 @@
 //!
 //!   func @decode(
 //!     %ids: i32[1,1],
-//!     %cache.l0.pos: i32[1,8] state(-1)
+//!     %cache.l0.pos: i32[1,8] state(-1),
+//!     %ple.rows: bf16[1,1,80] host_gather(@embed_tokens_per_layer, %ids)
 //!   ) -> (
 //!     logits: f32[1,512],
 //!     cache.l0.pos: i32[1,8]
@@ -77,8 +78,10 @@ fn print_function_into(out: &mut String, f: &Function) {
     writeln!(out, "  func @{}(", f.name).unwrap();
     for (i, p) in f.params.iter().enumerate() {
         write!(out, "    {}: {}", names.get(p.value), f.ty(p.value)).unwrap();
-        if let ParamRole::State { init } = p.role {
-            write!(out, " state({})", fmt_f64(init)).unwrap();
+        match &p.role {
+            ParamRole::Input => {}
+            ParamRole::State { init } => write!(out, " state({})", fmt_f64(*init)).unwrap(),
+            ParamRole::HostGather { table, indices } => write!(out, " host_gather(@{table}, %{indices})").unwrap(),
         }
         out.push_str(if i + 1 < f.params.len() { ",\n" } else { "\n" });
     }

@@ -95,6 +95,25 @@ fn check_function(m: &Module, f: &Function) -> Vec<String> {
             problems.push(format!("@{}: result `{}` is never defined", f.name, r.name));
         }
     }
+    for p in &f.params {
+        let ParamRole::HostGather { table, indices } = &p.role else { continue };
+        let pname = f.param_name(p);
+        let Some(decl) = m.weight(table) else {
+            problems.push(format!("@{}: %{pname} gathers from @{table}, which is not declared", f.name));
+            continue;
+        };
+        let Some(idx) = f.param(indices).filter(|i| i.role == ParamRole::Input) else {
+            problems.push(format!("@{}: %{pname} gathers with %{indices}, which is not an input parameter", f.name));
+            continue;
+        };
+        let idx_ty = f.ty(idx.value);
+        let mut shape = idx_ty.shape.clone();
+        shape.extend_from_slice(decl.ty.shape.get(1..).unwrap_or(&[]));
+        let expected = decl.ty.with_shape(shape);
+        if !idx_ty.dtype.is_int() || f.ty(p.value) != &expected {
+            problems.push(format!("@{}: %{pname} must be {expected} (rows of @{table} at %{indices}), found {}", f.name, f.ty(p.value)));
+        }
+    }
     for p in f.params.iter().filter(|p| matches!(p.role, ParamRole::State { .. })) {
         let pname = f.param_name(p);
         match f.result(pname) {

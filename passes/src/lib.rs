@@ -4,6 +4,7 @@
 mod constant_fold;
 mod cse;
 mod dce;
+mod host_tables;
 mod pass;
 mod report;
 pub mod target;
@@ -12,6 +13,7 @@ mod weight_dtype;
 pub use constant_fold::ConstantFold;
 pub use cse::Cse;
 pub use dce::Dce;
+pub use host_tables::HostTables;
 pub use pass::{Pass, PassError, Pipeline};
 pub use report::compile_report;
 pub use target::{Platform, Target, TARGETS};

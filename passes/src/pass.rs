@@ -1,7 +1,7 @@
 //! The pass trait and the ordered pipeline each target runs.
 
 use crate::target::Target;
-use crate::{ConstantFold, Cse, Dce, WeightDtype};
+use crate::{ConstantFold, Cse, Dce, HostTables, WeightDtype};
 use g4c_ir::{verify_module, Module};
 
 #[derive(Debug, thiserror::Error)]
@@ -28,7 +28,7 @@ pub struct Pipeline {
 
 impl Pipeline {
     pub fn for_target(_target: &Target) -> Pipeline {
-        Pipeline { passes: vec![Box::new(WeightDtype), Box::new(ConstantFold), Box::new(Cse), Box::new(Dce)] }
+        Pipeline { passes: vec![Box::new(HostTables), Box::new(WeightDtype), Box::new(ConstantFold), Box::new(Cse), Box::new(Dce)] }
     }
 
     pub fn names(&self) -> Vec<&'static str> {

@@ -25,6 +25,17 @@ pub fn compile_report(module: &Module, target: &Target, passes: &[&str]) -> Valu
         .collect();
     let device_weight_bytes: u64 =
         module.weights.iter().filter(|w| read.contains(w.name.as_str())).map(|w| w.ty.byte_size()).sum();
+    let host: BTreeSet<&str> = module
+        .functions
+        .iter()
+        .flat_map(|f| f.params.iter())
+        .filter_map(|p| match &p.role {
+            ParamRole::HostGather { table, .. } => Some(table.as_str()),
+            _ => None,
+        })
+        .collect();
+    let host_weight_bytes: u64 =
+        module.weights.iter().filter(|w| host.contains(w.name.as_str())).map(|w| w.ty.byte_size()).sum();
     let (kv_layers, kv_bytes_per_token) = module.function("decode").map(kv_facts).unwrap_or((0, 0));
     json!({
         "target": target.to_json(),
@@ -33,7 +44,7 @@ pub fn compile_report(module: &Module, target: &Target, passes: &[&str]) -> Valu
         "kv_layers": kv_layers,
         "kv_bytes_per_token": kv_bytes_per_token,
         "device_weight_bytes": device_weight_bytes,
-        "host_weight_bytes": 0,
+        "host_weight_bytes": host_weight_bytes,
         "converts": converts,
     })
 }

@@ -5,7 +5,8 @@
 use crate::error::{invalid, Result};
 use crate::interp::Interpreter;
 use crate::tensor::Tensor;
-use g4c_ir::{Function, Module, ParamRole};
+use crate::weights::WeightStore;
+use g4c_ir::{Function, Module, ParamRole, TensorType};
 use std::collections::HashMap;
 
 pub trait Executor {
@@ -17,36 +18,63 @@ pub trait Executor {
     fn step(&mut self, function: &str, inputs: HashMap<&str, Tensor>) -> Result<Tensor>;
 }
 
-/// Splits a function's parameters into per-call inputs taken from `inputs` and state taken from
-/// `state`, in parameter order.
+/// A function's arguments in parameter order: per-call inputs taken from `inputs`, state taken from
+/// `state`, and host-gathered rows read from `store`.
 pub fn gather_args<T>(
+    module: &Module,
+    store: &dyn WeightStore,
     f: &Function,
     mut inputs: HashMap<&str, Tensor>,
     state: &mut HashMap<String, T>,
 ) -> Result<Vec<Arg<T>>> {
-    f.params
-        .iter()
-        .map(|p| {
-            let name = f.param_name(p);
-            match p.role {
-                ParamRole::Input => inputs.remove(name).map(Arg::Input),
-                ParamRole::State { .. } => state.remove(name).map(Arg::State),
+    let mut args = Vec::with_capacity(f.params.len());
+    for p in &f.params {
+        let name = f.param_name(p);
+        let arg = match &p.role {
+            ParamRole::Input => inputs.get(name).cloned().map(Arg::Input),
+            ParamRole::State { .. } => state.remove(name).map(Arg::State),
+            ParamRole::HostGather { table, indices } => {
+                let Some(ids) = inputs.get(indices.as_str()) else {
+                    return invalid(format!("@{}: %{name} needs input %{indices}", f.name));
+                };
+                Some(Arg::Rows(f.ty(p.value).clone(), host_rows(module, store, table, ids)?))
             }
-            .ok_or_else(|| crate::RuntimeError::Invalid(format!("@{}: no value for parameter %{name}", f.name)))
-        })
-        .collect()
+        };
+        args.push(arg.ok_or_else(|| crate::RuntimeError::Invalid(format!("@{}: no value for parameter %{name}", f.name)))?);
+    }
+    inputs.clear();
+    Ok(args)
 }
 
 pub enum Arg<T> {
     Input(Tensor),
     State(T),
+    /// Rows gathered on the host, as little-endian bytes of the given type.
+    Rows(TensorType, Vec<u8>),
+}
+
+/// Rows of weight `table` at `ids`, copied from the store's bytes (the checkpoint's mmap).
+fn host_rows(module: &Module, store: &dyn WeightStore, table: &str, ids: &Tensor) -> Result<Vec<u8>> {
+    let decl = module.weight(table).ok_or_else(|| crate::RuntimeError::Invalid(format!("no weight @{table}")))?;
+    let bytes = store.bytes(decl)?;
+    let rows = decl.ty.shape[0];
+    let row_bytes = bytes.len() / rows.max(1);
+    let Some(ids) = ids.as_i32() else { return invalid(format!("rows of @{table} need integer indices")) };
+    let mut out = Vec::with_capacity(ids.len() * row_bytes);
+    for &id in ids {
+        if id < 0 || id as usize >= rows {
+            return invalid(format!("index {id} out of range for the {rows} rows of @{table}"));
+        }
+        out.extend_from_slice(&bytes[id as usize * row_bytes..(id as usize + 1) * row_bytes]);
+    }
+    Ok(out)
 }
 
 /// The state parameters of `f` with their initial contents.
 pub fn initial_state(f: &Function) -> impl Iterator<Item = (String, Tensor)> + '_ {
     f.params.iter().filter_map(|p| match p.role {
         ParamRole::State { init } => Some((f.param_name(p).to_string(), Tensor::filled(f.ty(p.value).clone(), init))),
-        ParamRole::Input => None,
+        _ => None,
     })
 }
 
@@ -76,12 +104,13 @@ impl Executor for InterpExecutor<'_> {
     fn step(&mut self, function: &str, inputs: HashMap<&str, Tensor>) -> Result<Tensor> {
         let module = self.interp.module();
         let f = module.function(function).ok_or_else(|| crate::RuntimeError::Invalid(format!("no @{function}")))?;
-        let args = gather_args(f, inputs, &mut self.state)?
+        let args = gather_args(module, self.interp.store(), f, inputs, &mut self.state)?
             .into_iter()
             .map(|a| match a {
-                Arg::Input(t) | Arg::State(t) => t,
+                Arg::Input(t) | Arg::State(t) => Ok(t),
+                Arg::Rows(ty, bytes) => Tensor::from_bytes(ty, &bytes).map_err(crate::RuntimeError::Invalid),
             })
-            .collect();
+            .collect::<Result<_>>()?;
         let outputs = self.interp.call(function, args)?;
         let mut logits = None;
         for (r, value) in f.results.iter().zip(outputs) {

@@ -13,6 +13,8 @@ use std::collections::HashMap;
 
 pub struct PjrtExecutor<'m> {
     module: &'m Module,
+    /// Kept for tables gathered on the host (`host_gather` parameters).
+    store: &'m dyn WeightStore,
     client: Client,
     entries: HashMap<String, (Lowered, Executable)>,
     weights: HashMap<String, Buffer>,
@@ -21,7 +23,7 @@ pub struct PjrtExecutor<'m> {
 
 impl<'m> PjrtExecutor<'m> {
     /// Lowers and compiles every function of `module`, and uploads the weights they read.
-    pub fn new(module: &'m Module, store: &dyn WeightStore, client: Client) -> Result<Self> {
+    pub fn new(module: &'m Module, store: &'m dyn WeightStore, client: Client) -> Result<Self> {
         let mut entries = HashMap::new();
         let mut weights = HashMap::new();
         for f in &module.functions {
@@ -40,7 +42,7 @@ impl<'m> PjrtExecutor<'m> {
             }
             entries.insert(f.name.clone(), (lowered, executable));
         }
-        Ok(PjrtExecutor { module, client, entries, weights, state: HashMap::new() })
+        Ok(PjrtExecutor { module, store, client, entries, weights, state: HashMap::new() })
     }
 
     fn upload(&self, t: &Tensor) -> Result<Buffer> {
@@ -65,15 +67,16 @@ impl Executor for PjrtExecutor<'_> {
             self.module.function(function).ok_or_else(|| crate::RuntimeError::Invalid(format!("no @{function}")))?;
         let (lowered, executable) = &self.entries[function];
         // Parameters in order (inputs uploaded now, state buffers handed over), then weights.
-        let mut params = gather_args(f, inputs, &mut self.state)?.into_iter();
+        let mut params = gather_args(self.module, self.store, f, inputs, &mut self.state)?.into_iter();
         let mut owned: Vec<Buffer> = Vec::new();
         let mut order: Vec<ArgSource> = Vec::new();
         for input in &lowered.inputs {
             match input {
                 Input::Param(_) => {
                     let buffer = match params.next().expect("one argument per parameter") {
-                        Arg::Input(t) => self.client.buffer(t.ty.dtype, &t.ty.shape, &t.to_bytes())?,
+                        Arg::Input(t) => self.upload(&t)?,
                         Arg::State(b) => b,
+                        Arg::Rows(ty, bytes) => self.client.buffer(ty.dtype, &ty.shape, &bytes)?,
                     };
                     order.push(ArgSource::Call(owned.len()));
                     owned.push(buffer);

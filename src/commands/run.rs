@@ -136,9 +136,8 @@ pub fn run(args: RunArgs) -> Result<()> {
                 bail!("PJRT plugin {} does not exist", plugin.display());
             }
             let client = Client::new(Api::load(&plugin)?)?;
+            // Uploaded weights' pages are dropped as they are copied; host tables stay mapped.
             let mut exec = PjrtExecutor::new(&module, &checkpoint, client)?;
-            // The weights now live in device buffers; unmapping the checkpoint returns its pages.
-            drop(checkpoint);
             let compile_seconds = compile_started.elapsed().as_secs_f64();
             let g = generate(&mut exec, &prompt, &opts, &mut |t| printer.push(t))?;
             if args.stats {

@@ -26,6 +26,10 @@ impl<'m> Interpreter<'m> {
         self.module
     }
 
+    pub fn store(&self) -> &'m dyn WeightStore {
+        self.store
+    }
+
     /// Runs `function` on `inputs` (in parameter order) and returns its results in order.
     pub fn call(&mut self, function: &str, inputs: Vec<Tensor>) -> Result<Vec<Tensor>> {
         let module = self.module;

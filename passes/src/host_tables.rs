@@ -1,0 +1,88 @@
+//! Keeps lookup tables in host memory: a weight that every function only reads through `gather`
+//! with an input parameter as indices (E2B's 4.7 GB per-layer-embedding table) is not uploaded; the
+//! gather becomes a `host_gather` parameter that the runtime fills with the rows a call needs.
+//! Tables that are also read otherwise (the tied embedding, also the LM head) stay on the device.
+
+use crate::{Pass, PassError, Target};
+use g4c_ir::{Module, Op, Param, ParamRole, ValueId};
+use std::collections::{HashMap, HashSet};
+
+pub struct HostTables;
+
+impl Pass for HostTables {
+    fn name(&self) -> &'static str {
+        "host-tables"
+    }
+
+    fn run(&self, module: &mut Module, _: &Target) -> Result<(), PassError> {
+        let tables = host_tables(module);
+        for f in &mut module.functions {
+            let weight_of: HashMap<ValueId, String> = f
+                .body
+                .iter()
+                .filter_map(|i| match &i.op {
+                    Op::Weight { name } if tables.contains(name) => Some((i.result, name.clone())),
+                    _ => None,
+                })
+                .collect();
+            let mut replace: HashMap<ValueId, ValueId> = HashMap::new();
+            let mut added: HashMap<(String, ValueId), ValueId> = HashMap::new();
+            for i in 0..f.body.len() {
+                let Op::Gather { table, indices } = f.body[i].op.clone() else { continue };
+                let Some(name) = weight_of.get(&table) else { continue };
+                let rows = f.body[i].result;
+                let param = match added.get(&(name.clone(), indices)) {
+                    Some(&p) => p,
+                    None => {
+                        let indices_name = f.value_name(indices).expect("an input parameter").to_string();
+                        let value = f.new_value(f.ty(rows).clone(), Some(format!("{name}.rows")));
+                        f.params.push(Param {
+                            value,
+                            role: ParamRole::HostGather { table: name.clone(), indices: indices_name },
+                        });
+                        added.insert((name.clone(), indices), value);
+                        value
+                    }
+                };
+                replace.insert(rows, param);
+            }
+            for instr in &mut f.body {
+                instr.op.map_operands(|v| *replace.get(&v).unwrap_or(&v));
+            }
+            for r in &mut f.results {
+                r.value = *replace.get(&r.value).unwrap_or(&r.value);
+            }
+            f.body.retain(|i| !replace.contains_key(&i.result) && !weight_of.contains_key(&i.result));
+        }
+        Ok(())
+    }
+}
+
+/// Weights that every function reads only as the table of a `gather` indexed by an input parameter.
+fn host_tables(module: &Module) -> HashSet<String> {
+    let mut ok: HashMap<String, bool> = HashMap::new();
+    for f in &module.functions {
+        let inputs: HashSet<ValueId> =
+            f.params.iter().filter(|p| p.role == ParamRole::Input).map(|p| p.value).collect();
+        let weight_of: HashMap<ValueId, &str> = f
+            .body
+            .iter()
+            .filter_map(|i| match &i.op {
+                Op::Weight { name } => Some((i.result, name.as_str())),
+                _ => None,
+            })
+            .collect();
+        for (v, name) in &weight_of {
+            ok.entry(name.to_string()).or_insert(true);
+            let returned = f.results.iter().any(|r| r.value == *v);
+            let all_gathers = f.body.iter().all(|i| match &i.op {
+                Op::Gather { table, indices } if table == v => inputs.contains(indices),
+                op => !op.operands().contains(v),
+            });
+            if returned || !all_gathers {
+                ok.insert(name.to_string(), false);
+            }
+        }
+    }
+    ok.into_iter().filter(|(_, host)| *host).map(|(n, _)| n).collect()
+}
