@@ -146,3 +146,27 @@ fn bad_invocations_get_one_line_errors() {
         assert_one_line_error(&out, &needles);
     }
 }
+
+#[test]
+fn sampling_is_seeded_and_stop_ids_end_generation() {
+    let tiny = golden_dir("tiny").join("published");
+    let tiny = tiny.to_str().unwrap();
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["run", tiny, "--prompt-ids", "2,17", "--max-new-tokens", "12", "--json", "--ignore-eos"];
+        args.extend_from_slice(extra);
+        let out = g4c(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let hot = ["--temperature", "3.0", "--top-k", "50"];
+    let a = run(&[&hot[..], &["--seed", "11"]].concat());
+    let b = run(&[&hot[..], &["--seed", "11"]].concat());
+    let c = run(&[&hot[..], &["--seed", "12"]].concat());
+    assert_eq!(a["generated_ids"], b["generated_ids"], "same seed, same tokens");
+    assert_ne!(a["generated_ids"], c["generated_ids"], "another seed, other tokens");
+    let greedy = run(&[]);
+    let third = greedy["generated_ids"][2].as_u64().unwrap().to_string();
+    let stopped = run(&["--stop-ids", &third]);
+    assert_eq!(stopped["generated_ids"].as_array().unwrap().len(), 3, "{stopped}");
+    assert_eq!(stopped["stop_reason"], "stop_id");
+}

@@ -111,7 +111,11 @@ fn check_function(m: &Module, f: &Function) -> Vec<String> {
         shape.extend_from_slice(decl.ty.shape.get(1..).unwrap_or(&[]));
         let expected = decl.ty.with_shape(shape);
         if !idx_ty.dtype.is_int() || f.ty(p.value) != &expected {
-            problems.push(format!("@{}: %{pname} must be {expected} (rows of @{table} at %{indices}), found {}", f.name, f.ty(p.value)));
+            problems.push(format!(
+                "@{}: %{pname} must be {expected} (rows of @{table} at %{indices}), found {}",
+                f.name,
+                f.ty(p.value)
+            ));
         }
     }
     for p in f.params.iter().filter(|p| matches!(p.role, ParamRole::State { .. })) {

@@ -28,7 +28,15 @@ pub struct Pipeline {
 
 impl Pipeline {
     pub fn for_target(_target: &Target) -> Pipeline {
-        Pipeline { passes: vec![Box::new(HostTables), Box::new(WeightDtype), Box::new(ConstantFold), Box::new(Cse), Box::new(Dce)] }
+        Pipeline {
+            passes: vec![
+                Box::new(HostTables),
+                Box::new(WeightDtype),
+                Box::new(ConstantFold),
+                Box::new(Cse),
+                Box::new(Dce),
+            ],
+        }
     }
 
     pub fn names(&self) -> Vec<&'static str> {

@@ -40,7 +40,9 @@ pub fn gather_args<T>(
                 Some(Arg::Rows(f.ty(p.value).clone(), host_rows(module, store, table, ids)?))
             }
         };
-        args.push(arg.ok_or_else(|| crate::RuntimeError::Invalid(format!("@{}: no value for parameter %{name}", f.name)))?);
+        args.push(
+            arg.ok_or_else(|| crate::RuntimeError::Invalid(format!("@{}: no value for parameter %{name}", f.name)))?,
+        );
     }
     inputs.clear();
     Ok(args)

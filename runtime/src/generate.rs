@@ -4,6 +4,7 @@
 
 use crate::error::{invalid, Result};
 use crate::executor::Executor;
+use crate::sampling::{Sampler, SamplingParams};
 use crate::tensor::Tensor;
 use g4c_ir::Module;
 use std::collections::HashMap;
@@ -14,11 +15,15 @@ pub struct GenerateOptions {
     pub max_new_tokens: usize,
     pub eos_ids: Vec<u32>,
     pub ignore_eos: bool,
+    /// Tokens that end generation like EOS (kept even with `ignore_eos`).
+    pub stop_ids: Vec<u32>,
+    pub sampling: SamplingParams,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StopReason {
     Eos,
+    StopId,
     MaxTokens,
 }
 
@@ -26,6 +31,7 @@ impl StopReason {
     pub fn name(self) -> &'static str {
         match self {
             StopReason::Eos => "eos",
+            StopReason::StopId => "stop_id",
             StopReason::MaxTokens => "max_tokens",
         }
     }
@@ -79,7 +85,8 @@ impl ModelShape {
     }
 }
 
-/// Greedy generation (ties go to the lowest token id, like `argmax` in transformers).
+/// Generates up to `max_new_tokens` tokens after `prompt`, greedily unless `opts.sampling` says
+/// otherwise, calling `on_token` with each as it comes.
 pub fn generate(
     exec: &mut dyn Executor,
     prompt: &[u32],
@@ -135,14 +142,19 @@ pub fn generate(
 
     gen.timings.prefill_seconds = started.elapsed().as_secs_f64();
     let started = Instant::now();
+    let mut sampler = Sampler::new(opts.sampling);
     let mut position = prompt.len();
     loop {
-        let token = argmax(&logits) as u32;
+        let token = sampler.pick(&logits);
         gen.generated_ids.push(token);
         gen.logits.push(std::mem::take(&mut logits));
         on_token(token);
         if !opts.ignore_eos && opts.eos_ids.contains(&token) {
             gen.stop = StopReason::Eos;
+            break;
+        }
+        if opts.stop_ids.contains(&token) {
+            gen.stop = StopReason::StopId;
             break;
         }
         if gen.generated_ids.len() == opts.max_new_tokens {
@@ -163,14 +175,4 @@ pub fn generate(
 fn logits_row(logits: Tensor) -> Vec<f32> {
     let vocab = *logits.shape().last().unwrap_or(&0);
     logits.as_f32().map(|v| v[..vocab].to_vec()).unwrap_or_default()
-}
-
-fn argmax(v: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best
 }

@@ -7,6 +7,7 @@ pub mod generate;
 pub mod interp;
 pub mod pjrt;
 mod pjrt_executor;
+pub mod sampling;
 pub mod tensor;
 pub mod weights;
 
@@ -16,5 +17,6 @@ pub use g4c_ir::WeightDecl;
 pub use generate::{generate, GenerateOptions, Generation, ModelShape, StopReason, Timings};
 pub use interp::Interpreter;
 pub use pjrt_executor::PjrtExecutor;
+pub use sampling::SamplingParams;
 pub use tensor::{Data, Tensor};
 pub use weights::WeightStore;

@@ -3,7 +3,7 @@ use clap::{Args, ValueEnum};
 use g4c_frontend::{Model, Shapes, TextTokenizer};
 use g4c_passes::{Pipeline, Target};
 use g4c_runtime::pjrt::{find_cpu_plugin, Api, Client};
-use g4c_runtime::{generate, GenerateOptions, Generation, InterpExecutor, Interpreter, PjrtExecutor};
+use g4c_runtime::{generate, GenerateOptions, Generation, InterpExecutor, Interpreter, PjrtExecutor, SamplingParams};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -33,6 +33,21 @@ pub struct RunArgs {
     /// Keep generating after an end-of-sequence token
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Comma-separated token ids that also end generation (even with --ignore-eos)
+    #[arg(long, value_name = "LIST")]
+    pub stop_ids: Option<String>,
+    /// Sampling temperature (0: greedy, the default)
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Sample among the K most likely tokens only (0: all)
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Sample among the most likely tokens whose probabilities add up to P (1: all)
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Seed of the sampler: the same seed gives the same tokens
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
     /// Print one JSON object (prompt_ids, generated_ids, text, stop_reason) instead of streaming
     #[arg(long)]
     pub json: bool,
@@ -110,10 +125,26 @@ pub fn run(args: RunArgs) -> Result<()> {
     let shapes = Shapes { batch: 1, prefill_len: bucket, context };
     let mut module = g4c_frontend::emit_module(&config, weights, &shapes)?;
     g4c_ir::verify_module(&module)?;
+    if !(args.temperature >= 0.0 && args.temperature.is_finite()) {
+        bail!("--temperature: expected a number >= 0, found {}", args.temperature);
+    }
+    if !(args.top_p > 0.0 && args.top_p <= 1.0) {
+        bail!("--top-p: expected a number in (0, 1], found {}", args.top_p);
+    }
     let opts = GenerateOptions {
         max_new_tokens: args.max_new_tokens,
         eos_ids: config.eos_token_ids.clone(),
         ignore_eos: args.ignore_eos,
+        stop_ids: match &args.stop_ids {
+            Some(list) => parse_list(list, "--stop-ids", "a token id")?,
+            None => vec![],
+        },
+        sampling: SamplingParams {
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            seed: args.seed,
+        },
     };
 
     let mut printer =

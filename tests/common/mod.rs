@@ -89,8 +89,7 @@ pub fn run_transformed(
     let mut module = model.module(&shapes).unwrap();
     transform(&mut module);
     g4c_ir::verify_module(&module).unwrap();
-    let opts =
-        GenerateOptions { max_new_tokens: new_tokens, eos_ids: model.config.eos_token_ids.clone(), ignore_eos: true };
+    let opts = GenerateOptions { max_new_tokens: new_tokens, ignore_eos: true, ..Default::default() };
     let mut exec: Box<dyn Executor> = match backend {
         Backend::Interp => Box::new(InterpExecutor::new(Interpreter::new(&module, &model.checkpoint))),
         Backend::Pjrt => {

@@ -1,0 +1,129 @@
+//! Choosing the next token from logits: greedy, or seeded sampling with temperature, top-k and top-p
+//! (applied in that order, as in llama.cpp and vLLM).
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// Keep the k most likely tokens (0: all).
+    pub top_k: usize,
+    /// Keep the smallest set of most likely tokens whose probability reaches p (1: all).
+    pub top_p: f32,
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 }
+    }
+}
+
+pub struct Sampler {
+    params: SamplingParams,
+    rng: ChaCha8Rng,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Sampler {
+        Sampler { params, rng: ChaCha8Rng::seed_from_u64(params.seed) }
+    }
+
+    pub fn pick(&mut self, logits: &[f32]) -> u32 {
+        let p = self.params;
+        if p.temperature <= 0.0 || p.top_k == 1 {
+            return argmax(logits) as u32;
+        }
+        // Candidates by descending logit (ties: lower id first, like the greedy path).
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        if p.top_k > 0 {
+            order.truncate(p.top_k);
+        }
+        let max = logits[order[0]];
+        let mut probs: Vec<f64> = order.iter().map(|&i| (((logits[i] - max) / p.temperature) as f64).exp()).collect();
+        let total: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|x| *x /= total);
+        if p.top_p < 1.0 {
+            let mut cumulative = 0.0;
+            let keep = probs
+                .iter()
+                .position(|&x| {
+                    cumulative += x;
+                    cumulative >= p.top_p as f64
+                })
+                .map_or(probs.len(), |i| i + 1);
+            probs.truncate(keep);
+            order.truncate(keep);
+        }
+        let total: f64 = probs.iter().sum();
+        let mut u = self.rng.random::<f64>() * total;
+        for (&i, &x) in order.iter().zip(&probs) {
+            if u < x {
+                return i as u32;
+            }
+            u -= x;
+        }
+        *order.last().expect("at least one candidate") as u32
+    }
+}
+
+/// Index of the largest logit; ties go to the lowest index, like `argmax` in transformers.
+pub fn argmax(v: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_cases() {
+        let logits = [0.1, 3.0, 3.0, -1.0];
+        let mut s = Sampler::new(SamplingParams::default());
+        assert_eq!(s.pick(&logits), 1, "ties go to the lowest id");
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 1, ..Default::default() });
+        assert_eq!(s.pick(&logits), 1);
+    }
+
+    #[test]
+    fn sampling_follows_the_softmax_and_respects_top_k_and_top_p() {
+        // Probabilities 0.5, 0.25, 0.125, 0.125 at temperature 1.
+        let logits = [2f32.ln() * 2.0, 2f32.ln(), 0.0, 0.0];
+        let draw = |params: SamplingParams| {
+            let mut s = Sampler::new(params);
+            let mut counts = [0usize; 4];
+            for _ in 0..20_000 {
+                counts[s.pick(&logits) as usize] += 1;
+            }
+            counts.map(|c| c as f64 / 20_000.0)
+        };
+        let all = draw(SamplingParams { temperature: 1.0, seed: 7, ..Default::default() });
+        for (got, want) in all.iter().zip([0.5, 0.25, 0.125, 0.125]) {
+            assert!((got - want).abs() < 0.02, "{all:?}");
+        }
+        let top2 = draw(SamplingParams { temperature: 1.0, top_k: 2, seed: 7, ..Default::default() });
+        assert!((top2[0] - 2.0 / 3.0).abs() < 0.02 && top2[2] == 0.0 && top2[3] == 0.0, "{top2:?}");
+        let nucleus = draw(SamplingParams { temperature: 1.0, top_p: 0.7, seed: 7, ..Default::default() });
+        assert!(nucleus[2] == 0.0 && nucleus[3] == 0.0 && nucleus[1] > 0.25, "{nucleus:?}");
+    }
+
+    #[test]
+    fn same_seed_same_tokens() {
+        let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
+        let run = |seed| {
+            let mut s = Sampler::new(SamplingParams { temperature: 0.8, seed, ..Default::default() });
+            (0..20).map(|_| s.pick(&logits)).collect::<Vec<_>>()
+        };
+        assert_eq!(run(3), run(3));
+        assert_ne!(run(3), run(4));
+    }
+}
