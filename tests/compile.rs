@@ -30,8 +30,8 @@ fn tiny_report_and_tpu_stablehlo_compiles_on_cpu() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["target"]["name"], "tpu-v6e");
     assert_eq!(report["kv_layers"], 5);
-    // f32 caches (no dtype legalization yet): 4 sliding layers × K,V × 32 + 1 full × K,V × 64, × 4 bytes.
-    assert_eq!(report["kv_bytes_per_token"], (4 * 2 * 32 + 2 * 64) * 4);
+    // bf16 caches: 4 sliding layers × K,V × 32 + 1 full × K,V × 64 elements, 2 bytes each.
+    assert_eq!(report["kv_bytes_per_token"], (4 * 2 * 32 + 2 * 64) * 2);
     let names: Vec<&str> = report["entries"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["prefill", "decode"]);
     assert!(report["converts"]["decode"].as_u64().unwrap() > 0);
@@ -42,19 +42,35 @@ fn tiny_report_and_tpu_stablehlo_compiles_on_cpu() {
     assert!(mlir.contains("tf.aliasing_output"), "caches are donated");
 }
 
-#[test]
-fn e2b_report_counts_fifteen_kv_layers() {
+/// The E2B module (weights declared from the config, bf16 as published) after `target`'s pipeline.
+fn e2b_report(target: &str) -> serde_json::Value {
     let cfg = Gemma4Config::from_json_str(&Preset::E2b.config_json().to_string(), Path::new("e2b.json")).unwrap();
     let weights = expected_tensors(&cfg)
         .into_iter()
         .map(|t| WeightDecl { name: t.name, ty: TensorType::new(DType::BF16, t.shape), source: t.key })
         .collect();
-    let mut m =
-        g4c_frontend::emit_module(&cfg, weights, &Shapes { batch: 1, prefill_len: 128, context: 4096 }).unwrap();
-    let cpu = Target::by_name("cpu").unwrap();
-    let pipeline = Pipeline::for_target(cpu);
-    pipeline.run(&mut m, cpu, None, &mut |_, _| {}).unwrap();
-    let report = compile_report(&m, cpu, &pipeline.names());
+    let shapes = Shapes { batch: 1, prefill_len: 128, context: 4096 };
+    let mut m = g4c_frontend::emit_module(&cfg, weights, &shapes).unwrap();
+    let target = Target::by_name(target).unwrap();
+    let pipeline = Pipeline::for_target(target);
+    pipeline.run(&mut m, target, None, &mut |_, _| {}).unwrap();
+    compile_report(&m, target, &pipeline.names())
+}
+
+#[test]
+fn e2b_on_tpu_v6e_has_18_kib_of_bf16_kv_per_token() {
+    let report = e2b_report("tpu-v6e");
+    assert_eq!(report["kv_layers"], 15);
+    assert_eq!(report["kv_bytes_per_token"], 18 * 1024);
+    let ple = 262_144u64 * 8_960;
+    assert_eq!(report["host_weight_bytes"], 2 * ple);
+    assert_eq!(report["device_weight_bytes"], 2 * (4_628_569_379u64 - ple), "bf16 weights as published");
+    assert!(report["converts"]["decode"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn e2b_report_counts_fifteen_kv_layers() {
+    let report = e2b_report("cpu");
     assert_eq!(report["kv_layers"], 15);
     // 12 sliding × 2 × 256 + 3 full × 2 × 512 elements per token, in f32 caches: 36 KiB (18 KiB in bf16).
     assert_eq!(report["kv_bytes_per_token"], 36 * 1024);

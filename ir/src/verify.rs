@@ -109,12 +109,14 @@ fn check_function(m: &Module, f: &Function) -> Vec<String> {
         let idx_ty = f.ty(idx.value);
         let mut shape = idx_ty.shape.clone();
         shape.extend_from_slice(decl.ty.shape.get(1..).unwrap_or(&[]));
-        let expected = decl.ty.with_shape(shape);
-        if !idx_ty.dtype.is_int() || f.ty(p.value) != &expected {
+        // Rows may arrive in another float type than the table's: the caller converts them.
+        let got = f.ty(p.value);
+        let dtype_ok = got.dtype == decl.ty.dtype || (got.dtype.is_float() && decl.ty.dtype.is_float());
+        if !idx_ty.dtype.is_int() || got.shape != shape || !dtype_ok {
+            let expected = decl.ty.with_shape(shape);
             problems.push(format!(
-                "@{}: %{pname} must be {expected} (rows of @{table} at %{indices}), found {}",
-                f.name,
-                f.ty(p.value)
+                "@{}: %{pname} must be {expected} (rows of @{table} at %{indices}), found {got}",
+                f.name
             ));
         }
     }

@@ -4,6 +4,7 @@
 mod constant_fold;
 mod cse;
 mod dce;
+mod dtype_legalize;
 mod host_tables;
 mod pass;
 mod report;
@@ -13,6 +14,7 @@ mod weight_dtype;
 pub use constant_fold::ConstantFold;
 pub use cse::Cse;
 pub use dce::Dce;
+pub use dtype_legalize::DtypeLegalize;
 pub use host_tables::HostTables;
 pub use pass::{Pass, PassError, Pipeline};
 pub use report::compile_report;

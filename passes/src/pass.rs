@@ -1,15 +1,15 @@
 //! The pass trait and the ordered pipeline each target runs.
 
 use crate::target::Target;
-use crate::{ConstantFold, Cse, Dce, HostTables, WeightDtype};
+use crate::{ConstantFold, Cse, Dce, DtypeLegalize, HostTables, WeightDtype};
 use g4c_ir::{verify_module, Module};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PassError {
     #[error("pass `{pass}`: {message}")]
     Failed { pass: &'static str, message: String },
-    #[error("pass `{pass}` produced invalid IR: {source}")]
-    Invalid { pass: &'static str, source: g4c_ir::VerifyError },
+    #[error("pass `{pass}` produced invalid IR: {error}")]
+    Invalid { pass: &'static str, error: g4c_ir::VerifyError },
     #[error("no pass named `{0}` in the pipeline (expected one of {1})")]
     UnknownPass(String, String),
 }
@@ -31,6 +31,7 @@ impl Pipeline {
         Pipeline {
             passes: vec![
                 Box::new(HostTables),
+                Box::new(DtypeLegalize),
                 Box::new(WeightDtype),
                 Box::new(ConstantFold),
                 Box::new(Cse),
@@ -60,7 +61,7 @@ impl Pipeline {
         observe("input", module);
         for pass in &self.passes {
             pass.run(module, target)?;
-            verify_module(module).map_err(|source| PassError::Invalid { pass: pass.name(), source })?;
+            verify_module(module).map_err(|error| PassError::Invalid { pass: pass.name(), error })?;
             observe(pass.name(), module);
             if stop_after == Some(pass.name()) {
                 break;

@@ -1,10 +1,11 @@
 //! Stores each weight in the element type the program converts it to, so the conversion happens once
 //! when weights are loaded rather than inside every call. A weight qualifies when it is converted
-//! whole at least once (it feeds a matmul), and every read of it is a widening `convert` to one float
-//! type the target computes in natively, or a `gather` whose rows are only read through that same
-//! convert. It is then declared in that type and those converts, now identities, disappear. Widening
-//! a float is exact, so values do not change. Tables that are only gathered (the 4.7 GB PLE table)
-//! keep their stored type: converting the few rows a call reads costs nothing.
+//! whole at least once (it feeds a matmul), and every read of it is a `convert` to one float type,
+//! no narrower than it and computed natively by the target, or a `gather` whose rows are only read
+//! through that same convert. It is then declared in that type and those converts disappear.
+//! Widening is exact; the same-width bf16 → f16 conversion of Turing targets (which have no bf16)
+//! rounds exactly as the in-graph convert did, only once. Tables that are only gathered keep their
+//! stored type: converting the few rows a call reads costs nothing.
 //!
 //! On `cpu`, which computes in f32, this turns the per-call bf16 → f32 conversion of every matrix
 //! into one conversion at load.

@@ -37,7 +37,8 @@ pub fn gather_args<T>(
                 let Some(ids) = inputs.get(indices.as_str()) else {
                     return invalid(format!("@{}: %{name} needs input %{indices}", f.name));
                 };
-                Some(Arg::Rows(f.ty(p.value).clone(), host_rows(module, store, table, ids)?))
+                let ty = f.ty(p.value).clone();
+                Some(Arg::Rows(ty.clone(), host_rows(module, store, table, ids, &ty)?))
             }
         };
         args.push(
@@ -55,8 +56,9 @@ pub enum Arg<T> {
     Rows(TensorType, Vec<u8>),
 }
 
-/// Rows of weight `table` at `ids`, copied from the store's bytes (the checkpoint's mmap).
-fn host_rows(module: &Module, store: &dyn WeightStore, table: &str, ids: &Tensor) -> Result<Vec<u8>> {
+/// Rows of weight `table` at `ids`, copied from the store's bytes (the checkpoint's mmap) and
+/// converted to the element type of `ty` when it differs from the table's.
+fn host_rows(module: &Module, store: &dyn WeightStore, table: &str, ids: &Tensor, ty: &TensorType) -> Result<Vec<u8>> {
     let decl = module.weight(table).ok_or_else(|| crate::RuntimeError::Invalid(format!("no weight @{table}")))?;
     let bytes = store.bytes(decl)?;
     let rows = decl.ty.shape[0];
@@ -69,7 +71,11 @@ fn host_rows(module: &Module, store: &dyn WeightStore, table: &str, ids: &Tensor
         }
         out.extend_from_slice(&bytes[id as usize * row_bytes..(id as usize + 1) * row_bytes]);
     }
-    Ok(out)
+    if ty.dtype == decl.ty.dtype {
+        return Ok(out);
+    }
+    let rows = Tensor::from_bytes(ty.with_dtype(decl.ty.dtype), &out).map_err(crate::RuntimeError::Invalid)?;
+    Ok(Tensor::of_type(ty.clone(), rows.data).to_bytes())
 }
 
 /// The state parameters of `f` with their initial contents.

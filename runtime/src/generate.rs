@@ -18,6 +18,9 @@ pub struct GenerateOptions {
     /// Tokens that end generation like EOS (kept even with `ignore_eos`).
     pub stop_ids: Vec<u32>,
     pub sampling: SamplingParams,
+    /// Teacher forcing: token `i` is `forced[i]` whatever the logits say (they are still recorded),
+    /// to compare logits along a reference's token sequence.
+    pub forced: Vec<u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,7 +148,10 @@ pub fn generate(
     let mut sampler = Sampler::new(opts.sampling);
     let mut position = prompt.len();
     loop {
-        let token = sampler.pick(&logits);
+        let token = match opts.forced.get(gen.generated_ids.len()) {
+            Some(&t) => t,
+            None => sampler.pick(&logits),
+        };
         gen.generated_ids.push(token);
         gen.logits.push(std::mem::take(&mut logits));
         on_token(token);

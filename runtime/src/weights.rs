@@ -27,8 +27,8 @@ fn weight_error(decl: &WeightDecl, message: String) -> RuntimeError {
 }
 
 impl WeightStore for Checkpoint {
-    /// The tensor's bytes straight from the mmap, or widened to the declared float type when a pass
-    /// chose to store the weight wider (`weight-dtype`).
+    /// The tensor's bytes straight from the mmap, or converted to the declared float type when a pass
+    /// chose to store the weight in its compute type (`weight-dtype`: never narrower).
     fn bytes(&self, decl: &WeightDecl) -> Result<Cow<'_, [u8]>> {
         let t =
             Checkpoint::bytes(self, &decl.source).ok_or_else(|| weight_error(decl, "not in the checkpoint".into()))?;

@@ -12,6 +12,9 @@ For each model it writes
   golden.json prompts, greedy tokens, versions, and per step the "reference spread": how far
               transformers' own full forward (no cache) is from its cached decode, max |Δlogit|.
               Some steps are ill-conditioned and the reference itself is only that precise there.
+              Also per step, "bf16_error" and "f16_error": how far transformers itself is from these
+              f32 logits when it runs the same model in bf16 / f16 along the same tokens (teacher
+              forced): the yardstick for g4c's narrow-dtype targets.
   logits.safetensors: per-step logits [N, V] per case.
 
 A reference must be well-conditioned to be worth comparing against: random weights sometimes make
@@ -24,6 +27,7 @@ is non-linear, norm weights from U[0.5, 2] and layer scalars from U[0.3, 1]; eve
 bf16 so the f32 and bf16 copies hold identical weights. Generation is transformers' own cached decode
 (`DynamicCache`), eager attention, fp32, greedy, EOS ignored.
 """
+import copy
 import json
 import sys
 from pathlib import Path
@@ -131,6 +135,15 @@ def reference_spread(model, prompt, tokens, rows):
     return (full[p - 1 : p - 1 + len(tokens)] - rows).abs().max(dim=-1).values.tolist()
 
 
+@torch.no_grad()
+def narrow_dtype_error(model, dtype, prompt, tokens, rows):
+    """Per step, max |logit difference| of `model` run in `dtype` (teacher forced) from the f32 rows."""
+    narrow = copy.deepcopy(model).to(dtype)
+    logits = narrow(input_ids=torch.tensor([prompt + tokens])).logits[0].float()
+    p = len(prompt)
+    return (logits[p - 1 : p - 1 + len(tokens)] - rows).abs().max(dim=-1).values.tolist()
+
+
 def write_published(model, cfg, out):
     """The same weights in the layout of the published multimodal release."""
     out.mkdir(parents=True, exist_ok=True)
@@ -171,7 +184,11 @@ def main():
         for case, prompt in spec["prompts"].items():
             tokens, rows = greedy(model, prompt, spec["new_tokens"])
             spread = [float(f"{x:.3g}") for x in reference_spread(model, prompt, tokens, rows)]
-            cases.append({"name": case, "prompt_ids": prompt, "generated_ids": tokens, "reference_spread": spread})
+            narrow = {
+                f"{name}_error": [float(f"{x:.3g}") for x in narrow_dtype_error(model, dtype, prompt, tokens, rows)]
+                for name, dtype in (("bf16", torch.bfloat16), ("f16", torch.float16))
+            }
+            cases.append({"name": case, "prompt_ids": prompt, "generated_ids": tokens, "reference_spread": spread, **narrow})
             logits[case] = rows.contiguous()
             top2 = rows.topk(2, dim=-1).values
             margin = float((top2[:, 0] - top2[:, 1]).min())

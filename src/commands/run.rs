@@ -15,7 +15,8 @@ pub struct RunArgs {
     /// Execution backend
     #[arg(long, value_enum, default_value = "pjrt")]
     pub backend: Backend,
-    /// Target whose pass pipeline prepares the IR for the pjrt backend (see `g4c targets`)
+    /// Target whose pass pipeline prepares the IR (see `g4c targets`); with `--backend interp` and a
+    /// narrower target the interpreter emulates that target's rounding
     #[arg(long, default_value = "cpu")]
     pub target: String,
     /// PJRT plugin shared object (default: $G4C_PJRT_PLUGIN, else the CPU plugin scripts/setup installed)
@@ -145,10 +146,14 @@ pub fn run(args: RunArgs) -> Result<()> {
             top_p: args.top_p,
             seed: args.seed,
         },
+        forced: vec![],
     };
 
     let mut printer =
         StreamPrinter { tokenizer: tokenizer.as_ref(), enabled: !args.json, ids: vec![], printed: String::new() };
+    // The target's pipeline runs for both backends; on `cpu` every pass is exact, so the
+    // interpreter still computes what the frontend's IR means.
+    Pipeline::for_target(target).run(&mut module, target, None, &mut |_, _| {})?;
     let compile_started = Instant::now();
     let generation = match args.backend {
         Backend::Interp => {
@@ -156,7 +161,6 @@ pub fn run(args: RunArgs) -> Result<()> {
             generate(&mut exec, &prompt, &opts, &mut |t| printer.push(t))?
         }
         Backend::Pjrt => {
-            Pipeline::for_target(target).run(&mut module, target, None, &mut |_, _| {})?;
             let plugin = match args.plugin.clone().or_else(find_cpu_plugin) {
                 Some(p) => p,
                 None => bail!(

@@ -22,6 +22,9 @@ pub struct GoldenCase {
     pub logits: Vec<Vec<f32>>,
     /// Per step, max |Δlogit| between transformers' full forward and its cached decode.
     pub reference_spread: Vec<f32>,
+    /// Per step, max |Δlogit| of transformers run in bf16 / f16 (teacher forced) from these logits.
+    pub bf16_error: Vec<f32>,
+    pub f16_error: Vec<f32>,
 }
 
 pub fn golden_cases(model: &str) -> Vec<GoldenCase> {
@@ -37,6 +40,7 @@ pub fn golden_cases(model: &str) -> Vec<GoldenCase> {
         .map(|c| {
             let name = c["name"].as_str().unwrap().to_string();
             let ids = |k: &str| c[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect::<Vec<_>>();
+            let floats = |k: &str| c[k].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
             let t = logits.tensor(&name).unwrap();
             let vocab = t.shape()[1];
             let values: Vec<f32> =
@@ -45,12 +49,9 @@ pub fn golden_cases(model: &str) -> Vec<GoldenCase> {
                 prompt_ids: ids("prompt_ids"),
                 generated_ids: ids("generated_ids"),
                 logits: values.chunks(vocab).map(|r| r.to_vec()).collect(),
-                reference_spread: c["reference_spread"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.as_f64().unwrap() as f32)
-                    .collect(),
+                reference_spread: floats("reference_spread"),
+                bf16_error: floats("bf16_error"),
+                f16_error: floats("f16_error"),
                 name,
             }
         })
@@ -97,6 +98,29 @@ pub fn run_transformed(
         }
     };
     generate(exec.as_mut(), prompt, &opts, &mut |_| {}).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Logits along the golden's tokens (teacher forced) after `target`'s pipeline.
+pub fn forced_logits(backend: Backend, dir: &Path, target: &str, case: &GoldenCase) -> Vec<Vec<f32>> {
+    let model = Model::open(dir).unwrap_or_else(|e| panic!("{e}"));
+    let n = case.generated_ids.len();
+    let shapes = Shapes { batch: 1, prefill_len: case.prompt_ids.len(), context: case.prompt_ids.len() + n };
+    let mut module = model.module(&shapes).unwrap();
+    let target = g4c_passes::Target::by_name(target).unwrap();
+    g4c_passes::Pipeline::for_target(target).run(&mut module, target, None, &mut |_, _| {}).unwrap();
+    let opts = GenerateOptions {
+        max_new_tokens: n,
+        ignore_eos: true,
+        forced: case.generated_ids.clone(),
+        ..Default::default()
+    };
+    let mut exec: Box<dyn Executor> = match backend {
+        Backend::Interp => Box::new(InterpExecutor::new(Interpreter::new(&module, &model.checkpoint))),
+        Backend::Pjrt => {
+            Box::new(PjrtExecutor::new(&module, &model.checkpoint, pjrt_client()).unwrap_or_else(|e| panic!("{e}")))
+        }
+    };
+    generate(exec.as_mut(), &case.prompt_ids, &opts, &mut |_| {}).unwrap_or_else(|e| panic!("{e}")).logits
 }
 
 pub fn interp_generate(dir: &Path, prompt: &[u32], new_tokens: usize, prefill_len: Option<usize>) -> Generation {

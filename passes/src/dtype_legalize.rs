@@ -1,0 +1,215 @@
+//! Dtype legalization: rewrites the frontend's all-f32 math into the target's compute type C
+//! (`Target::compute_dtype`: bf16 on TPU and Ampere+, f16 on Turing, f32 on CPU) under one explicit
+//! per-op policy:
+//!
+//! | op                                                        | computes in                      |
+//! |-----------------------------------------------------------|----------------------------------|
+//! | `dot_general`                                             | C (operands converted to C)      |
+//! | `reduce`, `exp`, `log`, `tanh`, `rsqrt`, `sqrt`, `sin`, `cos`, `pow` | f32 (operands widened) |
+//! | other float elementwise ops, `select`, `concat`          | the widest of its operands       |
+//! | `reshape`, `transpose`, `broadcast`, `slice`, `gather`    | its operand's type               |
+//! | `update_slots`, cache state                               | C (the caches are stored in C)   |
+//! | weights                                                   | as stored; converted where used  |
+//! | host-gathered rows                                        | C (converted on the host)        |
+//! | `logits`                                                  | f32                              |
+//!
+//! So norm statistics, softmax, RoPE angles and the softcap run in f32, and since the residual
+//! stream adds f32 norm outputs it stays f32 too; matmuls, their activations and the KV caches use C.
+//! On a target whose compute type is f32 nothing changes.
+
+use crate::{Pass, PassError, Target};
+use g4c_ir::{DType, Function, Instr, Literal, Module, Op, ParamRole, TensorType, UnaryOp, ValueId};
+use std::collections::HashMap;
+
+pub struct DtypeLegalize;
+
+impl Pass for DtypeLegalize {
+    fn name(&self) -> &'static str {
+        "dtype-legalize"
+    }
+
+    fn run(&self, module: &mut Module, target: &Target) -> Result<(), PassError> {
+        let c = target.compute_dtype;
+        if c == DType::F32 {
+            return Ok(());
+        }
+        for f in &mut module.functions {
+            legalize(f, c);
+        }
+        Ok(())
+    }
+}
+
+/// f32 and C are the only float types of legalized math; f32 is the wider.
+fn widest(types: impl IntoIterator<Item = DType>, c: DType) -> DType {
+    if types.into_iter().any(|d| d == DType::F32) {
+        DType::F32
+    } else {
+        c
+    }
+}
+
+fn legalize(f: &mut Function, c: DType) {
+    // Float state (the caches) is stored in C, and host-gathered rows arrive in C (the runtime
+    // converts them on the host, so a target without bf16 never sees bf16).
+    for p in &f.params {
+        let dtype = f.values[p.value.index()].ty.dtype;
+        let retype = match p.role {
+            ParamRole::State { .. } => dtype == DType::F32,
+            ParamRole::HostGather { .. } => dtype.is_float(),
+            ParamRole::Input => false,
+        };
+        if retype {
+            f.values[p.value.index()].ty.dtype = c;
+        }
+    }
+    let splats: HashMap<ValueId, f64> = f
+        .body
+        .iter()
+        .filter_map(|i| match i.op {
+            Op::Constant(Literal::Splat(v)) => Some((i.result, v)),
+            _ => None,
+        })
+        .collect();
+    let old_body = std::mem::take(&mut f.body);
+    let mut replace: HashMap<ValueId, ValueId> = HashMap::new();
+    for mut instr in old_body {
+        instr.op.map_operands(|v| *replace.get(&v).unwrap_or(&v));
+        let ty = |f: &Function, v: ValueId| f.values[v.index()].ty.dtype;
+        let result_ty = f.values[instr.result.index()].ty.clone();
+        let float_result = result_ty.dtype == DType::F32;
+        // The element type this instruction computes in, and the type its float operands need.
+        let (compute, operands_to): (Option<DType>, Option<DType>) = match &instr.op {
+            // Splat constants take the type of whoever uses them (re-created there, see `cast`).
+            Op::Constant(_) | Op::Iota { .. } | Op::Weight { .. } => (None, None),
+            Op::DotGeneral { .. } => (Some(c), Some(c)),
+            Op::Reduce { .. } => (float_result.then_some(DType::F32), Some(DType::F32)),
+            Op::Unary(u, _) if is_f32_math(*u) => (Some(DType::F32), Some(DType::F32)),
+            Op::Unary(_, x)
+            | Op::Reshape(x)
+            | Op::Transpose { input: x, .. }
+            | Op::Broadcast { input: x, .. }
+            | Op::Slice { input: x, .. } => (float_result.then(|| ty(f, *x)), None),
+            Op::Gather { table, .. } => (Some(ty(f, *table)), None),
+            Op::UpdateSlots { operand, .. } => {
+                let d = ty(f, *operand);
+                (Some(d), Some(d))
+            }
+            Op::Convert(x) => {
+                // The frontend's converts bring weights, rows and integers into f32 math: floats now
+                // enter as C, integers (positions) still as f32.
+                if float_result && ty(f, *x).is_float() {
+                    (Some(c), None)
+                } else {
+                    (None, None)
+                }
+            }
+            Op::Binary(..) | Op::Compare(..) | Op::Select { .. } | Op::Concat { .. } => {
+                let floats: Vec<DType> = instr
+                    .op
+                    .operands()
+                    .iter()
+                    .filter(|v| !is_splat(&splats, v))
+                    .map(|v| ty(f, *v))
+                    .filter(|d| d.is_float())
+                    .collect();
+                let w = widest(floats.iter().copied(), c);
+                (float_result.then_some(w), Some(w))
+            }
+        };
+        if let Some(to) = operands_to {
+            let skip_first = matches!(instr.op, Op::Select { .. }); // the condition is bool
+            let mut pending = Vec::new();
+            let mut k = 0;
+            instr.op.map_operands(|v| {
+                let first = k == 0;
+                k += 1;
+                if (skip_first && first)
+                    || !f.values[v.index()].ty.dtype.is_float()
+                    || f.values[v.index()].ty.dtype == to
+                {
+                    return v;
+                }
+                pending.push((v, to));
+                v
+            });
+            let mut casted: HashMap<ValueId, ValueId> = HashMap::new();
+            for (v, to) in pending {
+                let new = cast(f, &splats, v, to);
+                casted.insert(v, new);
+            }
+            let mut k = 0;
+            instr.op.map_operands(|v| {
+                let first = k == 0;
+                k += 1;
+                if skip_first && first {
+                    v
+                } else {
+                    *casted.get(&v).unwrap_or(&v)
+                }
+            });
+        }
+        match (&instr.op, compute) {
+            (Op::Convert(x), Some(d)) if f.values[x.index()].ty.dtype == d => {
+                // A convert into the type its operand already has: drop it.
+                replace.insert(instr.result, *x);
+                continue;
+            }
+            (_, Some(d)) => f.values[instr.result.index()].ty.dtype = d,
+            _ => {}
+        }
+        f.body.push(instr);
+    }
+    // Results: state back in its parameter's type, everything else (logits) in f32.
+    let results = f.results.clone();
+    for (i, r) in results.iter().enumerate() {
+        let v = *replace.get(&r.value).unwrap_or(&r.value);
+        let want = match f.param(&r.name) {
+            Some(p) => f.values[p.value.index()].ty.dtype,
+            None if f.values[v.index()].ty.dtype.is_float() => DType::F32,
+            None => f.values[v.index()].ty.dtype,
+        };
+        let v = if f.values[v.index()].ty.dtype != want { cast(f, &splats, v, want) } else { v };
+        f.results[i].value = v;
+    }
+}
+
+fn is_f32_math(u: UnaryOp) -> bool {
+    matches!(
+        u,
+        UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh | UnaryOp::Rsqrt | UnaryOp::Sqrt | UnaryOp::Sin | UnaryOp::Cos
+    )
+}
+
+fn is_splat(splats: &HashMap<ValueId, f64>, v: &ValueId) -> bool {
+    splats.contains_key(v)
+}
+
+/// `v` as type `to`: a fresh splat constant for splats, else a `convert` appended to the body.
+/// Constants saturate to the finite range of `to`, as transformers builds masks from the dtype's
+/// finite minimum: a "very negative" mask score that became −inf would turn a fully masked row
+/// (a padding token) into NaN, and NaN survives even a multiplication by zero.
+fn cast(f: &mut Function, splats: &HashMap<ValueId, f64>, v: ValueId, to: DType) -> ValueId {
+    let ty = TensorType { dtype: to, shape: f.values[v.index()].ty.shape.clone() };
+    let op = match splats.get(&v) {
+        Some(&c) => Op::Constant(Literal::Splat(saturate(c, to))),
+        None => Op::Convert(v),
+    };
+    let result = f.new_value(ty, None);
+    f.body.push(Instr { result, op });
+    result
+}
+
+/// `c` clamped to the largest finite magnitude of a float type (infinities and NaN pass through).
+fn saturate(c: f64, dtype: DType) -> f64 {
+    let max = match dtype {
+        DType::F16 => half::f16::MAX.to_f64(),
+        DType::BF16 => half::bf16::MAX.to_f64(),
+        _ => return c,
+    };
+    if c.is_finite() {
+        c.clamp(-max, max)
+    } else {
+        c
+    }
+}
