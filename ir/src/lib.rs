@@ -12,6 +12,7 @@ mod infer;
 mod op;
 mod parse;
 mod print;
+pub mod scalar;
 mod types;
 mod verify;
 

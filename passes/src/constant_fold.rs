@@ -3,7 +3,7 @@
 //! interpreter: floats in f32 rounded to their dtype, integers in wrapping i32.
 
 use crate::{Pass, PassError, Target};
-use g4c_ir::{BinaryOp, CompareDir, DType, Literal, Module, Op, UnaryOp, ValueId};
+use g4c_ir::{scalar, BinaryOp, CompareDir, DType, Literal, Module, Op, UnaryOp, ValueId};
 use std::collections::HashMap;
 
 pub struct ConstantFold;
@@ -52,11 +52,7 @@ impl Pass for ConstantFold {
 }
 
 fn round(dtype: DType, x: f32) -> f64 {
-    match dtype {
-        DType::BF16 => half::bf16::from_f32(x).to_f64(),
-        DType::F16 => half::f16::from_f32(x).to_f64(),
-        _ => x as f64,
-    }
+    scalar::round_float(dtype, x) as f64
 }
 
 fn convert(from: DType, to: DType, c: f64) -> f64 {
@@ -79,19 +75,7 @@ fn unary(u: UnaryOp, dtype: DType, c: f64) -> Option<f64> {
             _ => None,
         };
     }
-    let x = c as f32;
-    let y = match u {
-        UnaryOp::Neg => -x,
-        UnaryOp::Abs => x.abs(),
-        UnaryOp::Exp => x.exp(),
-        UnaryOp::Log => x.ln(),
-        UnaryOp::Tanh => x.tanh(),
-        UnaryOp::Sqrt => x.sqrt(),
-        UnaryOp::Rsqrt => 1.0 / x.sqrt(),
-        UnaryOp::Sin => x.sin(),
-        UnaryOp::Cos => x.cos(),
-        UnaryOp::Not => return None,
-    };
+    let y = scalar::unary_f32(u)?(c as f32);
     Some(round(dtype, y))
 }
 
@@ -105,44 +89,11 @@ fn binary(b: BinaryOp, dtype: DType, p: f64, q: f64) -> Option<f64> {
         };
     }
     if !dtype.is_float() {
-        let (p, q) = (p as i32, q as i32);
-        return Some(match b {
-            BinaryOp::Add => p.wrapping_add(q),
-            BinaryOp::Sub => p.wrapping_sub(q),
-            BinaryOp::Mul => p.wrapping_mul(q),
-            BinaryOp::Max => p.max(q),
-            BinaryOp::Min => p.min(q),
-            BinaryOp::And => p & q,
-            BinaryOp::Or => p | q,
-            BinaryOp::Div | BinaryOp::Rem if q == 0 => return None,
-            BinaryOp::Div => p.wrapping_div(q),
-            BinaryOp::Rem => p.wrapping_rem(q),
-            BinaryOp::Pow => return None,
-        } as f64);
+        return scalar::binary_i32(b, p as i32, q as i32).ok().map(|r| r as f64);
     }
-    let (x, y) = (p as f32, q as f32);
-    let r = match b {
-        BinaryOp::Add => x + y,
-        BinaryOp::Sub => x - y,
-        BinaryOp::Mul => x * y,
-        BinaryOp::Div => x / y,
-        BinaryOp::Max => x.max(y),
-        BinaryOp::Min => x.min(y),
-        BinaryOp::Pow => x.powf(y),
-        BinaryOp::Rem => x % y,
-        BinaryOp::And | BinaryOp::Or => return None,
-    };
-    Some(round(dtype, r))
+    Some(round(dtype, scalar::binary_f32(b)?(p as f32, q as f32)))
 }
 
 fn compare(dir: CompareDir, p: f64, q: f64) -> f64 {
-    let r = match dir {
-        CompareDir::Eq => p == q,
-        CompareDir::Ne => p != q,
-        CompareDir::Lt => p < q,
-        CompareDir::Le => p <= q,
-        CompareDir::Gt => p > q,
-        CompareDir::Ge => p >= q,
-    };
-    r as u8 as f64
+    scalar::compare(dir, p, q) as u8 as f64
 }

@@ -133,14 +133,7 @@ impl Data {
     }
 }
 
-/// Rounds an f32 to the nearest value of a float dtype (round-to-nearest-even).
-pub fn round_float(dtype: DType, x: f32) -> f32 {
-    match dtype {
-        DType::BF16 => half::bf16::from_f32(x).to_f32(),
-        DType::F16 => half::f16::from_f32(x).to_f32(),
-        _ => x,
-    }
-}
+pub use g4c_ir::scalar::round_float;
 
 #[cfg(test)]
 mod tests {

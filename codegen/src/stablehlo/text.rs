@@ -2,15 +2,11 @@
 
 use g4c_ir::{DType, Literal, TensorType};
 
+/// MLIR's spelling of an element type: the IR's own name, except predicates (`i1`).
 pub fn element_type(dtype: DType) -> &'static str {
     match dtype {
-        DType::F32 => "f32",
-        DType::BF16 => "bf16",
-        DType::F16 => "f16",
-        DType::I32 => "i32",
-        DType::I8 => "i8",
-        DType::I4 => "i4",
         DType::Bool => "i1",
+        d => d.name(),
     }
 }
 

@@ -1,7 +1,8 @@
 //! Straightforward f32 implementations of every op, written for clarity over speed: this is the
 //! oracle that passes and backends are checked against.
 
-use crate::tensor::{round_float, storage_of, Data, Storage, Tensor};
+use crate::tensor::{storage_of, Data, Storage, Tensor};
+use g4c_ir::scalar::{self, round_float};
 use g4c_ir::{BinaryOp, CompareDir, DType, DotDims, Literal, ReduceKind, TensorType, UnaryOp};
 use std::sync::Arc;
 
@@ -55,18 +56,7 @@ pub fn unary(op: UnaryOp, x: &Tensor) -> KResult {
     let dt = x.ty.dtype;
     let data = match &x.data {
         Data::F32(v) => {
-            let f: fn(f32) -> f32 = match op {
-                UnaryOp::Neg => |a| -a,
-                UnaryOp::Abs => f32::abs,
-                UnaryOp::Exp => f32::exp,
-                UnaryOp::Log => f32::ln,
-                UnaryOp::Tanh => f32::tanh,
-                UnaryOp::Sqrt => f32::sqrt,
-                UnaryOp::Rsqrt => |a| 1.0 / a.sqrt(),
-                UnaryOp::Sin => f32::sin,
-                UnaryOp::Cos => f32::cos,
-                UnaryOp::Not => return Err("`not` on floats".into()),
-            };
+            let Some(f) = scalar::unary_f32(op) else { return Err(format!("`{op}` on floats")) };
             Data::F32(v.iter().map(|&a| round_float(dt, f(a))).collect())
         }
         Data::I32(v) => match op {
@@ -86,36 +76,13 @@ pub fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> KResult {
     let dt = a.ty.dtype;
     let data = match (&a.data, &b.data) {
         (Data::F32(x), Data::F32(y)) => {
-            let f: fn(f32, f32) -> f32 = match op {
-                BinaryOp::Add => |p, q| p + q,
-                BinaryOp::Sub => |p, q| p - q,
-                BinaryOp::Mul => |p, q| p * q,
-                BinaryOp::Div => |p, q| p / q,
-                BinaryOp::Max => f32::max,
-                BinaryOp::Min => f32::min,
-                BinaryOp::Pow => f32::powf,
-                BinaryOp::Rem => |p, q| p % q,
-                BinaryOp::And | BinaryOp::Or => return Err(format!("`{op}` on floats")),
-            };
+            let Some(f) = scalar::binary_f32(op) else { return Err(format!("`{op}` on floats")) };
             Data::F32(x.iter().zip(y.iter()).map(|(&p, &q)| round_float(dt, f(p, q))).collect())
         }
         (Data::I32(x), Data::I32(y)) => {
-            let mut out = Vec::with_capacity(x.len());
-            for (&p, &q) in x.iter().zip(y.iter()) {
-                out.push(match op {
-                    BinaryOp::Add => p.wrapping_add(q),
-                    BinaryOp::Sub => p.wrapping_sub(q),
-                    BinaryOp::Mul => p.wrapping_mul(q),
-                    BinaryOp::Max => p.max(q),
-                    BinaryOp::Min => p.min(q),
-                    BinaryOp::And => p & q,
-                    BinaryOp::Or => p | q,
-                    BinaryOp::Div | BinaryOp::Rem if q == 0 => return Err(format!("integer `{op}` by zero")),
-                    BinaryOp::Div => p.wrapping_div(q),
-                    BinaryOp::Rem => p.wrapping_rem(q),
-                    BinaryOp::Pow => return Err("`pow` on integers".into()),
-                });
-            }
+            let out: Result<Vec<i32>, String> =
+                x.iter().zip(y.iter()).map(|(&p, &q)| scalar::binary_i32(op, p, q)).collect();
+            let out = out?;
             Data::I32(out.into())
         }
         (Data::Bool(x), Data::Bool(y)) => match op {
@@ -129,20 +96,10 @@ pub fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> KResult {
 }
 
 pub fn compare(dir: CompareDir, a: &Tensor, b: &Tensor) -> KResult {
-    fn cmp<T: PartialOrd>(dir: CompareDir, p: T, q: T) -> bool {
-        match dir {
-            CompareDir::Eq => p == q,
-            CompareDir::Ne => p != q,
-            CompareDir::Lt => p < q,
-            CompareDir::Le => p <= q,
-            CompareDir::Gt => p > q,
-            CompareDir::Ge => p >= q,
-        }
-    }
     let out: Arc<[bool]> = match (&a.data, &b.data) {
-        (Data::F32(x), Data::F32(y)) => x.iter().zip(y.iter()).map(|(&p, &q)| cmp(dir, p, q)).collect(),
-        (Data::I32(x), Data::I32(y)) => x.iter().zip(y.iter()).map(|(&p, &q)| cmp(dir, p, q)).collect(),
-        (Data::Bool(x), Data::Bool(y)) => x.iter().zip(y.iter()).map(|(&p, &q)| cmp(dir, p, q)).collect(),
+        (Data::F32(x), Data::F32(y)) => x.iter().zip(y.iter()).map(|(&p, &q)| scalar::compare(dir, p, q)).collect(),
+        (Data::I32(x), Data::I32(y)) => x.iter().zip(y.iter()).map(|(&p, &q)| scalar::compare(dir, p, q)).collect(),
+        (Data::Bool(x), Data::Bool(y)) => x.iter().zip(y.iter()).map(|(&p, &q)| scalar::compare(dir, p, q)).collect(),
         _ => return Err("operands of different storage".into()),
     };
     Ok(Tensor::of_type(a.ty.with_dtype(DType::Bool), Data::Bool(out)))

@@ -1,0 +1,72 @@
+//! What each elementwise op computes on single elements. The interpreter and constant folding both
+//! use these, so a folded constant is bit-identical to what the interpreter would have computed.
+
+use crate::{BinaryOp, CompareDir, DType, UnaryOp};
+
+/// The f32 function of a float unary op (`None` for `not`).
+pub fn unary_f32(op: UnaryOp) -> Option<fn(f32) -> f32> {
+    Some(match op {
+        UnaryOp::Neg => |a| -a,
+        UnaryOp::Abs => f32::abs,
+        UnaryOp::Exp => f32::exp,
+        UnaryOp::Log => f32::ln,
+        UnaryOp::Tanh => f32::tanh,
+        UnaryOp::Sqrt => f32::sqrt,
+        UnaryOp::Rsqrt => |a| 1.0 / a.sqrt(),
+        UnaryOp::Sin => f32::sin,
+        UnaryOp::Cos => f32::cos,
+        UnaryOp::Not => return None,
+    })
+}
+
+/// The f32 function of a float binary op (`None` for `and`/`or`).
+pub fn binary_f32(op: BinaryOp) -> Option<fn(f32, f32) -> f32> {
+    Some(match op {
+        BinaryOp::Add => |p, q| p + q,
+        BinaryOp::Sub => |p, q| p - q,
+        BinaryOp::Mul => |p, q| p * q,
+        BinaryOp::Div => |p, q| p / q,
+        BinaryOp::Max => f32::max,
+        BinaryOp::Min => f32::min,
+        BinaryOp::Pow => f32::powf,
+        BinaryOp::Rem => |p, q| p % q,
+        BinaryOp::And | BinaryOp::Or => return None,
+    })
+}
+
+/// An integer binary op with two's-complement wrapping; division by zero and `pow` are errors.
+pub fn binary_i32(op: BinaryOp, p: i32, q: i32) -> Result<i32, String> {
+    Ok(match op {
+        BinaryOp::Add => p.wrapping_add(q),
+        BinaryOp::Sub => p.wrapping_sub(q),
+        BinaryOp::Mul => p.wrapping_mul(q),
+        BinaryOp::Max => p.max(q),
+        BinaryOp::Min => p.min(q),
+        BinaryOp::And => p & q,
+        BinaryOp::Or => p | q,
+        BinaryOp::Div | BinaryOp::Rem if q == 0 => return Err(format!("integer `{op}` by zero")),
+        BinaryOp::Div => p.wrapping_div(q),
+        BinaryOp::Rem => p.wrapping_rem(q),
+        BinaryOp::Pow => return Err("`pow` on integers".into()),
+    })
+}
+
+pub fn compare<T: PartialOrd>(dir: CompareDir, p: T, q: T) -> bool {
+    match dir {
+        CompareDir::Eq => p == q,
+        CompareDir::Ne => p != q,
+        CompareDir::Lt => p < q,
+        CompareDir::Le => p <= q,
+        CompareDir::Gt => p > q,
+        CompareDir::Ge => p >= q,
+    }
+}
+
+/// Rounds an f32 to the nearest value of a float dtype (round-to-nearest-even); others unchanged.
+pub fn round_float(dtype: DType, x: f32) -> f32 {
+    match dtype {
+        DType::BF16 => half::bf16::from_f32(x).to_f32(),
+        DType::F16 => half::f16::from_f32(x).to_f32(),
+        _ => x,
+    }
+}
