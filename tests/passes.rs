@@ -218,3 +218,15 @@ fn legalized_ir_follows_the_policy() {
         );
     }
 }
+
+#[test]
+fn tiny_ir_after_dtype_legalization() {
+    let model = Model::open(&golden_dir("tiny").join("published")).unwrap();
+    for target in ["tpu-v6e", "t4g"] {
+        let target = Target::by_name(target).unwrap();
+        let mut m = model.module(&Shapes { batch: 1, prefill_len: 4, context: 12 }).unwrap();
+        m.functions.retain(|f| f.name == "decode");
+        Pipeline::for_target(target).run(&mut m, target, Some("dtype-legalize"), &mut |_, _| {}).unwrap();
+        insta::assert_snapshot!(format!("tiny_decode_{}_after_dtype-legalize", target.name), print_module(&m));
+    }
+}
