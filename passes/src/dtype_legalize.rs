@@ -118,36 +118,16 @@ fn legalize(f: &mut Function, c: DType) {
             }
         };
         if let Some(to) = operands_to {
-            let skip_first = matches!(instr.op, Op::Select { .. }); // the condition is bool
-            let mut pending = Vec::new();
-            let mut k = 0;
-            instr.op.map_operands(|v| {
-                let first = k == 0;
-                k += 1;
-                if (skip_first && first)
-                    || !f.values[v.index()].ty.dtype.is_float()
-                    || f.values[v.index()].ty.dtype == to
-                {
-                    return v;
-                }
-                pending.push((v, to));
-                v
-            });
+            // Float operands of another type are cast (a select's bool condition is left alone).
             let mut casted: HashMap<ValueId, ValueId> = HashMap::new();
-            for (v, to) in pending {
-                let new = cast(f, &splats, v, to);
-                casted.insert(v, new);
-            }
-            let mut k = 0;
-            instr.op.map_operands(|v| {
-                let first = k == 0;
-                k += 1;
-                if skip_first && first {
-                    v
-                } else {
-                    *casted.get(&v).unwrap_or(&v)
+            for v in instr.op.operands() {
+                let d = f.values[v.index()].ty.dtype;
+                if d.is_float() && d != to && !casted.contains_key(&v) {
+                    let c = cast(f, &splats, v, to);
+                    casted.insert(v, c);
                 }
-            });
+            }
+            instr.op.map_operands(|v| *casted.get(&v).unwrap_or(&v));
         }
         match (&instr.op, compute) {
             (Op::Convert(x), Some(d)) if f.values[x.index()].ty.dtype == d => {
