@@ -47,7 +47,7 @@ fn e2b_report(target: &str) -> serde_json::Value {
     let cfg = Gemma4Config::from_json_str(&Preset::E2b.config_json().to_string(), Path::new("e2b.json")).unwrap();
     let weights = expected_tensors(&cfg)
         .into_iter()
-        .map(|t| WeightDecl { name: t.name, ty: TensorType::new(DType::BF16, t.shape), source: t.key })
+        .map(|t| WeightDecl::new(t.name, TensorType::new(DType::BF16, t.shape), t.key))
         .collect();
     let shapes = Shapes { batch: 1, prefill_len: 128, context: 4096 };
     let mut m = g4c_frontend::emit_module(&cfg, weights, &shapes).unwrap();

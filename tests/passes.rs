@@ -84,6 +84,7 @@ fn passes_preserve_the_tiny_model_exactly() {
         ("dce", Box::new(|m| Dce.run(m, cpu()).unwrap())),
         ("weight-dtype", Box::new(|m| g4c_passes::WeightDtype.run(m, cpu()).unwrap())),
         ("host-tables", Box::new(|m| g4c_passes::HostTables.run(m, cpu()).unwrap())),
+        ("weight-layout", Box::new(|m| g4c_passes::WeightLayout.run(m, cpu()).unwrap())),
         ("cpu pipeline", Box::new(|m| Pipeline::for_target(cpu()).run(m, cpu(), None, &mut |_, _| {}).unwrap())),
     ];
     for (name, transform) in passes {
@@ -229,4 +230,19 @@ fn tiny_ir_after_dtype_legalization() {
         Pipeline::for_target(target).run(&mut m, target, Some("dtype-legalize"), &mut |_, _| {}).unwrap();
         insta::assert_snapshot!(format!("tiny_decode_{}_after_dtype-legalize", target.name), print_module(&m));
     }
+}
+
+#[test]
+fn weight_layout_transposes_linear_weights_for_cpu_only() {
+    let text = "module @m {\n  weight @w : f32[4,3] = \"w\"\n  weight @e : f32[8,3] = \"e\"\n\n  func @f(\n    %x: f32[2,3],\n    %ids: i32[2]\n  ) -> (\n    y: f32[2,4],\n    z: f32[2,8],\n    r: f32[2,3]\n  ) {\n    %0 = weight @w : f32[4,3]\n    %1 = dot_general %x, %0 {lhs_batch = [], rhs_batch = [], lhs_contract = [1], rhs_contract = [1]} : f32[2,4]\n    %2 = weight @e : f32[8,3]\n    %3 = dot_general %x, %2 {lhs_batch = [], rhs_batch = [], lhs_contract = [1], rhs_contract = [1]} : f32[2,8]\n    %4 = gather %2, %ids : f32[2,3]\n    return %1, %3, %4\n  }\n}\n";
+    let mut m = parse_module(text).unwrap();
+    g4c_passes::WeightLayout.run(&mut m, Target::by_name("tpu-v6e").unwrap()).unwrap();
+    assert_eq!(print_module(&m), print_module(&parse_module(text).unwrap()), "only targets that ask for it");
+    g4c_passes::WeightLayout.run(&mut m, cpu()).unwrap();
+    g4c_ir::verify_module(&m).unwrap();
+    let printed = print_module(&m);
+    assert!(printed.contains("weight @w : f32[3,4] = \"w\" transposed"), "{printed}");
+    assert!(printed.contains("%1 = dot_general %x, %0 {lhs_batch = [], rhs_batch = [], lhs_contract = [1], rhs_contract = [0]} : f32[2,4]"), "{printed}");
+    assert!(printed.contains("weight @e : f32[8,3] = \"e\"\n"), "also gathered: left as it is: {printed}");
+    assert_eq!(print_module(&parse_module(&printed).unwrap()), printed, "`transposed` round-trips");
 }

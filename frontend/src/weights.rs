@@ -105,9 +105,7 @@ pub fn bind_weights(cfg: &Gemma4Config, ckpt: &Checkpoint) -> Result<Vec<WeightD
             Some(e) if e.shape != t.shape => {
                 problems.push(format!("`{key}` has shape {:?}, expected {:?}", e.shape, t.shape))
             }
-            Some(e) => {
-                decls.push(WeightDecl { name: t.name, ty: TensorType::new(e.dtype, e.shape.clone()), source: key })
-            }
+            Some(e) => decls.push(WeightDecl::new(t.name, TensorType::new(e.dtype, e.shape.clone()), key)),
         }
     }
     if problems.is_empty() {

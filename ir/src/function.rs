@@ -105,6 +105,24 @@ pub struct WeightDecl {
     pub ty: TensorType,
     /// The tensor's key in the checkpoint it is loaded from.
     pub source: String,
+    /// The declared tensor is the source matrix with its two dimensions swapped (a layout a target
+    /// prefers, made once at load).
+    pub transposed: bool,
+}
+
+impl WeightDecl {
+    pub fn new(name: impl Into<String>, ty: TensorType, source: impl Into<String>) -> Self {
+        WeightDecl { name: name.into(), ty, source: source.into(), transposed: false }
+    }
+
+    /// The shape of the tensor in the checkpoint.
+    pub fn source_shape(&self) -> Vec<usize> {
+        let mut shape = self.ty.shape.clone();
+        if self.transposed {
+            shape.reverse();
+        }
+        shape
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Default)]

@@ -332,7 +332,11 @@ impl Parser {
                             return self.err(format!("expected the weight's source key as a string, found {other}"));
                         }
                     };
-                    m.weights.push(WeightDecl { name, ty, source });
+                    let transposed = matches!(self.peek(), Tok::Word(w) if w == "transposed");
+                    if transposed {
+                        self.next();
+                    }
+                    m.weights.push(WeightDecl { name, ty, source, transposed });
                 }
                 Tok::Word(w) if w == "func" => {
                     self.next();

@@ -57,7 +57,8 @@ impl ValueNames {
 pub fn print_module(m: &Module) -> String {
     let mut out = format!("module @{} {{\n", m.name);
     for w in &m.weights {
-        writeln!(out, "  weight @{} : {} = {:?}", w.name, w.ty, w.source).unwrap();
+        let transposed = if w.transposed { " transposed" } else { "" };
+        writeln!(out, "  weight @{} : {} = {:?}{transposed}", w.name, w.ty, w.source).unwrap();
     }
     for f in &m.functions {
         out.push('\n');

@@ -26,6 +26,9 @@ pub fn verify_module(m: &Module) -> Result<(), VerifyError> {
         if !seen.insert(&w.name) {
             problems.push(format!("weight @{} declared twice", w.name));
         }
+        if w.transposed && w.ty.rank() != 2 {
+            problems.push(format!("weight @{} is transposed but {} is not a matrix", w.name, w.ty));
+        }
     }
     let mut fnames = HashSet::new();
     for f in &m.functions {

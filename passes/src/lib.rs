@@ -10,6 +10,7 @@ mod pass;
 mod report;
 pub mod target;
 mod weight_dtype;
+mod weight_layout;
 
 pub use constant_fold::ConstantFold;
 pub use cse::Cse;
@@ -20,3 +21,4 @@ pub use pass::{Pass, PassError, Pipeline};
 pub use report::compile_report;
 pub use target::{Platform, Target, TARGETS};
 pub use weight_dtype::WeightDtype;
+pub use weight_layout::WeightLayout;

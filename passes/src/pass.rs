@@ -1,7 +1,7 @@
 //! The pass trait and the ordered pipeline each target runs.
 
 use crate::target::Target;
-use crate::{ConstantFold, Cse, Dce, DtypeLegalize, HostTables, WeightDtype};
+use crate::{ConstantFold, Cse, Dce, DtypeLegalize, HostTables, WeightDtype, WeightLayout};
 use g4c_ir::{verify_module, Module};
 
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +33,7 @@ impl Pipeline {
                 Box::new(HostTables),
                 Box::new(DtypeLegalize),
                 Box::new(WeightDtype),
+                Box::new(WeightLayout),
                 Box::new(ConstantFold),
                 Box::new(Cse),
                 Box::new(Dce),

@@ -38,6 +38,9 @@ pub struct Target {
     pub math_dtypes: &'static [DType],
     /// The element type matmuls and activations are computed in after dtype legalization.
     pub compute_dtype: DType,
+    /// Matmul weights are best stored contraction dimension first (`[in, out]`): XLA's CPU backend
+    /// otherwise re-lays out every `[out, in]` matrix inside every call.
+    pub weights_in_major: bool,
 }
 
 const KIB: u32 = 1024;
@@ -70,6 +73,7 @@ const fn gpu(
         bandwidth_bytes_per_s: Some(bandwidth_gb_s * GB),
         math_dtypes: if turing { TURING_MATH } else { AMPERE_PLUS_MATH },
         compute_dtype: if turing { DType::F16 } else { DType::BF16 },
+        weights_in_major: false,
     }
 }
 
@@ -85,6 +89,7 @@ pub const TARGETS: &[Target] = &[
         bandwidth_bytes_per_s: None,
         math_dtypes: CPU_MATH,
         compute_dtype: DType::F32,
+        weights_in_major: true,
     },
     Target {
         name: "tpu-v5e",
@@ -97,6 +102,7 @@ pub const TARGETS: &[Target] = &[
         bandwidth_bytes_per_s: Some(819 * GB),
         math_dtypes: TPU_MATH,
         compute_dtype: DType::BF16,
+        weights_in_major: false,
     },
     Target {
         name: "tpu-v6e",
@@ -109,6 +115,7 @@ pub const TARGETS: &[Target] = &[
         bandwidth_bytes_per_s: Some(1640 * GB),
         math_dtypes: TPU_MATH,
         compute_dtype: DType::BF16,
+        weights_in_major: false,
     },
     gpu("t4g", "NVIDIA T4G (AWS G5g, Graviton host), Turing", (7, 5), 64, 16 * GIB, 320),
     gpu("t4", "NVIDIA T4, Turing", (7, 5), 64, 16 * GIB, 320),
@@ -141,6 +148,7 @@ impl Target {
             "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
             "math_dtypes": self.math_dtypes.iter().map(|d| d.name()).collect::<Vec<_>>(),
             "compute_dtype": self.compute_dtype.name(),
+            "weights_in_major": self.weights_in_major,
         })
     }
 

@@ -27,24 +27,46 @@ fn weight_error(decl: &WeightDecl, message: String) -> RuntimeError {
 }
 
 impl WeightStore for Checkpoint {
-    /// The tensor's bytes straight from the mmap, or converted to the declared float type when a pass
-    /// chose to store the weight in its compute type (`weight-dtype`: never narrower).
+    /// The tensor's bytes straight from the mmap; converted to the declared float type when a pass
+    /// chose to store the weight in its compute type (`weight-dtype`: never narrower), and transposed
+    /// when a pass chose the target's matmul layout (`weight-layout`).
     fn bytes(&self, decl: &WeightDecl) -> Result<Cow<'_, [u8]>> {
         let t =
             Checkpoint::bytes(self, &decl.source).ok_or_else(|| weight_error(decl, "not in the checkpoint".into()))?;
         let widening = t.dtype.is_float() && decl.ty.dtype.is_float() && decl.ty.dtype.bits() >= t.dtype.bits();
-        if t.shape != decl.ty.shape.as_slice() || (t.dtype != decl.ty.dtype && !widening) {
+        if t.shape != decl.source_shape().as_slice() || (t.dtype != decl.ty.dtype && !widening) {
             let found = format!("checkpoint has {}{:?}, the IR expects {}", t.dtype, t.shape, decl.ty);
             return Err(weight_error(decl, found));
         }
-        if t.dtype == decl.ty.dtype {
-            return Ok(Cow::Borrowed(t.bytes));
+        let mut bytes = Cow::Borrowed(t.bytes);
+        if t.dtype != decl.ty.dtype {
+            let source_ty = g4c_ir::TensorType::new(t.dtype, decl.source_shape());
+            let stored = Tensor::from_bytes(source_ty.clone(), t.bytes).map_err(|m| weight_error(decl, m))?;
+            bytes = Cow::Owned(Tensor::of_type(source_ty.with_dtype(decl.ty.dtype), stored.data).to_bytes());
         }
-        let stored = Tensor::from_bytes(decl.ty.with_dtype(t.dtype), t.bytes).map_err(|m| weight_error(decl, m))?;
-        Ok(Cow::Owned(Tensor::of_type(decl.ty.clone(), stored.data).to_bytes()))
+        if decl.transposed {
+            let [rows, cols] = t.shape[..] else {
+                return Err(weight_error(decl, "a transposed weight must be a matrix".into()));
+            };
+            bytes = Cow::Owned(transpose(&bytes, rows, cols, (decl.ty.dtype.bits() / 8) as usize));
+        }
+        Ok(bytes)
     }
 
     fn release(&self, decl: &WeightDecl) {
         Checkpoint::release(self, &decl.source);
     }
+}
+
+/// A row-major `rows × cols` matrix of `elem`-byte elements, transposed.
+fn transpose(bytes: &[u8], rows: usize, cols: usize, elem: usize) -> Vec<u8> {
+    let mut out = vec![0u8; bytes.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            let src = (r * cols + c) * elem;
+            let dst = (c * rows + r) * elem;
+            out[dst..dst + elem].copy_from_slice(&bytes[src..src + elem]);
+        }
+    }
+    out
 }

@@ -1,0 +1,85 @@
+//! Stores matmul weights in the layout the target's matmuls read best. A rank-2 weight that is only
+//! ever the right operand of `dot_general` contracting its dimension 1 (an HF linear weight
+//! `[out, in]`, computing `x · Wᵀ`) is declared transposed, `[in, out]`, contracting dimension 0;
+//! the loader transposes it once. Values do not change. Runs on targets with
+//! `Target::weights_in_major` (XLA's CPU backend otherwise re-lays out every `[out, in]` matrix
+//! inside every call: 7.5 GB per decoded token on E2B).
+
+use crate::{Pass, PassError, Target};
+use g4c_ir::{Module, Op, ParamRole, ValueId};
+use std::collections::{HashMap, HashSet};
+
+pub struct WeightLayout;
+
+impl Pass for WeightLayout {
+    fn name(&self) -> &'static str {
+        "weight-layout"
+    }
+
+    fn run(&self, module: &mut Module, target: &Target) -> Result<(), PassError> {
+        if !target.weights_in_major {
+            return Ok(());
+        }
+        let candidates: HashSet<String> = module
+            .weights
+            .iter()
+            .filter(|w| w.ty.rank() == 2 && !w.transposed && only_linear_rhs(module, &w.name))
+            .map(|w| w.name.clone())
+            .collect();
+        for w in module.weights.iter_mut().filter(|w| candidates.contains(&w.name)) {
+            w.ty.shape.reverse();
+            w.transposed = true;
+        }
+        for f in &mut module.functions {
+            let mut swapped: HashSet<ValueId> = HashSet::new();
+            for instr in &f.body {
+                if let Op::Weight { name } = &instr.op {
+                    if candidates.contains(name) {
+                        swapped.insert(instr.result);
+                    }
+                }
+            }
+            for v in &swapped {
+                f.values[v.index()].ty.shape.reverse();
+            }
+            for instr in &mut f.body {
+                if let Op::DotGeneral { rhs, dims, .. } = &mut instr.op {
+                    if swapped.contains(rhs) {
+                        dims.rhs_contract = vec![0];
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether weight `name` is read at least once, only ever as the right operand of a `dot_general`
+/// with no batch dimensions that contracts the weight's dimension 1, and is not a host table.
+fn only_linear_rhs(module: &Module, name: &str) -> bool {
+    let host_table = module
+        .functions
+        .iter()
+        .flat_map(|f| &f.params)
+        .any(|p| matches!(&p.role, ParamRole::HostGather { table, .. } if table == name));
+    let read =
+        module.functions.iter().flat_map(|f| &f.body).any(|i| matches!(&i.op, Op::Weight { name: n } if n == name));
+    !host_table
+        && read
+        && module.functions.iter().all(|f| {
+            let reads: HashMap<ValueId, ()> = f
+                .body
+                .iter()
+                .filter(|i| matches!(&i.op, Op::Weight { name: n } if n == name))
+                .map(|i| (i.result, ()))
+                .collect();
+            let returned = f.results.iter().any(|r| reads.contains_key(&r.value));
+            !returned
+                && f.body.iter().all(|i| match &i.op {
+                    Op::DotGeneral { lhs, rhs, dims } if reads.contains_key(rhs) => {
+                        !reads.contains_key(lhs) && dims.rhs_batch.is_empty() && dims.rhs_contract == [1]
+                    }
+                    op => op.operands().iter().all(|v| !reads.contains_key(v)),
+                })
+        })
+}
