@@ -58,15 +58,32 @@ impl WeightStore for Checkpoint {
     }
 }
 
-/// A row-major `rows × cols` matrix of `elem`-byte elements, transposed.
+/// A row-major `rows × cols` matrix of `elem`-byte elements, transposed. Works in tiles so that both
+/// the reads and the writes stay within a few cache lines.
 fn transpose(bytes: &[u8], rows: usize, cols: usize, elem: usize) -> Vec<u8> {
+    const TILE: usize = 32;
     let mut out = vec![0u8; bytes.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            let src = (r * cols + c) * elem;
-            let dst = (c * rows + r) * elem;
-            out[dst..dst + elem].copy_from_slice(&bytes[src..src + elem]);
+    for r0 in (0..rows).step_by(TILE) {
+        for c0 in (0..cols).step_by(TILE) {
+            for r in r0..(r0 + TILE).min(rows) {
+                for c in c0..(c0 + TILE).min(cols) {
+                    let src = (r * cols + c) * elem;
+                    let dst = (c * rows + r) * elem;
+                    out[dst..dst + elem].copy_from_slice(&bytes[src..src + elem]);
+                }
+            }
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn transpose_swaps_rows_and_columns() {
+        // 2 × 3 matrix of u16: [[1, 2, 3], [4, 5, 6]].
+        let m: Vec<u8> = [1u16, 2, 3, 4, 5, 6].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let t: Vec<u16> = super::transpose(&m, 2, 3, 2).chunks(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
+        assert_eq!(t, [1, 4, 2, 5, 3, 6]);
+    }
 }

@@ -14,7 +14,7 @@ use g4c_ir::{
 };
 use melior::ir::attribute::{ArrayAttribute, DictionaryAttribute, StringAttribute, TypeAttribute};
 use melior::ir::block::BlockLike;
-use melior::ir::operation::{OperationBuilder, OperationLike, OperationPrintingFlags};
+use melior::ir::operation::{OperationBuilder, OperationLike, OperationPrintingFlags, OperationRef};
 use melior::ir::r#type::FunctionType;
 use melior::ir::{Attribute, Block, Identifier, Location, Module as MlirModule, Region, RegionLike, Type, Value};
 use melior::Context;
@@ -174,11 +174,8 @@ impl<'c, 'b> FunctionLowering<'c, 'b> {
             .add_regions_vec(regions)
             .build()
             .map_err(|e| format!("{name}: {e}"))?;
-        let op = block.append_operation(op);
-        let v: Value = op.result(0).map_err(|e| e.to_string())?.into();
-        // SAFETY of the lifetime: values of ops appended to `self.block` (or to a region block owned by
-        // an op in it) live as long as the block does.
-        Ok(unsafe { std::mem::transmute::<Value<'c, '_>, Value<'c, 'b>>(v) })
+        let op: OperationRef<'c, 'b> = block.append_operation(op);
+        Ok(op.result(0).map_err(|e| e.to_string())?.into())
     }
 
     fn emit(
@@ -199,13 +196,13 @@ impl<'c, 'b> FunctionLowering<'c, 'b> {
     fn scalar_region(
         &self,
         dtype: DType,
-        body: impl FnOnce(&Self, &Block<'c>, Value<'c, '_>, Value<'c, '_>) -> LResult<Value<'c, 'b>>,
+        body: impl FnOnce(&Self, &Block<'c>, Value<'c, 'b>, Value<'c, 'b>) -> LResult<Value<'c, 'b>>,
     ) -> LResult<Region<'c>> {
         let scalar = TensorType::scalar(dtype);
         let t = self.ty(&scalar)?;
         let block = Block::new(&[(t, self.loc), (t, self.loc)]);
-        let a: Value = block.argument(0).map_err(|e| e.to_string())?.into();
-        let b: Value = block.argument(1).map_err(|e| e.to_string())?.into();
+        let a: Value<'c, 'b> = block.argument(0).map_err(|e| e.to_string())?.into();
+        let b: Value<'c, 'b> = block.argument(1).map_err(|e| e.to_string())?.into();
         let out = body(self, &block, a, b)?;
         block.append_operation(
             OperationBuilder::new("stablehlo.return", self.loc)
@@ -375,10 +372,7 @@ impl<'c, 'b> FunctionLowering<'c, 'b> {
             &TensorType::new(DType::I32, [b, t, 2]),
         )?;
         let window: Vec<usize> = (1..out.rank()).filter(|&d| d != axis).collect();
-        let region = self.scalar_region(out.dtype, |_, _, _, update| {
-            // SAFETY: the region's block argument outlives this use (see `emit_in`).
-            Ok(unsafe { std::mem::transmute::<Value<'c, '_>, Value<'c, 'b>>(update) })
-        })?;
+        let region = self.scalar_region(out.dtype, |_, _, _, update| Ok(update))?;
         self.emit_in(
             self.block,
             "stablehlo.scatter",
