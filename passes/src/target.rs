@@ -77,6 +77,22 @@ const fn gpu(
     }
 }
 
+const fn tpu(name: &'static str, description: &'static str, memory: u64, bandwidth_gb_s: u64) -> Target {
+    Target {
+        name,
+        description,
+        platform: Platform::Tpu,
+        compute_capability: None,
+        smem_per_block: None,
+        smem_per_block_optin: None,
+        memory_bytes: Some(memory),
+        bandwidth_bytes_per_s: Some(bandwidth_gb_s * GB),
+        math_dtypes: TPU_MATH,
+        compute_dtype: DType::BF16,
+        weights_in_major: false,
+    }
+}
+
 pub const TARGETS: &[Target] = &[
     Target {
         name: "cpu",
@@ -91,32 +107,8 @@ pub const TARGETS: &[Target] = &[
         compute_dtype: DType::F32,
         weights_in_major: true,
     },
-    Target {
-        name: "tpu-v5e",
-        description: "Google TPU v5e (16 GiB HBM2e) through libtpu",
-        platform: Platform::Tpu,
-        compute_capability: None,
-        smem_per_block: None,
-        smem_per_block_optin: None,
-        memory_bytes: Some(16 * GIB),
-        bandwidth_bytes_per_s: Some(819 * GB),
-        math_dtypes: TPU_MATH,
-        compute_dtype: DType::BF16,
-        weights_in_major: false,
-    },
-    Target {
-        name: "tpu-v6e",
-        description: "Google TPU v6e Trillium (32 GiB HBM) through libtpu",
-        platform: Platform::Tpu,
-        compute_capability: None,
-        smem_per_block: None,
-        smem_per_block_optin: None,
-        memory_bytes: Some(32 * GIB),
-        bandwidth_bytes_per_s: Some(1640 * GB),
-        math_dtypes: TPU_MATH,
-        compute_dtype: DType::BF16,
-        weights_in_major: false,
-    },
+    tpu("tpu-v5e", "Google TPU v5e (16 GiB HBM2e) through libtpu", 16 * GIB, 819),
+    tpu("tpu-v6e", "Google TPU v6e Trillium (32 GiB HBM) through libtpu", 32 * GIB, 1640),
     gpu("t4g", "NVIDIA T4G (AWS G5g, Graviton host), Turing", (7, 5), 64, 16 * GIB, 320),
     gpu("t4", "NVIDIA T4, Turing", (7, 5), 64, 16 * GIB, 320),
     gpu("a10g", "NVIDIA A10G (AWS G5), Ampere", (8, 6), 99, 24 * GIB, 600),
