@@ -123,10 +123,6 @@ impl Checkpoint {
         }
     }
 
-    /// The file a tensor is stored in (for messages).
-    pub fn file_of(&self, name: &str) -> Option<&Path> {
-        self.tensors.get(name).map(|e| self.files[e.file].0.as_path())
-    }
 }
 
 fn read_index(path: &Path) -> Result<Vec<String>> {

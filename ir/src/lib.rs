@@ -19,7 +19,7 @@ mod verify;
 pub use builder::{common_shape, FunctionBuilder};
 pub use dtype::DType;
 pub use function::{FuncResult, Function, Instr, Module, Param, ParamRole, ValueData, ValueId, WeightDecl};
-pub use infer::{dot_shape, infer_type};
+pub use infer::infer_type;
 pub use op::{Attr, BinaryOp, CompareDir, DotDims, Literal, Op, ReduceKind, UnaryOp};
 pub use parse::{parse_module, ParseError};
 pub use print::{fmt_f64, print_function, print_module, ValueNames};

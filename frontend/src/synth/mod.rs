@@ -6,7 +6,7 @@
 mod tokenizer;
 mod writer;
 
-pub use tokenizer::{tokenizer_json, words as tokenizer_words};
+pub use tokenizer::tokenizer_json;
 pub use writer::{write_safetensors, Filler, TensorSpec};
 
 use crate::config::Gemma4Config;
@@ -125,7 +125,7 @@ fn bf16_filler<'a>(key: &str, shape: &[usize], seed: u64) -> Filler<'a> {
 
 /// Every tensor of the published layout: the ones the model reads, the dead keys/values of the
 /// KV-shared layers (the base release ships them), and one vision-tower tensor a loader must ignore.
-pub fn published_tensors(cfg: &Gemma4Config) -> Vec<(String, Vec<usize>)> {
+fn published_tensors(cfg: &Gemma4Config) -> Vec<(String, Vec<usize>)> {
     const PREFIX: &str = "model.language_model.";
     let mut out: Vec<(String, Vec<usize>)> =
         expected_tensors(cfg).into_iter().map(|t| (format!("{PREFIX}{}", t.key), t.shape)).collect();

@@ -84,12 +84,6 @@ impl Api {
         unsafe { &*self.table }
     }
 
-    /// `major.minor` of the plugin's C API.
-    pub fn version(&self) -> (i32, i32) {
-        let v = self.table().pjrt_api_version;
-        (v.major_version, v.minor_version)
-    }
-
     fn check(&self, err: *mut sys::PJRT_Error, what: &str) -> Result<()> {
         if err.is_null() {
             return Ok(());
@@ -143,13 +137,6 @@ impl Client {
         }
         let device = unsafe { *devices.addressable_devices };
         Ok(Client { api, raw, device })
-    }
-
-    pub fn platform_name(&self) -> Result<String> {
-        let mut a = args!(PJRT_Client_PlatformName_Args { client: self.raw });
-        call!(self.api, PJRT_Client_PlatformName, &mut a)?;
-        let bytes = unsafe { std::slice::from_raw_parts(a.platform_name as *const u8, a.platform_name_size) };
-        Ok(String::from_utf8_lossy(bytes).into_owned())
     }
 
     /// Compiles an MLIR (StableHLO) module, given as text or bytecode.
@@ -222,10 +209,6 @@ impl Executable {
         let _ = call!(api, PJRT_Executable_Destroy, &mut d);
         counted?;
         Ok(Executable { api, raw, num_outputs: n.num_outputs })
-    }
-
-    pub fn num_outputs(&self) -> usize {
-        self.num_outputs
     }
 
     /// Runs on the client's device. Inputs the program donates (`tf.aliasing_output`) are invalid
