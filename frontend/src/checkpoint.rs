@@ -122,7 +122,6 @@ impl Checkpoint {
                 unsafe { mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, e.start, e.end - e.start) };
         }
     }
-
 }
 
 fn read_index(path: &Path) -> Result<Vec<String>> {

@@ -92,6 +92,14 @@ impl Function {
         self.results.iter().find(|r| r.name == name)
     }
 
+    /// Every `weight @name` instruction: its result and the weight's name.
+    pub fn weight_reads(&self) -> impl Iterator<Item = (ValueId, &str)> {
+        self.body.iter().filter_map(|i| match &i.op {
+            crate::Op::Weight { name } => Some((i.result, name.as_str())),
+            _ => None,
+        })
+    }
+
     /// State parameters in declaration order.
     pub fn state_params(&self) -> impl Iterator<Item = &Param> {
         self.params.iter().filter(|p| matches!(p.role, ParamRole::State { .. }))

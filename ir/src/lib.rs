@@ -13,6 +13,7 @@ mod op;
 mod parse;
 mod print;
 pub mod scalar;
+mod substitution;
 mod types;
 mod verify;
 
@@ -23,5 +24,6 @@ pub use infer::infer_type;
 pub use op::{Attr, BinaryOp, CompareDir, DotDims, Literal, Op, ReduceKind, UnaryOp};
 pub use parse::{parse_module, ParseError};
 pub use print::{fmt_f64, print_function, print_module, ValueNames};
+pub use substitution::Substitution;
 pub use types::TensorType;
 pub use verify::{verify_function, verify_module, VerifyError};

@@ -3,7 +3,7 @@
 //! interpreter: floats in f32 rounded to their dtype, integers in wrapping i32.
 
 use crate::{Pass, PassError, Target};
-use g4c_ir::{scalar, BinaryOp, CompareDir, DType, Literal, Module, Op, UnaryOp, ValueId};
+use g4c_ir::{scalar, BinaryOp, CompareDir, DType, Literal, Module, Op, Substitution, UnaryOp, ValueId};
 use std::collections::HashMap;
 
 pub struct ConstantFold;
@@ -16,9 +16,9 @@ impl Pass for ConstantFold {
     fn run(&self, module: &mut Module, _: &Target) -> Result<(), PassError> {
         for f in &mut module.functions {
             let mut splats: HashMap<ValueId, f64> = HashMap::new();
-            let mut replace: HashMap<ValueId, ValueId> = HashMap::new();
+            let mut replace = Substitution::default();
             for instr in &mut f.body {
-                instr.op.map_operands(|v| *replace.get(&v).unwrap_or(&v));
+                replace.apply_to_op(&mut instr.op);
                 let ty = &f.values[instr.result.index()].ty;
                 let splat = |v: &ValueId| splats.get(v).copied();
                 let dtype_of = |v: &ValueId| f.values[v.index()].ty.dtype;
@@ -43,9 +43,7 @@ impl Pass for ConstantFold {
                     instr.op = Op::Constant(Literal::Splat(c));
                 }
             }
-            for r in &mut f.results {
-                r.value = *replace.get(&r.value).unwrap_or(&r.value);
-            }
+            replace.apply_to_results(&mut f.results);
         }
         Ok(())
     }

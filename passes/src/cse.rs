@@ -3,7 +3,7 @@
 //! and the same mask and RoPE broadcasts; this pass keeps one of each. Dead copies are left to `dce`.
 
 use crate::{Pass, PassError, Target};
-use g4c_ir::{Module, ValueId};
+use g4c_ir::{Module, Substitution, ValueId};
 use std::collections::HashMap;
 
 pub struct Cse;
@@ -15,11 +15,11 @@ impl Pass for Cse {
 
     fn run(&self, module: &mut Module, _: &Target) -> Result<(), PassError> {
         for f in &mut module.functions {
-            let mut replace: HashMap<ValueId, ValueId> = HashMap::new();
+            let mut replace = Substitution::default();
             // Keyed by the op's text-form parts and result type (f64 literals compared by bits).
             let mut seen: HashMap<String, ValueId> = HashMap::new();
             for instr in &mut f.body {
-                instr.op.map_operands(|v| *replace.get(&v).unwrap_or(&v));
+                replace.apply_to_op(&mut instr.op);
                 let key = format!("{:?}|{}", instr.op, f.values[instr.result.index()].ty);
                 match seen.get(&key) {
                     Some(&earlier) => {
@@ -30,9 +30,7 @@ impl Pass for Cse {
                     }
                 }
             }
-            for r in &mut f.results {
-                r.value = *replace.get(&r.value).unwrap_or(&r.value);
-            }
+            replace.apply_to_results(&mut f.results);
         }
         Ok(())
     }

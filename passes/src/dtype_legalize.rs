@@ -18,7 +18,7 @@
 //! On a target whose compute type is f32 nothing changes.
 
 use crate::{Pass, PassError, Target};
-use g4c_ir::{DType, Function, Instr, Literal, Module, Op, ParamRole, TensorType, UnaryOp, ValueId};
+use g4c_ir::{DType, Function, Instr, Literal, Module, Op, ParamRole, Substitution, TensorType, UnaryOp, ValueId};
 use std::collections::HashMap;
 
 pub struct DtypeLegalize;
@@ -72,9 +72,9 @@ fn legalize(f: &mut Function, c: DType) {
         })
         .collect();
     let old_body = std::mem::take(&mut f.body);
-    let mut replace: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut replace = Substitution::default();
     for mut instr in old_body {
-        instr.op.map_operands(|v| *replace.get(&v).unwrap_or(&v));
+        replace.apply_to_op(&mut instr.op);
         let ty = |f: &Function, v: ValueId| f.values[v.index()].ty.dtype;
         let result_ty = f.values[instr.result.index()].ty.clone();
         let float_result = result_ty.dtype == DType::F32;
@@ -143,7 +143,7 @@ fn legalize(f: &mut Function, c: DType) {
     // Results: state back in its parameter's type, everything else (logits) in f32.
     let results = f.results.clone();
     for (i, r) in results.iter().enumerate() {
-        let v = *replace.get(&r.value).unwrap_or(&r.value);
+        let v = replace.get(r.value);
         let want = match f.param(&r.name) {
             Some(p) => f.values[p.value.index()].ty.dtype,
             None if f.values[v.index()].ty.dtype.is_float() => DType::F32,

@@ -4,7 +4,7 @@
 //! Tables that are also read otherwise (the tied embedding, also the LM head) stay on the device.
 
 use crate::{Pass, PassError, Target};
-use g4c_ir::{Module, Op, Param, ParamRole, ValueId};
+use g4c_ir::{Module, Op, Param, ParamRole, Substitution, ValueId};
 use std::collections::{HashMap, HashSet};
 
 pub struct HostTables;
@@ -18,14 +18,11 @@ impl Pass for HostTables {
         let tables = host_tables(module);
         for f in &mut module.functions {
             let weight_of: HashMap<ValueId, String> = f
-                .body
-                .iter()
-                .filter_map(|i| match &i.op {
-                    Op::Weight { name } if tables.contains(name) => Some((i.result, name.clone())),
-                    _ => None,
-                })
+                .weight_reads()
+                .filter(|(_, name)| tables.contains(*name))
+                .map(|(v, name)| (v, name.to_string()))
                 .collect();
-            let mut replace: HashMap<ValueId, ValueId> = HashMap::new();
+            let mut replace = Substitution::default();
             let mut added: HashMap<(String, ValueId), ValueId> = HashMap::new();
             for i in 0..f.body.len() {
                 let Op::Gather { table, indices } = f.body[i].op.clone() else { continue };
@@ -47,12 +44,10 @@ impl Pass for HostTables {
                 replace.insert(rows, param);
             }
             for instr in &mut f.body {
-                instr.op.map_operands(|v| *replace.get(&v).unwrap_or(&v));
+                replace.apply_to_op(&mut instr.op);
             }
-            for r in &mut f.results {
-                r.value = *replace.get(&r.value).unwrap_or(&r.value);
-            }
-            f.body.retain(|i| !replace.contains_key(&i.result) && !weight_of.contains_key(&i.result));
+            replace.apply_to_results(&mut f.results);
+            f.body.retain(|i| !replace.replaces(i.result) && !weight_of.contains_key(&i.result));
         }
         Ok(())
     }
@@ -64,20 +59,12 @@ fn host_tables(module: &Module) -> HashSet<String> {
     for f in &module.functions {
         let inputs: HashSet<ValueId> =
             f.params.iter().filter(|p| p.role == ParamRole::Input).map(|p| p.value).collect();
-        let weight_of: HashMap<ValueId, &str> = f
-            .body
-            .iter()
-            .filter_map(|i| match &i.op {
-                Op::Weight { name } => Some((i.result, name.as_str())),
-                _ => None,
-            })
-            .collect();
-        for (v, name) in &weight_of {
+        for (v, name) in f.weight_reads() {
             ok.entry(name.to_string()).or_insert(true);
-            let returned = f.results.iter().any(|r| r.value == *v);
+            let returned = f.results.iter().any(|r| r.value == v);
             let all_gathers = f.body.iter().all(|i| match &i.op {
-                Op::Gather { table, indices } if table == v => inputs.contains(indices),
-                op => !op.operands().contains(v),
+                Op::Gather { table, indices } if *table == v => inputs.contains(indices),
+                op => !op.operands().contains(&v),
             });
             if returned || !all_gathers {
                 ok.insert(name.to_string(), false);

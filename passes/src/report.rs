@@ -14,15 +14,7 @@ pub fn compile_report(module: &Module, target: &Target, passes: &[&str]) -> Valu
         .iter()
         .map(|f| (f.name.clone(), json!(f.body.iter().filter(|i| matches!(i.op, Op::Convert(_))).count())))
         .collect();
-    let read: BTreeSet<&str> = module
-        .functions
-        .iter()
-        .flat_map(|f| f.body.iter())
-        .filter_map(|i| match &i.op {
-            Op::Weight { name } => Some(name.as_str()),
-            _ => None,
-        })
-        .collect();
+    let read: BTreeSet<&str> = module.functions.iter().flat_map(|f| f.weight_reads().map(|(_, n)| n)).collect();
     let device_weight_bytes: u64 =
         module.weights.iter().filter(|w| read.contains(w.name.as_str())).map(|w| w.ty.byte_size()).sum();
     let host: BTreeSet<&str> = module

@@ -11,7 +11,7 @@
 //! into one conversion at load.
 
 use crate::{Pass, PassError, Target};
-use g4c_ir::{DType, Function, Module, Op, ValueId};
+use g4c_ir::{DType, Function, Module, Op, Substitution, ValueId};
 use std::collections::HashMap;
 
 pub struct WeightDtype;
@@ -27,16 +27,15 @@ impl Pass for WeightDtype {
         let mut wanted: HashMap<String, (Option<DType>, bool)> = HashMap::new();
         for f in &module.functions {
             let users = users(f);
-            for instr in &f.body {
-                let Op::Weight { name } = &instr.op else { continue };
+            for (v, name) in f.weight_reads() {
                 let stored = module.weight(name).expect("verified module").ty.dtype;
-                let read = widened_to(f, &users, instr.result);
+                let read = widened_to(f, &users, v);
                 let to = read
                     .map(|(d, _)| d)
                     .filter(|&d| d.is_float() && stored.is_float() && d.bits() >= stored.bits())
                     .filter(|&d| target.computes_natively(d));
                 let whole = read.is_some_and(|(_, whole)| whole);
-                let entry = wanted.entry(name.clone()).or_insert((to, false));
+                let entry = wanted.entry(name.to_string()).or_insert((to, false));
                 if entry.0 != to {
                     entry.0 = None;
                 }
@@ -58,9 +57,9 @@ impl Pass for WeightDtype {
         }
         for f in &mut module.functions {
             let mut changed: HashMap<ValueId, ()> = HashMap::new();
-            let mut replace: HashMap<ValueId, ValueId> = HashMap::new();
+            let mut replace = Substitution::default();
             for i in 0..f.body.len() {
-                f.body[i].op.map_operands(|v| *replace.get(&v).unwrap_or(&v));
+                replace.apply_to_op(&mut f.body[i].op);
                 let result = f.body[i].result;
                 let new_dtype = match &f.body[i].op {
                     Op::Weight { name } => retyped.get(name).copied(),
@@ -76,10 +75,8 @@ impl Pass for WeightDtype {
                     changed.insert(result, ());
                 }
             }
-            for r in &mut f.results {
-                r.value = *replace.get(&r.value).unwrap_or(&r.value);
-            }
-            f.body.retain(|i| !replace.contains_key(&i.result));
+            replace.apply_to_results(&mut f.results);
+            f.body.retain(|i| !replace.replaces(i.result));
         }
         Ok(())
     }

@@ -7,7 +7,7 @@
 
 use crate::{Pass, PassError, Target};
 use g4c_ir::{Module, Op, ParamRole, ValueId};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 pub struct WeightLayout;
 
@@ -31,14 +31,8 @@ impl Pass for WeightLayout {
             w.transposed = true;
         }
         for f in &mut module.functions {
-            let mut swapped: HashSet<ValueId> = HashSet::new();
-            for instr in &f.body {
-                if let Op::Weight { name } = &instr.op {
-                    if candidates.contains(name) {
-                        swapped.insert(instr.result);
-                    }
-                }
-            }
+            let swapped: HashSet<ValueId> =
+                f.weight_reads().filter(|(_, name)| candidates.contains(*name)).map(|(v, _)| v).collect();
             for v in &swapped {
                 f.values[v.index()].ty.shape.reverse();
             }
@@ -62,24 +56,18 @@ fn only_linear_rhs(module: &Module, name: &str) -> bool {
         .iter()
         .flat_map(|f| &f.params)
         .any(|p| matches!(&p.role, ParamRole::HostGather { table, .. } if table == name));
-    let read =
-        module.functions.iter().flat_map(|f| &f.body).any(|i| matches!(&i.op, Op::Weight { name: n } if n == name));
+    let read = module.functions.iter().any(|f| f.weight_reads().any(|(_, n)| n == name));
     !host_table
         && read
         && module.functions.iter().all(|f| {
-            let reads: HashMap<ValueId, ()> = f
-                .body
-                .iter()
-                .filter(|i| matches!(&i.op, Op::Weight { name: n } if n == name))
-                .map(|i| (i.result, ()))
-                .collect();
-            let returned = f.results.iter().any(|r| reads.contains_key(&r.value));
+            let reads: HashSet<ValueId> = f.weight_reads().filter(|(_, n)| *n == name).map(|(v, _)| v).collect();
+            let returned = f.results.iter().any(|r| reads.contains(&r.value));
             !returned
                 && f.body.iter().all(|i| match &i.op {
-                    Op::DotGeneral { lhs, rhs, dims } if reads.contains_key(rhs) => {
-                        !reads.contains_key(lhs) && dims.rhs_batch.is_empty() && dims.rhs_contract == [1]
+                    Op::DotGeneral { lhs, rhs, dims } if reads.contains(rhs) => {
+                        !reads.contains(lhs) && dims.rhs_batch.is_empty() && dims.rhs_contract == [1]
                     }
-                    op => op.operands().iter().all(|v| !reads.contains_key(v)),
+                    op => op.operands().iter().all(|v| !reads.contains(v)),
                 })
         })
 }
