@@ -53,7 +53,7 @@ fn e2b_report(target: &str) -> serde_json::Value {
     let mut m = g4c_frontend::emit_module(&cfg, weights, &shapes).unwrap();
     let target = Target::by_name(target).unwrap();
     let pipeline = Pipeline::for_target(target);
-    pipeline.run(&mut m, target, None, &mut |_, _| {}).unwrap();
+    pipeline.run_all(&mut m, target).unwrap();
     compile_report(&m, target, &pipeline.names())
 }
 

@@ -85,7 +85,7 @@ fn passes_preserve_the_tiny_model_exactly() {
         ("weight-dtype", Box::new(|m| g4c_passes::WeightDtype.run(m, cpu()).unwrap())),
         ("host-tables", Box::new(|m| g4c_passes::HostTables.run(m, cpu()).unwrap())),
         ("weight-layout", Box::new(|m| g4c_passes::WeightLayout.run(m, cpu()).unwrap())),
-        ("cpu pipeline", Box::new(|m| Pipeline::for_target(cpu()).run(m, cpu(), None, &mut |_, _| {}).unwrap())),
+        ("cpu pipeline", Box::new(|m| Pipeline::for_target(cpu()).run_all(m, cpu()).unwrap())),
     ];
     for (name, transform) in passes {
         let got = run_transformed(Backend::Interp, &dir, &case.prompt_ids, n, None, transform.as_ref());
@@ -190,7 +190,7 @@ fn legalized_ir_follows_the_policy() {
     for (target, c) in [("tpu-v6e", "bf16"), ("t4g", "f16")] {
         let target = Target::by_name(target).unwrap();
         let mut m = model.module(&Shapes { batch: 1, prefill_len: 4, context: 12 }).unwrap();
-        Pipeline::for_target(target).run(&mut m, target, None, &mut |_, _| {}).unwrap();
+        Pipeline::for_target(target).run_all(&mut m, target).unwrap();
         let decode = m.function("decode").unwrap();
         for p in decode.state_params() {
             let ty = decode.ty(p.value);

@@ -23,7 +23,7 @@ fn tiny_synth_writes_the_published_layout() {
     assert!(ckpt.entry("model.language_model.layers.7.self_attn.k_proj.weight").is_some());
 
     let values = |name: &str| -> Vec<f32> {
-        ckpt.bytes(name)
+        ckpt.tensor(name)
             .unwrap()
             .bytes
             .chunks_exact(2)

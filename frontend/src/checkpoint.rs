@@ -105,7 +105,7 @@ impl Checkpoint {
         self.unreadable.get(name).map(|s| s.as_str())
     }
 
-    pub fn bytes(&self, name: &str) -> Option<TensorBytes<'_>> {
+    pub fn tensor(&self, name: &str) -> Option<TensorBytes<'_>> {
         let e = self.tensors.get(name)?;
         Some(TensorBytes { dtype: e.dtype, shape: &e.shape, bytes: &self.files[e.file].1[e.start..e.end] })
     }

@@ -62,6 +62,15 @@ pub fn compare<T: PartialOrd>(dir: CompareDir, p: T, q: T) -> bool {
     }
 }
 
+/// An integer wrapped (two's complement) into an integer dtype: `i8`, `i4`, else `i32`.
+pub fn wrap_int(dtype: DType, v: i64) -> i32 {
+    match dtype {
+        DType::I8 => v as i8 as i32,
+        DType::I4 => (((v & 0xF) ^ 0x8) - 0x8) as i32,
+        _ => v as i32,
+    }
+}
+
 /// Rounds an f32 to the nearest value of a float dtype (round-to-nearest-even); others unchanged.
 pub fn round_float(dtype: DType, x: f32) -> f32 {
     match dtype {

@@ -53,14 +53,13 @@ fn round(dtype: DType, x: f32) -> f64 {
     scalar::round_float(dtype, x) as f64
 }
 
+/// As the interpreter converts: floats round, float to int truncates toward zero, ints wrap.
 fn convert(from: DType, to: DType, c: f64) -> f64 {
     match to {
         DType::Bool => (c != 0.0) as u8 as f64,
         d if d.is_float() => round(d, c as f32),
-        DType::I8 => (c.trunc() as i64 as i8) as f64,
-        DType::I4 => ((((c.trunc() as i64) & 0xF) ^ 0x8) - 0x8) as f64,
-        _ if from.is_float() => c.trunc() as i64 as i32 as f64,
-        _ => c as i64 as i32 as f64,
+        d if from.is_float() => scalar::wrap_int(d, (c as f32).trunc() as i64) as f64,
+        d => scalar::wrap_int(d, c as i64) as f64,
     }
 }
 

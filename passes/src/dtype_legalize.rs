@@ -109,7 +109,7 @@ fn legalize(f: &mut Function, c: DType) {
                     .op
                     .operands()
                     .iter()
-                    .filter(|v| !is_splat(&splats, v))
+                    .filter(|v| !splats.contains_key(v))
                     .map(|v| ty(f, *v))
                     .filter(|d| d.is_float())
                     .collect();
@@ -159,10 +159,6 @@ fn is_f32_math(u: UnaryOp) -> bool {
         u,
         UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh | UnaryOp::Rsqrt | UnaryOp::Sqrt | UnaryOp::Sin | UnaryOp::Cos
     )
-}
-
-fn is_splat(splats: &HashMap<ValueId, f64>, v: &ValueId) -> bool {
-    splats.contains_key(v)
 }
 
 /// `v` as type `to`: a fresh splat constant for splats, else a `convert` appended to the body.

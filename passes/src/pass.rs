@@ -45,6 +45,11 @@ impl Pipeline {
         self.passes.iter().map(|p| p.name()).collect()
     }
 
+    /// Runs every pass, verifying the module after each.
+    pub fn run_all(&self, module: &mut Module, target: &Target) -> Result<(), PassError> {
+        self.run(module, target, None, &mut |_, _| {})
+    }
+
     /// Runs every pass, verifying the module after each, and shows `observe` the module before the
     /// first pass (as `"input"`) and after every pass. Stops after `stop_after` when given.
     pub fn run(

@@ -24,13 +24,14 @@ pub fn gather_args<T>(
     module: &Module,
     store: &dyn WeightStore,
     f: &Function,
-    mut inputs: HashMap<&str, Tensor>,
+    inputs: HashMap<&str, Tensor>,
     state: &mut HashMap<String, T>,
 ) -> Result<Vec<Arg<T>>> {
     let mut args = Vec::with_capacity(f.params.len());
     for p in &f.params {
         let name = f.param_name(p);
         let arg = match &p.role {
+            // Cloned, not moved: a host gather may still read the same input (its indices).
             ParamRole::Input => inputs.get(name).cloned().map(Arg::Input),
             ParamRole::State { .. } => state.remove(name).map(Arg::State),
             ParamRole::HostGather { table, indices } => {
@@ -45,7 +46,6 @@ pub fn gather_args<T>(
             arg.ok_or_else(|| crate::RuntimeError::Invalid(format!("@{}: no value for parameter %{name}", f.name)))?,
         );
     }
-    inputs.clear();
     Ok(args)
 }
 

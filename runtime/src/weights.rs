@@ -31,8 +31,7 @@ impl WeightStore for Checkpoint {
     /// chose to store the weight in its compute type (`weight-dtype`: never narrower), and transposed
     /// when a pass chose the target's matmul layout (`weight-layout`).
     fn bytes(&self, decl: &WeightDecl) -> Result<Cow<'_, [u8]>> {
-        let t =
-            Checkpoint::bytes(self, &decl.source).ok_or_else(|| weight_error(decl, "not in the checkpoint".into()))?;
+        let t = self.tensor(&decl.source).ok_or_else(|| weight_error(decl, "not in the checkpoint".into()))?;
         let widening = t.dtype.is_float() && decl.ty.dtype.is_float() && decl.ty.dtype.bits() >= t.dtype.bits();
         if t.shape != decl.source_shape().as_slice() || (t.dtype != decl.ty.dtype && !widening) {
             let found = format!("checkpoint has {}{:?}, the IR expects {}", t.dtype, t.shape, decl.ty);

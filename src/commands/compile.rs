@@ -33,7 +33,7 @@ pub fn run(args: CompileArgs) -> Result<()> {
     let mut module = model.module(&args.shapes.shapes())?;
     g4c_ir::verify_module(&module)?;
     let pipeline = Pipeline::for_target(target);
-    pipeline.run(&mut module, target, None, &mut |_, _| {})?;
+    pipeline.run_all(&mut module, target)?;
     let lowered: Vec<_> = module.functions.iter().map(|f| lower_entry(&module, &f.name)).collect::<Result<_, _>>()?;
     if args.check_on_cpu {
         let Some(plugin) = find_cpu_plugin() else {
@@ -48,9 +48,9 @@ pub fn run(args: CompileArgs) -> Result<()> {
     if let Some(dir) = &args.out {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         for l in &lowered {
-            write_atomic(&dir.join(format!("{}.mlir", l.entry)), l.mlir.as_bytes())?;
+            super::write_atomic(&dir.join(format!("{}.mlir", l.entry)), l.mlir.as_bytes())?;
         }
-        write_atomic(&dir.join("report.json"), format!("{report:#}\n").as_bytes())?;
+        super::write_atomic(&dir.join("report.json"), format!("{report:#}\n").as_bytes())?;
     }
     if args.json {
         super::write_stdout(&format!("{report}\n"))
@@ -68,10 +68,4 @@ pub fn run(args: CompileArgs) -> Result<()> {
             gb("host_weight_bytes"),
         ))
     }
-}
-
-fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
 }

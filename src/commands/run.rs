@@ -153,7 +153,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         StreamPrinter { tokenizer: tokenizer.as_ref(), enabled: !args.json, ids: vec![], printed: String::new() };
     // The target's pipeline runs for both backends; on `cpu` every pass is exact, so the
     // interpreter still computes what the frontend's IR means.
-    Pipeline::for_target(target).run(&mut module, target, None, &mut |_, _| {})?;
+    Pipeline::for_target(target).run_all(&mut module, target)?;
     let compile_started = Instant::now();
     let generation = match args.backend {
         Backend::Interp => {
@@ -307,12 +307,5 @@ fn write_logits(path: &Path, g: &Generation) -> Result<()> {
     let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![g.logits.len(), vocab], &bytes)
         .context("building the logits tensor")?;
     let data = safetensors::serialize([("logits", view)], None).context("serializing logits")?;
-    let tmp = path.with_file_name(format!(
-        ".{}.tmp-{}",
-        path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
-        std::process::id()
-    ));
-    std::fs::write(&tmp, data).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
-    Ok(())
+    super::write_atomic(path, &data)
 }

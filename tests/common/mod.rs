@@ -84,43 +84,48 @@ pub fn run_transformed(
     prefill_len: Option<usize>,
     transform: &dyn Fn(&mut g4c_ir::Module),
 ) -> Generation {
-    let model = Model::open(dir).unwrap_or_else(|e| panic!("{e}"));
-    let shapes =
-        Shapes { batch: 1, prefill_len: prefill_len.unwrap_or(prompt.len()), context: prompt.len() + new_tokens };
-    let mut module = model.module(&shapes).unwrap();
-    transform(&mut module);
-    g4c_ir::verify_module(&module).unwrap();
     let opts = GenerateOptions { max_new_tokens: new_tokens, ignore_eos: true, ..Default::default() };
-    let mut exec: Box<dyn Executor> = match backend {
-        Backend::Interp => Box::new(InterpExecutor::new(Interpreter::new(&module, &model.checkpoint))),
-        Backend::Pjrt => {
-            Box::new(PjrtExecutor::new(&module, &model.checkpoint, pjrt_client()).unwrap_or_else(|e| panic!("{e}")))
-        }
-    };
-    generate(exec.as_mut(), prompt, &opts, &mut |_| {}).unwrap_or_else(|e| panic!("{e}"))
+    generate_on(backend, dir, prompt, prefill_len, &opts, transform)
 }
 
 /// Logits along the golden's tokens (teacher forced) after `target`'s pipeline.
 pub fn forced_logits(backend: Backend, dir: &Path, target: &str, case: &GoldenCase) -> Vec<Vec<f32>> {
-    let model = Model::open(dir).unwrap_or_else(|e| panic!("{e}"));
-    let n = case.generated_ids.len();
-    let shapes = Shapes { batch: 1, prefill_len: case.prompt_ids.len(), context: case.prompt_ids.len() + n };
-    let mut module = model.module(&shapes).unwrap();
     let target = g4c_passes::Target::by_name(target).unwrap();
-    g4c_passes::Pipeline::for_target(target).run(&mut module, target, None, &mut |_, _| {}).unwrap();
     let opts = GenerateOptions {
-        max_new_tokens: n,
+        max_new_tokens: case.generated_ids.len(),
         ignore_eos: true,
         forced: case.generated_ids.clone(),
         ..Default::default()
     };
+    let pipeline = |m: &mut g4c_ir::Module| {
+        g4c_passes::Pipeline::for_target(target).run_all(m, target).unwrap();
+    };
+    generate_on(backend, dir, &case.prompt_ids, None, &opts, &pipeline).logits
+}
+
+/// Opens `dir`, emits the module for the prompt (one prefill call unless `prefill_len` says
+/// otherwise), applies `transform`, and generates with `opts` on `backend`.
+fn generate_on(
+    backend: Backend,
+    dir: &Path,
+    prompt: &[u32],
+    prefill_len: Option<usize>,
+    opts: &GenerateOptions,
+    transform: &dyn Fn(&mut g4c_ir::Module),
+) -> Generation {
+    let model = Model::open(dir).unwrap_or_else(|e| panic!("{e}"));
+    let context = prompt.len() + opts.max_new_tokens;
+    let shapes = Shapes { batch: 1, prefill_len: prefill_len.unwrap_or(prompt.len()), context };
+    let mut module = model.module(&shapes).unwrap();
+    transform(&mut module);
+    g4c_ir::verify_module(&module).unwrap();
     let mut exec: Box<dyn Executor> = match backend {
         Backend::Interp => Box::new(InterpExecutor::new(Interpreter::new(&module, &model.checkpoint))),
         Backend::Pjrt => {
             Box::new(PjrtExecutor::new(&module, &model.checkpoint, pjrt_client()).unwrap_or_else(|e| panic!("{e}")))
         }
     };
-    generate(exec.as_mut(), &case.prompt_ids, &opts, &mut |_| {}).unwrap_or_else(|e| panic!("{e}")).logits
+    generate(exec.as_mut(), prompt, opts, &mut |_| {}).unwrap_or_else(|e| panic!("{e}"))
 }
 
 pub fn interp_generate(dir: &Path, prompt: &[u32], new_tokens: usize, prefill_len: Option<usize>) -> Generation {

@@ -134,25 +134,16 @@ pub fn convert(x: &Tensor, to: DType) -> KResult {
                 Data::F32(v.iter().map(|&a| round_float(to, a)).collect())
             }
         }
-        (Data::F32(v), Storage::I32) => Data::I32(v.iter().map(|&a| wrap_int(to, a.trunc() as i64)).collect()),
+        (Data::F32(v), Storage::I32) => Data::I32(v.iter().map(|&a| scalar::wrap_int(to, a.trunc() as i64)).collect()),
         (Data::F32(v), Storage::Bool) => Data::Bool(v.iter().map(|&a| a != 0.0).collect()),
         (Data::I32(v), Storage::F32) => Data::F32(v.iter().map(|&a| round_float(to, a as f32)).collect()),
-        (Data::I32(v), Storage::I32) => Data::I32(v.iter().map(|&a| wrap_int(to, a as i64)).collect()),
+        (Data::I32(v), Storage::I32) => Data::I32(v.iter().map(|&a| scalar::wrap_int(to, a as i64)).collect()),
         (Data::I32(v), Storage::Bool) => Data::Bool(v.iter().map(|&a| a != 0).collect()),
         (Data::Bool(v), Storage::F32) => Data::F32(v.iter().map(|&a| a as u8 as f32).collect()),
         (Data::Bool(v), Storage::I32) => Data::I32(v.iter().map(|&a| a as i32).collect()),
         (Data::Bool(v), Storage::Bool) => Data::Bool(v.clone()),
     };
     Ok(Tensor::of_type(ty, data))
-}
-
-/// Two's-complement wrap of an integer into a narrower int type.
-fn wrap_int(to: DType, v: i64) -> i32 {
-    match to {
-        DType::I8 => v as i8 as i32,
-        DType::I4 => (((v & 0xF) ^ 0x8) - 0x8) as i32,
-        _ => v as i32,
-    }
 }
 
 pub fn reduce(kind: ReduceKind, x: &Tensor, axes: &[usize], ty: &TensorType) -> KResult {
