@@ -4,7 +4,7 @@
 
 use crate::error::{invalid, Result};
 use crate::interp::Interpreter;
-use crate::tensor::Tensor;
+use crate::tensor::{convert_float_bytes, Tensor};
 use crate::weights::WeightStore;
 use g4c_ir::{Function, Module, ParamRole, TensorType};
 use std::collections::HashMap;
@@ -74,8 +74,7 @@ fn host_rows(module: &Module, store: &dyn WeightStore, table: &str, ids: &Tensor
     if ty.dtype == decl.ty.dtype {
         return Ok(out);
     }
-    let rows = Tensor::from_bytes(ty.with_dtype(decl.ty.dtype), &out).map_err(crate::RuntimeError::Invalid)?;
-    Ok(Tensor::of_type(ty.clone(), rows.data).to_bytes())
+    convert_float_bytes(decl.ty.dtype, ty.dtype, &out).map_err(crate::RuntimeError::Invalid)
 }
 
 /// The state parameters of `f` with their initial contents.

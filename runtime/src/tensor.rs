@@ -135,10 +135,54 @@ impl Data {
 
 pub use g4c_ir::scalar::round_float;
 
+/// Little-endian float elements of type `from` re-encoded as `to` (rounded to nearest even when
+/// narrowing), element by element without building a tensor.
+pub fn convert_float_bytes(from: DType, to: DType, bytes: &[u8]) -> Result<Vec<u8>, String> {
+    let decode: fn(&[u8]) -> f32 = match from {
+        DType::F32 => |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        DType::BF16 => |b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+        DType::F16 => |b| half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
+        other => return Err(format!("cannot convert {other} elements as floats")),
+    };
+    let width = (from.bits() / 8) as usize;
+    let mut out = Vec::with_capacity(bytes.len() / width * (to.bits() / 8) as usize);
+    for chunk in bytes.chunks_exact(width) {
+        let x = decode(chunk);
+        match to {
+            DType::F32 => out.extend_from_slice(&x.to_le_bytes()),
+            DType::BF16 => out.extend_from_slice(&half::bf16::from_f32(x).to_le_bytes()),
+            DType::F16 => out.extend_from_slice(&half::f16::from_f32(x).to_le_bytes()),
+            other => return Err(format!("cannot convert floats to {other}")),
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::round_float;
     use g4c_ir::DType;
+
+    #[test]
+    fn float_bytes_convert_exactly_when_widening_and_round_when_narrowing() {
+        use super::convert_float_bytes;
+        let bf16: Vec<u8> =
+            [1.5f32, -39.25, 1e30].iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect();
+        let f32s: Vec<f32> = convert_float_bytes(DType::BF16, DType::F32, &bf16)
+            .unwrap()
+            .chunks(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        assert_eq!(f32s, [1.5, -39.25, half::bf16::from_f32(1e30).to_f32()]);
+        // bf16 -> f16 (Turing): 1e30 is past f16's range.
+        let f16s: Vec<f32> = convert_float_bytes(DType::BF16, DType::F16, &bf16)
+            .unwrap()
+            .chunks(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect();
+        assert_eq!(f16s, [1.5, -39.25, f32::INFINITY]);
+        assert!(convert_float_bytes(DType::I32, DType::F32, &[0; 4]).is_err());
+    }
 
     #[test]
     fn rounding_to_narrow_floats_is_nearest_even() {

@@ -3,7 +3,7 @@
 //! `load` (a host tensor); each has a default in terms of the other.
 
 use crate::error::{Result, RuntimeError};
-use crate::tensor::Tensor;
+use crate::tensor::{convert_float_bytes, Tensor};
 use g4c_frontend::Checkpoint;
 use g4c_ir::WeightDecl;
 use std::borrow::Cow;
@@ -39,9 +39,8 @@ impl WeightStore for Checkpoint {
         }
         let mut bytes = Cow::Borrowed(t.bytes);
         if t.dtype != decl.ty.dtype {
-            let source_ty = g4c_ir::TensorType::new(t.dtype, decl.source_shape());
-            let stored = Tensor::from_bytes(source_ty.clone(), t.bytes).map_err(|m| weight_error(decl, m))?;
-            bytes = Cow::Owned(Tensor::of_type(source_ty.with_dtype(decl.ty.dtype), stored.data).to_bytes());
+            let converted = convert_float_bytes(t.dtype, decl.ty.dtype, t.bytes).map_err(|m| weight_error(decl, m))?;
+            bytes = Cow::Owned(converted);
         }
         if decl.transposed {
             let [rows, cols] = t.shape[..] else {
