@@ -1,6 +1,7 @@
 //! `g4c`: the command line. It only wires the pipeline crates together.
 
 mod commands;
+mod ui;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -10,6 +11,12 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Print no progress bars or notes (errors and warnings still go to stderr)
+    #[arg(short, long, global = true)]
+    quiet: bool,
+    /// Print details: where each executable came from, timings of steps
+    #[arg(short, long, global = true, conflicts_with = "quiet")]
+    verbose: bool,
 }
 
 #[derive(Subcommand)]
@@ -47,6 +54,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    ui::init(ui::Ui { quiet: cli.quiet, verbose: cli.verbose });
     let result = match cli.command {
         Command::Compile(args) => commands::compile::run(args),
         Command::Ir(args) => commands::ir::run(args),

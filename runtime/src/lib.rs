@@ -1,22 +1,28 @@
 //! The g4c runtime: host tensors, the reference interpreter, weight stores and the generation loop.
 //! Later backends (PJRT, CUDA) implement `Executor` and reuse the loop.
 
+pub mod atomic;
+pub mod cache;
+pub mod compiler;
 mod error;
 pub mod executor;
 pub mod generate;
 pub mod interp;
 pub mod pjrt;
 mod pjrt_executor;
+pub mod progress;
 pub mod sampling;
 pub mod tensor;
 pub mod weights;
 
 pub use error::{Result, RuntimeError};
+pub use compiler::{CompileEvent, Compiler, Provenance};
 pub use executor::{Executor, InterpExecutor};
 pub use g4c_ir::WeightDecl;
 pub use generate::{generate, GenerateOptions, Generation, ModelShape, StopReason, Timings};
 pub use interp::Interpreter;
 pub use pjrt_executor::PjrtExecutor;
+pub use progress::{Progress, Silent, Unit};
 pub use sampling::SamplingParams;
 pub use tensor::{Data, Tensor};
 pub use weights::WeightStore;

@@ -1,13 +1,14 @@
-//! Runs a module through a PJRT plugin: every entry point lowered to StableHLO and compiled once,
-//! weights uploaded once in their stored dtype, state kept in device buffers that each call donates
-//! and gets back updated in place.
+//! Runs a module through a PJRT plugin: every entry point's executable (compiled or loaded by a
+//! `Compiler`), weights uploaded once in their stored dtype, state kept in device buffers that each
+//! call donates and gets back updated in place.
 
 use crate::error::{invalid, Result};
 use crate::executor::{gather_args, initial_state, Arg, Executor};
 use crate::pjrt::{Buffer, Client, Executable};
+use crate::progress::{Progress, Unit};
 use crate::tensor::Tensor;
 use crate::weights::WeightStore;
-use g4c_codegen::stablehlo::{lower_entry, Input, Lowered};
+use g4c_codegen::stablehlo::{Input, Lowered};
 use g4c_ir::Module;
 use std::collections::HashMap;
 
@@ -15,34 +16,48 @@ pub struct PjrtExecutor<'m> {
     module: &'m Module,
     /// Kept for tables gathered on the host (`host_gather` parameters).
     store: &'m dyn WeightStore,
-    client: Client,
     entries: HashMap<String, (Lowered, Executable)>,
     weights: HashMap<String, Buffer>,
     state: HashMap<String, Buffer>,
+    /// Declared last so it is dropped last: executables and buffers must go before their client.
+    client: Client,
 }
 
 impl<'m> PjrtExecutor<'m> {
-    /// Lowers and compiles every function of `module`, and uploads the weights they read.
-    pub fn new(module: &'m Module, store: &'m dyn WeightStore, client: Client) -> Result<Self> {
-        let mut entries = HashMap::new();
-        let mut weights = HashMap::new();
-        for f in &module.functions {
-            let lowered = lower_entry(module, &f.name).map_err(|e| crate::RuntimeError::Invalid(e.to_string()))?;
-            let executable = client.compile(lowered.mlir.as_bytes())?;
+    /// Takes the executable of every function of `module` and uploads the weights they read.
+    pub fn new(
+        module: &'m Module,
+        store: &'m dyn WeightStore,
+        client: Client,
+        executables: Vec<(Lowered, Executable)>,
+        progress: &dyn Progress,
+    ) -> Result<Self> {
+        let mut uploads: Vec<&str> = vec![];
+        for (lowered, _) in &executables {
             for input in &lowered.inputs {
                 if let Input::Weight(name) = input {
-                    if !weights.contains_key(name) {
-                        let decl = module.weight(name).expect("lowering checked the weight exists");
-                        let bytes = store.bytes(decl)?;
-                        weights.insert(name.clone(), client.buffer(decl.ty.dtype, &decl.ty.shape, &bytes)?);
-                        drop(bytes);
-                        store.release(decl);
+                    if !uploads.contains(&name.as_str()) {
+                        uploads.push(name);
                     }
                 }
             }
-            entries.insert(f.name.clone(), (lowered, executable));
         }
-        Ok(PjrtExecutor { module, store, client, entries, weights, state: HashMap::new() })
+        let decls: Vec<_> = uploads
+            .iter()
+            .map(|name| module.weight(name).ok_or_else(|| crate::RuntimeError::Invalid(format!("no weight @{name}"))))
+            .collect::<Result<_>>()?;
+        progress.begin("uploading weights", decls.iter().map(|d| d.ty.byte_size()).sum(), Unit::Bytes);
+        let mut weights = HashMap::new();
+        for decl in decls {
+            let bytes = store.bytes(decl)?;
+            weights.insert(decl.name.clone(), client.buffer(decl.ty.dtype, &decl.ty.shape, &bytes)?);
+            drop(bytes);
+            store.release(decl);
+            progress.advance(decl.ty.byte_size());
+        }
+        progress.end();
+        let entries = executables.into_iter().map(|(l, e)| (l.entry.clone(), (l, e))).collect();
+        Ok(PjrtExecutor { module, store, entries, weights, state: HashMap::new(), client })
     }
 
     fn upload(&self, t: &Tensor) -> Result<Buffer> {

@@ -1,5 +1,6 @@
 pub mod compile;
 pub mod ir;
+pub mod pjrt;
 pub mod run;
 pub mod synth;
 pub mod targets;
@@ -35,11 +36,8 @@ pub fn write_stdout(text: &str) -> anyhow::Result<()> {
     }
 }
 
-/// Writes a file atomically: a temporary sibling, then a rename, so nothing half-written survives.
+/// Writes a file atomically (`g4c_runtime::atomic`), naming the file in the error.
 pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
     use anyhow::Context;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+    g4c_runtime::atomic::write_atomic(path, bytes).with_context(|| format!("writing {}", path.display()))
 }

@@ -2,11 +2,12 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use g4c_frontend::{Model, Shapes, TextTokenizer};
 use g4c_passes::{Pipeline, Target};
-use g4c_runtime::pjrt::{find_cpu_plugin, Api, Client};
 use g4c_runtime::{generate, GenerateOptions, Generation, InterpExecutor, Interpreter, PjrtExecutor, SamplingParams};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+use crate::ui::ui;
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -161,22 +162,15 @@ pub fn run(args: RunArgs) -> Result<()> {
             generate(&mut exec, &prompt, &opts, &mut |t| printer.push(t))?
         }
         Backend::Pjrt => {
-            let plugin = match args.plugin.clone().or_else(find_cpu_plugin) {
-                Some(p) => p,
-                None => bail!(
-                    "no PJRT plugin: pass --plugin PATH, set G4C_PJRT_PLUGIN, or run scripts/setup to install the CPU plugin"
-                ),
-            };
-            if !plugin.exists() {
-                bail!("PJRT plugin {} does not exist", plugin.display());
-            }
-            let client = Client::new(Api::load(&plugin)?)?;
+            let client = super::pjrt::open_client(args.plugin.clone())?;
+            let label = args.model_dir.display().to_string();
+            let (executables, compiled) = super::pjrt::executables(&client, &module, target.name, &label, None)?;
             // Uploaded weights' pages are dropped as they are copied; host tables stay mapped.
-            let mut exec = PjrtExecutor::new(&module, &checkpoint, client)?;
-            let compile_seconds = compile_started.elapsed().as_secs_f64();
+            let mut exec = PjrtExecutor::new(&module, &checkpoint, client, executables, &ui().progress())?;
+            let ready_seconds = compile_started.elapsed().as_secs_f64();
             let g = generate(&mut exec, &prompt, &opts, &mut |t| printer.push(t))?;
             if args.stats {
-                eprintln!("stats: compile and weight upload {compile_seconds:.2} s");
+                eprintln!("stats: compile: {}; ready to run after {ready_seconds:.2} s", compiled.describe());
             }
             g
         }

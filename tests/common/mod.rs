@@ -1,7 +1,9 @@
 //! Shared helpers: golden fixtures, running generation through the library and through the binary.
 
 use g4c_frontend::{Model, Shapes};
-use g4c_runtime::{generate, Executor, GenerateOptions, Generation, InterpExecutor, Interpreter, PjrtExecutor};
+use g4c_runtime::{
+    generate, Compiler, Executor, GenerateOptions, Generation, InterpExecutor, Interpreter, PjrtExecutor, Silent,
+};
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -122,7 +124,13 @@ fn generate_on(
     let mut exec: Box<dyn Executor> = match backend {
         Backend::Interp => Box::new(InterpExecutor::new(Interpreter::new(&module, &model.checkpoint))),
         Backend::Pjrt => {
-            Box::new(PjrtExecutor::new(&module, &model.checkpoint, pjrt_client()).unwrap_or_else(|e| panic!("{e}")))
+            let client = pjrt_client();
+            // No cache: the library tests compile what they run.
+            let compiler = Compiler::new(&client, "cpu", "test", None).unwrap_or_else(|e| panic!("{e}"));
+            let (executables, _) = compiler.module(&module, &Silent).unwrap_or_else(|e| panic!("{e}"));
+            drop(compiler);
+            let exec = PjrtExecutor::new(&module, &model.checkpoint, client, executables, &Silent);
+            Box::new(exec.unwrap_or_else(|e| panic!("{e}")))
         }
     };
     generate(exec.as_mut(), prompt, opts, &mut |_| {}).unwrap_or_else(|e| panic!("{e}"))
@@ -163,9 +171,15 @@ pub fn assert_matches_golden(what: &str, got: &Generation, golden: &GoldenCase) 
     }
 }
 
-/// Runs the `g4c` binary.
+/// Runs the `g4c` binary with an executable cache shared by this test run (never the user's).
 pub fn g4c(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_g4c")).args(args).output().expect("g4c runs")
+    static CACHE: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    g4c_with_cache(CACHE.get_or_init(|| tempfile::tempdir().unwrap()).path(), args)
+}
+
+/// Runs the `g4c` binary with its executable cache in `cache`.
+pub fn g4c_with_cache(cache: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_g4c")).env("G4C_CACHE_DIR", cache).args(args).output().expect("g4c runs")
 }
 
 /// Asserts a failed run: non-zero exit, no panic, one line on stderr containing every `needle`.

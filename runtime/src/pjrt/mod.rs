@@ -13,7 +13,7 @@ use std::ptr;
 use std::sync::Arc;
 
 /// `CompileOptionsProto` with one replica and one partition. Empty options abort the plugin.
-const COMPILE_OPTIONS: [u8; 6] = [0x1a, 0x04, 0x20, 0x01, 0x28, 0x01];
+pub const COMPILE_OPTIONS: [u8; 6] = [0x1a, 0x04, 0x20, 0x01, 0x28, 0x01];
 
 fn pjrt_error(message: impl Into<String>) -> RuntimeError {
     RuntimeError::Pjrt(message.into())
@@ -42,7 +42,9 @@ macro_rules! call {
 pub struct Api {
     table: *const sys::PJRT_Api,
     pub path: PathBuf,
-    _library: libloading::Library,
+    /// Never unloaded: plugins register exit handlers (deserializing an executable does), which
+    /// would jump into unmapped code at process exit after a `dlclose`.
+    _library: std::mem::ManuallyDrop<libloading::Library>,
 }
 
 // SAFETY: the PJRT C API is thread-safe by contract.
@@ -63,7 +65,7 @@ impl Api {
         if table.is_null() {
             return Err(fail("GetPjrtApi returned null".into()));
         }
-        let api = Api { table, path: path.to_path_buf(), _library: library };
+        let api = Api { table, path: path.to_path_buf(), _library: std::mem::ManuallyDrop::new(library) };
         let version = api.table().pjrt_api_version;
         if version.major_version as u32 != sys::PJRT_API_MAJOR || (version.minor_version as u32) < sys::PJRT_API_MINOR {
             return Err(fail(format!(
@@ -77,6 +79,12 @@ impl Api {
         let mut init = args!(PJRT_Plugin_Initialize_Args {});
         call!(api, PJRT_Plugin_Initialize, &mut init)?;
         Ok(Arc::new(api))
+    }
+
+    /// The plugin's PJRT C API version (major, minor): part of what an executable cache key covers.
+    pub fn version(&self) -> (i32, i32) {
+        let v = self.table().pjrt_api_version;
+        (v.major_version, v.minor_version)
     }
 
     fn table(&self) -> &sys::PJRT_Api {
@@ -158,6 +166,32 @@ impl Client {
         Executable::wrap(self.api.clone(), a.executable)
     }
 
+    pub fn api(&self) -> &Arc<Api> {
+        &self.api
+    }
+
+    /// The platform the plugin runs on, as the plugin names it (`cpu`, `tpu`, `cuda`, …).
+    pub fn platform_name(&self) -> Result<String> {
+        let mut a = args!(PJRT_Client_PlatformName_Args { client: self.raw });
+        call!(self.api, PJRT_Client_PlatformName, &mut a)?;
+        // SAFETY: the plugin returns a pointer and length valid as long as the client.
+        let bytes = unsafe { std::slice::from_raw_parts(a.platform_name as *const u8, a.platform_name_size) };
+        Ok(String::from_utf8_lossy(bytes).into_owned())
+    }
+
+    /// Loads an executable that `Executable::serialize` produced. Only safe to call with bytes from the
+    /// same plugin build on the same kind of host: another build's bytes may load and compute garbage
+    /// (toolchain.md), which is why the executable cache keys entries by the plugin's hash.
+    pub fn deserialize(&self, bytes: &[u8]) -> Result<Executable> {
+        let mut a = args!(PJRT_Executable_DeserializeAndLoad_Args {
+            client: self.raw,
+            serialized_executable: bytes.as_ptr() as *const _,
+            serialized_executable_size: bytes.len(),
+        });
+        call!(self.api, PJRT_Executable_DeserializeAndLoad, &mut a)?;
+        Executable::wrap(self.api.clone(), a.loaded_executable)
+    }
+
     /// Copies host bytes (little-endian, row-major) into a device buffer.
     pub fn buffer(&self, dtype: DType, dims: &[usize], bytes: &[u8]) -> Result<Buffer> {
         let expected = g4c_ir::TensorType::new(dtype, dims.to_vec()).byte_size();
@@ -209,6 +243,24 @@ impl Executable {
         let _ = call!(api, PJRT_Executable_Destroy, &mut d);
         counted?;
         Ok(Executable { api, raw, num_outputs: n.num_outputs })
+    }
+
+    /// The compiled program as bytes that `Client::deserialize` loads again.
+    pub fn serialize(&self) -> Result<Vec<u8>> {
+        let mut get = args!(PJRT_LoadedExecutable_GetExecutable_Args { loaded_executable: self.raw });
+        call!(self.api, PJRT_LoadedExecutable_GetExecutable, &mut get)?;
+        let mut a = args!(PJRT_Executable_Serialize_Args { executable: get.executable });
+        let result = call!(self.api, PJRT_Executable_Serialize, &mut a).map(|()| {
+            // SAFETY: the bytes stay valid until the deleter runs, just below.
+            let bytes = unsafe { std::slice::from_raw_parts(a.serialized_bytes as *const u8, a.serialized_bytes_size) };
+            bytes.to_vec()
+        });
+        if let (Some(delete), false) = (a.serialized_executable_deleter, a.serialized_executable.is_null()) {
+            unsafe { delete(a.serialized_executable) };
+        }
+        let mut d = args!(PJRT_Executable_Destroy_Args { executable: get.executable });
+        let _ = call!(self.api, PJRT_Executable_Destroy, &mut d);
+        result
     }
 
     /// Runs on the client's device. Inputs the program donates (`tf.aliasing_output`) are invalid

@@ -1,0 +1,239 @@
+//! A content-addressed directory of compiled executables, one file per (program, environment):
+//! the user's cache (`$G4C_CACHE_DIR`, default `~/.cache/g4c`) or an artifact's `executables/`.
+//! Entries are written atomically (temporary file, then rename), so concurrent compiles of one model
+//! leave one valid entry; an entry that fails its header or checksum is reported, removed and rebuilt.
+
+mod entry;
+mod key;
+
+pub use entry::{EntryError, EntryMeta, FORMAT_VERSION};
+pub use key::{file_hash, file_name, Environment, ProgramKey, G4C_VERSION};
+
+use crate::error::{Result, RuntimeError};
+use crate::atomic::write_atomic;
+use std::path::{Path, PathBuf};
+
+pub const EXTENSION: &str = "g4cx";
+
+pub struct ExecutableCache {
+    dir: PathBuf,
+    /// Corrupt entries are removed only from a writable cache (not from an artifact being run).
+    writable: bool,
+}
+
+/// The outcome of looking up one program.
+pub enum Lookup {
+    Hit { path: PathBuf, body: Vec<u8> },
+    Miss(Miss),
+}
+
+/// Why a lookup found nothing usable.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Miss {
+    Absent,
+    /// Entries of the same program exist, compiled for another environment; what differs.
+    OtherEnvironment(Vec<String>),
+    /// The entry exists but failed its checks; it was removed if the cache is writable.
+    Corrupt { path: PathBuf, error: String, removed: bool },
+}
+
+impl Miss {
+    /// How much a miss says: a corrupt entry matters more than a foreign one, which matters more
+    /// than none at all.
+    pub fn weight(&self) -> u8 {
+        match self {
+            Miss::Absent => 0,
+            Miss::OtherEnvironment(_) => 1,
+            Miss::Corrupt { .. } => 2,
+        }
+    }
+}
+
+impl std::fmt::Display for Miss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Miss::Absent => write!(f, "not cached"),
+            Miss::OtherEnvironment(diffs) => write!(f, "cached only for another environment ({})", diffs.join(", ")),
+            Miss::Corrupt { path, error, removed } => {
+                write!(f, "cache entry {} is corrupt ({error})", path.display())?;
+                if *removed {
+                    write!(f, " and was removed")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// One entry as `g4c cache ls` shows it.
+pub struct Listed {
+    pub path: PathBuf,
+    pub bytes: u64,
+    pub meta: std::result::Result<EntryMeta, EntryError>,
+}
+
+impl ExecutableCache {
+    pub fn at(dir: impl Into<PathBuf>, writable: bool) -> ExecutableCache {
+        ExecutableCache { dir: dir.into(), writable }
+    }
+
+    /// The user's cache: `$G4C_CACHE_DIR`, else `$XDG_CACHE_HOME/g4c`, else `~/.cache/g4c`.
+    pub fn user() -> Result<ExecutableCache> {
+        let root = match (std::env::var_os("G4C_CACHE_DIR"), std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME")) {
+            (Some(dir), _, _) => PathBuf::from(dir),
+            (None, Some(xdg), _) => PathBuf::from(xdg).join("g4c"),
+            (None, None, Some(home)) => PathBuf::from(home).join(".cache/g4c"),
+            (None, None, None) => {
+                return Err(RuntimeError::Invalid("no cache directory: set G4C_CACHE_DIR or HOME".into()))
+            }
+        };
+        Ok(ExecutableCache::at(root.join("executables"), true))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn lookup(&self, program: &ProgramKey, env: &Environment) -> Lookup {
+        let path = self.dir.join(file_name(program, &env.digest()));
+        let bytes = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(_) => return Lookup::Miss(self.foreign_entries(program, env)),
+        };
+        match entry::decode(&bytes) {
+            Ok((meta, body)) if meta.str("program") == program.0 && meta.str("environment") == env.digest() => {
+                Lookup::Hit { path, body: body.to_vec() }
+            }
+            Ok(_) => Lookup::Miss(self.corrupt(path, "its key does not match its file name".into())),
+            Err(e) => Lookup::Miss(self.corrupt(path, e.to_string())),
+        }
+    }
+
+    /// Reports an entry that failed its checks, removing it where this cache may be written.
+    pub fn corrupt(&self, path: PathBuf, error: String) -> Miss {
+        let removed = self.writable && std::fs::remove_file(&path).is_ok();
+        Miss::Corrupt { path, error, removed }
+    }
+
+    /// Stores a serialized executable; `meta` describes it for listings (model, entry, target, …).
+    pub fn store(
+        &self,
+        program: &ProgramKey,
+        env: &Environment,
+        mut meta: serde_json::Map<String, serde_json::Value>,
+        body: &[u8],
+    ) -> Result<PathBuf> {
+        let io = |what: &str, p: &Path, e: std::io::Error| {
+            RuntimeError::Invalid(format!("executable cache: {what} {}: {e}", p.display()))
+        };
+        std::fs::create_dir_all(&self.dir).map_err(|e| io("creating", &self.dir, e))?;
+        meta.insert("program".into(), program.0.clone().into());
+        meta.insert("environment".into(), env.digest().into());
+        for (field, value) in env.to_json().as_object().unwrap() {
+            meta.insert(field.clone(), value.clone());
+        }
+        let path = self.dir.join(file_name(program, &env.digest()));
+        write_atomic(&path, &entry::encode(&EntryMeta(meta), body)).map_err(|e| io("writing", &path, e))?;
+        Ok(path)
+    }
+
+    /// Every entry (and stray file) in the cache, with metadata read from its header only.
+    pub fn list(&self) -> Result<Vec<Listed>> {
+        let mut out = vec![];
+        for path in self.files()? {
+            let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            let meta = read_prefix(&path, entry::peek_len(64 << 10))
+                .map_err(|_| EntryError::Truncated { expected: 1, found: 0 })
+                .and_then(|prefix| entry::peek_meta(&prefix));
+            out.push(Listed { path, bytes, meta });
+        }
+        Ok(out)
+    }
+
+    /// Reads every entry in full and checks it; removes (when writable) and returns those that fail.
+    pub fn verify(&self) -> Result<(usize, Vec<Miss>)> {
+        let mut good = 0;
+        let mut bad = vec![];
+        for path in self.files()? {
+            let checked = std::fs::read(&path).map_err(|e| e.to_string()).and_then(|bytes| {
+                let (meta, _) = entry::decode(&bytes).map_err(|e| e.to_string())?;
+                let expected = format!(
+                    "{}-{}.{EXTENSION}",
+                    meta.str("program").get(..32).unwrap_or(""),
+                    meta.str("environment").get(..16).unwrap_or("")
+                );
+                if path.file_name().is_some_and(|n| n.to_string_lossy() == expected) {
+                    Ok(())
+                } else {
+                    Err("its key does not match its file name".into())
+                }
+            });
+            match checked {
+                Ok(()) => good += 1,
+                Err(error) => bad.push(self.corrupt(path, error)),
+            }
+        }
+        Ok((good, bad))
+    }
+
+    /// Removes every entry and leftover temporary file; returns how many files and bytes.
+    pub fn clear(&self) -> Result<(usize, u64)> {
+        let mut removed = (0, 0);
+        for path in self.files()?.into_iter().chain(self.temporaries()) {
+            let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            if std::fs::remove_file(&path).is_ok() {
+                removed.0 += 1;
+                removed.1 += bytes;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Entries of `program` for other environments, and what differs in the first of them.
+    fn foreign_entries(&self, program: &ProgramKey, env: &Environment) -> Miss {
+        let prefix = format!("{}-", &program.0[..32]);
+        let found = self.files().unwrap_or_default().into_iter().find_map(|p| {
+            let name = p.file_name()?.to_string_lossy().into_owned();
+            if !name.starts_with(&prefix) {
+                return None;
+            }
+            let prefix = read_prefix(&p, entry::peek_len(64 << 10)).ok()?;
+            entry::peek_meta(&prefix).ok()
+        });
+        match found {
+            Some(meta) => Miss::OtherEnvironment(env.differences(&meta.0)),
+            None => Miss::Absent,
+        }
+    }
+
+    fn files(&self) -> Result<Vec<PathBuf>> {
+        let mut files: Vec<PathBuf> = match std::fs::read_dir(&self.dir) {
+            Ok(dir) => dir
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|e| e == EXTENSION) && !is_temporary(p))
+                .collect(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => vec![],
+            Err(e) => return Err(RuntimeError::Invalid(format!("reading {}: {e}", self.dir.display()))),
+        };
+        files.sort();
+        Ok(files)
+    }
+
+    fn temporaries(&self) -> Vec<PathBuf> {
+        std::fs::read_dir(&self.dir)
+            .map(|d| d.flatten().map(|e| e.path()).filter(|p| is_temporary(p)).collect())
+            .unwrap_or_default()
+    }
+}
+
+fn is_temporary(path: &Path) -> bool {
+    path.file_name().is_some_and(|n| n.to_string_lossy().starts_with(crate::atomic::TEMP_PREFIX))
+}
+
+fn read_prefix(path: &Path, len: usize) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut buf = Vec::with_capacity(len);
+    std::fs::File::open(path)?.take(len as u64).read_to_end(&mut buf)?;
+    Ok(buf)
+}

@@ -1,0 +1,140 @@
+//! Turns lowered entry points into loaded executables: from the first cache that holds a valid entry
+//! for this program and environment, else by compiling with the plugin and storing the result.
+
+use crate::cache::{Environment, ExecutableCache, Lookup, Miss, ProgramKey};
+use crate::error::Result;
+use crate::pjrt::{Client, Executable};
+use crate::progress::{Progress, Unit};
+use g4c_codegen::stablehlo::{lower_entry, Lowered};
+use g4c_ir::Module;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Where an executable came from.
+#[derive(Clone, Debug)]
+pub enum Provenance {
+    /// Deserialized from a cache entry; no XLA compilation happened.
+    Loaded(PathBuf),
+    /// Compiled by the plugin, because of `Miss`; stored at the path when there is a writable cache.
+    Compiled(Miss, Option<PathBuf>),
+}
+
+/// What happened to one entry point.
+#[derive(Clone, Debug)]
+pub struct CompileEvent {
+    pub entry: String,
+    pub provenance: Provenance,
+    pub seconds: f64,
+    /// Corrupt entries met on the way (already removed from writable caches), to report.
+    pub corrupt: Vec<Miss>,
+}
+
+impl CompileEvent {
+    pub fn compiled(&self) -> bool {
+        matches!(self.provenance, Provenance::Compiled(..))
+    }
+
+    /// The cache file now holding this executable, if any.
+    pub fn cache_file(&self) -> Option<&PathBuf> {
+        match &self.provenance {
+            Provenance::Loaded(path) | Provenance::Compiled(_, Some(path)) => Some(path),
+            Provenance::Compiled(_, None) => None,
+        }
+    }
+}
+
+pub struct Compiler<'c> {
+    client: &'c Client,
+    env: Environment,
+    target: String,
+    /// Searched in order; only `store` is written.
+    read_only: Vec<ExecutableCache>,
+    store: Option<ExecutableCache>,
+    /// Describes entries for `g4c cache ls` (the model directory or artifact).
+    label: String,
+}
+
+impl<'c> Compiler<'c> {
+    /// `store`: the cache that compiled executables go to (`None`: compile every time, cache nothing).
+    pub fn new(client: &'c Client, target: &str, label: &str, store: Option<ExecutableCache>) -> Result<Self> {
+        Ok(Compiler {
+            client,
+            env: Environment::of(client)?,
+            target: target.into(),
+            read_only: vec![],
+            store,
+            label: label.into(),
+        })
+    }
+
+    /// Also looks in `cache` (searched before the writable one, never written).
+    pub fn also_reading(mut self, cache: ExecutableCache) -> Self {
+        self.read_only.push(cache);
+        self
+    }
+
+    pub fn environment(&self) -> &Environment {
+        &self.env
+    }
+
+    /// Lowers every function of `module` and gets its executable.
+    pub fn module(&self, module: &Module, progress: &dyn Progress) -> Result<(Vec<(Lowered, Executable)>, Vec<CompileEvent>)> {
+        let mut executables = vec![];
+        let mut events = vec![];
+        progress.begin("compiling", module.functions.len() as u64, Unit::Items);
+        for f in &module.functions {
+            let lowered = lower_entry(module, &f.name).map_err(|e| crate::RuntimeError::Invalid(e.to_string()))?;
+            let (executable, event) = self.executable(&lowered)?;
+            executables.push((lowered, executable));
+            events.push(event);
+            progress.advance(1);
+        }
+        progress.end();
+        Ok((executables, events))
+    }
+
+    pub fn executable(&self, lowered: &Lowered) -> Result<(Executable, CompileEvent)> {
+        let started = Instant::now();
+        let program = ProgramKey::new(&self.target, &lowered.entry, &lowered.mlir);
+        let mut corrupt = vec![];
+        let mut miss = Miss::Absent;
+        for cache in self.read_only.iter().chain(&self.store) {
+            match cache.lookup(&program, &self.env) {
+                Lookup::Hit { path, body } => match self.client.deserialize(&body) {
+                    Ok(executable) => {
+                        let provenance = Provenance::Loaded(path);
+                        let seconds = started.elapsed().as_secs_f64();
+                        let event = CompileEvent { entry: lowered.entry.clone(), provenance, seconds, corrupt };
+                        return Ok((executable, event));
+                    }
+                    Err(e) => corrupt.push(cache.corrupt(path, format!("the plugin could not load it: {e}"))),
+                },
+                Lookup::Miss(m @ Miss::Corrupt { .. }) => corrupt.push(m),
+                Lookup::Miss(m) if m.weight() > miss.weight() => miss = m,
+                Lookup::Miss(_) => {}
+            }
+        }
+        if let Some(first) = corrupt.first() {
+            miss = first.clone();
+        }
+        let executable = self.client.compile(lowered.mlir.as_bytes())?;
+        let stored = match &self.store {
+            Some(cache) => {
+                let meta = serde_json::json!({
+                    "entry": lowered.entry,
+                    "target": self.target,
+                    "model": self.label,
+                    "created_unix": std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs()),
+                    "compile_seconds": started.elapsed().as_secs_f64(),
+                });
+                Some(cache.store(&program, &self.env, meta.as_object().unwrap().clone(), &executable.serialize()?)?)
+            }
+            None => None,
+        };
+        let provenance = Provenance::Compiled(miss, stored);
+        let event = CompileEvent { entry: lowered.entry.clone(), provenance, seconds: started.elapsed().as_secs_f64(), corrupt };
+        Ok((executable, event))
+    }
+}

@@ -1,0 +1,79 @@
+//! Shared by the commands that run StableHLO: finding the plugin, and getting every entry point's
+//! executable through the caches while telling the user what happened.
+
+use crate::ui::ui;
+use anyhow::{bail, Result};
+use g4c_codegen::stablehlo::Lowered;
+use g4c_runtime::cache::{ExecutableCache, Miss};
+use g4c_runtime::pjrt::{find_cpu_plugin, Api, Client, Executable};
+use g4c_runtime::{CompileEvent, Compiler, Provenance};
+use std::path::PathBuf;
+
+/// `--plugin`, else `$G4C_PJRT_PLUGIN`, else the CPU plugin `scripts/setup` installed.
+pub fn open_client(plugin: Option<PathBuf>) -> Result<Client> {
+    let Some(path) = plugin.or_else(find_cpu_plugin) else {
+        bail!("no PJRT plugin: pass --plugin PATH, set G4C_PJRT_PLUGIN, or run scripts/setup to install the CPU plugin");
+    };
+    if !path.exists() {
+        bail!("PJRT plugin {} does not exist", path.display());
+    }
+    Ok(Client::new(Api::load(&path)?)?)
+}
+
+/// What getting the executables took, for `--stats` and reports.
+pub struct CompileSummary {
+    pub events: Vec<CompileEvent>,
+}
+
+impl CompileSummary {
+    pub fn seconds(&self) -> f64 {
+        self.events.iter().map(|e| e.seconds).sum()
+    }
+
+    /// `cached` when no entry point was compiled, else how many were.
+    pub fn describe(&self) -> String {
+        let compiled = self.events.iter().filter(|e| e.compiled()).count();
+        match compiled {
+            0 => format!("cached ({} entry points loaded in {:.2} s)", self.events.len(), self.seconds()),
+            n => format!("compiled {n} of {} entry points in {:.2} s", self.events.len(), self.seconds()),
+        }
+    }
+}
+
+/// Every entry point's executable: loaded from `artifact_executables` or the user's cache when a valid
+/// entry exists for this plugin and host, else compiled and stored in the user's cache.
+pub fn executables(
+    client: &Client,
+    module: &g4c_ir::Module,
+    target: &str,
+    label: &str,
+    artifact_executables: Option<PathBuf>,
+) -> Result<(Vec<(Lowered, Executable)>, CompileSummary)> {
+    let mut compiler = Compiler::new(client, target, label, Some(ExecutableCache::user()?))?;
+    if let Some(dir) = artifact_executables {
+        compiler = compiler.also_reading(ExecutableCache::at(dir, false));
+    }
+    let (executables, events) = compiler.module(module, &ui().progress())?;
+    for event in &events {
+        report(event);
+    }
+    Ok((executables, CompileSummary { events }))
+}
+
+fn report(event: &CompileEvent) {
+    let ui = ui();
+    for corrupt in &event.corrupt {
+        ui.warn(&format!("{corrupt}; compiling @{} again", event.entry));
+    }
+    match &event.provenance {
+        Provenance::Loaded(path) => {
+            ui.detail(&format!("@{}: loaded from {} in {:.2} s", event.entry, path.display(), event.seconds))
+        }
+        Provenance::Compiled(miss @ Miss::OtherEnvironment(_), _) => {
+            ui.note(&format!("@{}: {miss}; compiled for this one in {:.1} s", event.entry, event.seconds))
+        }
+        Provenance::Compiled(miss, _) => {
+            ui.detail(&format!("@{}: {miss}; compiled in {:.1} s", event.entry, event.seconds))
+        }
+    }
+}
