@@ -21,6 +21,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// List, clear or verify the executable cache
+    Cache(commands::cache::CacheArgs),
     /// Run a target's pass pipeline, lower to StableHLO and report what was compiled
     Compile(commands::compile::CompileArgs),
     /// Print the IR of a checkpoint's entry points
@@ -56,6 +58,7 @@ fn main() -> ExitCode {
     };
     ui::init(ui::Ui { quiet: cli.quiet, verbose: cli.verbose });
     let result = match cli.command {
+        Command::Cache(args) => commands::cache::run(args),
         Command::Compile(args) => commands::compile::run(args),
         Command::Ir(args) => commands::ir::run(args),
         Command::Run(args) => commands::run::run(args),

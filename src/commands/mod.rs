@@ -1,3 +1,4 @@
+pub mod cache;
 pub mod compile;
 pub mod ir;
 pub mod pjrt;
