@@ -1,7 +1,6 @@
 //! The g4c runtime: host tensors, the reference interpreter, weight stores and the generation loop.
 //! Later backends (PJRT, CUDA) implement `Executor` and reuse the loop.
 
-pub mod atomic;
 pub mod cache;
 pub mod compiler;
 mod error;

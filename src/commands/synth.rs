@@ -1,6 +1,8 @@
 use anyhow::{anyhow, Result};
 use clap::Args;
-use g4c_frontend::synth::{synthesize, Preset};
+use crate::ui::ui;
+use g4c_frontend::synth::{synthesize, total_bytes, Preset};
+use g4c_runtime::{Progress, Unit};
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -19,7 +21,10 @@ pub struct SynthArgs {
 pub fn run(args: SynthArgs) -> Result<()> {
     let preset = Preset::parse(&args.preset)
         .ok_or_else(|| anyhow!("unknown preset `{}` (expected `tiny` or `e2b`)", args.preset))?;
-    synthesize(preset, args.seed, &args.out)?;
-    eprintln!("wrote {}", args.out.display());
+    let bars = ui().progress();
+    bars.begin("writing tensors", total_bytes(preset)?, Unit::Bytes);
+    synthesize(preset, args.seed, &args.out, &mut |n| bars.advance(n))?;
+    bars.end();
+    ui().note(&format!("wrote {}", args.out.display()));
     Ok(())
 }

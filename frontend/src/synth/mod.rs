@@ -4,11 +4,11 @@
 //! written into a temporary sibling directory that is renamed into place at the end.
 
 mod tokenizer;
-mod writer;
 
 pub use tokenizer::tokenizer_json;
-pub use writer::{write_safetensors, Filler, TensorSpec};
 
+use crate::atomic::{AtomicDir, AtomicFile};
+use crate::checkpoint_writer::{write_safetensors, Filler, TensorSpec};
 use crate::config::Gemma4Config;
 use crate::error::{io_error, FrontendError, Result};
 use crate::weights::expected_tensors;
@@ -16,7 +16,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal, Uniform};
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Preset {
@@ -120,6 +120,7 @@ fn bf16_filler<'a>(key: &str, shape: &[usize], seed: u64) -> Filler<'a> {
             };
             c.copy_from_slice(&half::bf16::from_f32(x).to_bits().to_le_bytes());
         }
+        Ok(())
     })
 }
 
@@ -139,8 +140,9 @@ fn published_tensors(cfg: &Gemma4Config) -> Vec<(String, Vec<usize>)> {
     out
 }
 
-/// Writes a synthetic checkpoint of `preset` to `out` (which must not exist yet).
-pub fn synthesize(preset: Preset, seed: u64, out: &Path) -> Result<()> {
+/// Writes a synthetic checkpoint of `preset` to `out` (which must not exist yet); `on_written` hears
+/// of every chunk of tensor bytes written, out of `total_bytes(preset)`.
+pub fn synthesize(preset: Preset, seed: u64, out: &Path, on_written: &mut dyn FnMut(u64)) -> Result<()> {
     if out.exists() {
         return Err(FrontendError::Io {
             path: out.into(),
@@ -149,39 +151,27 @@ pub fn synthesize(preset: Preset, seed: u64, out: &Path) -> Result<()> {
     }
     let config = preset.config_json();
     let cfg = Gemma4Config::from_json_str(&config.to_string(), Path::new("(synthetic config)"))?;
-    let tmp = temp_sibling(out);
-    let result = (|| -> Result<()> {
-        std::fs::create_dir_all(&tmp).map_err(|e| io_error(&tmp, e))?;
-        write_json(&tmp.join("config.json"), &config)?;
-        if preset == Preset::Tiny {
-            write_json(&tmp.join("tokenizer.json"), &tokenizer_json(cfg.vocab_size))?;
-        }
-        let specs = published_tensors(&cfg)
-            .into_iter()
-            .map(|(key, shape)| TensorSpec {
-                fill: bf16_filler(&key, &shape, seed),
-                key,
-                dtype: "BF16",
-                elem_bytes: 2,
-                shape,
-            })
-            .collect();
-        let path = tmp.join("model.safetensors");
-        let file = std::fs::File::create(&path).map_err(|e| io_error(&path, e))?;
-        let mut w = std::io::BufWriter::with_capacity(1 << 22, file);
-        write_safetensors(&mut w, specs).map_err(|e| io_error(&path, e))?;
-        w.into_inner().map_err(|e| io_error(&path, e.into_error()))?.sync_all().map_err(|e| io_error(&path, e))?;
-        std::fs::rename(&tmp, out).map_err(|e| io_error(out, e))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_dir_all(&tmp);
+    let dir = AtomicDir::create(out).map_err(|e| io_error(out, e))?;
+    write_json(&dir.path().join("config.json"), &config)?;
+    if preset == Preset::Tiny {
+        write_json(&dir.path().join("tokenizer.json"), &tokenizer_json(cfg.vocab_size))?;
     }
-    result
+    let specs = published_tensors(&cfg)
+        .into_iter()
+        .map(|(key, shape)| TensorSpec { fill: bf16_filler(&key, &shape, seed), key, dtype: "BF16", elem_bytes: 2, shape })
+        .collect();
+    let path = dir.path().join("model.safetensors");
+    let mut file = AtomicFile::create(&path).map_err(|e| io_error(&path, e))?;
+    write_safetensors(&mut file, specs, on_written).map_err(|e| io_error(&path, e))?;
+    file.commit().map_err(|e| io_error(&path, e))?;
+    dir.commit().map_err(|e| io_error(out, e))
 }
 
-fn temp_sibling(out: &Path) -> PathBuf {
-    let name = out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
-    out.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
+/// Bytes of tensor data `synthesize` writes for `preset`.
+pub fn total_bytes(preset: Preset) -> Result<u64> {
+    let config = preset.config_json();
+    let cfg = Gemma4Config::from_json_str(&config.to_string(), Path::new("(synthetic config)"))?;
+    Ok(published_tensors(&cfg).iter().map(|(_, shape)| 2 * shape.iter().product::<usize>() as u64).sum())
 }
 
 fn write_json(path: &Path, value: &Value) -> Result<()> {

@@ -10,7 +10,7 @@ pub use entry::{EntryError, EntryMeta, FORMAT_VERSION};
 pub use key::{file_hash, file_name, Environment, ProgramKey, G4C_VERSION};
 
 use crate::error::{Result, RuntimeError};
-use crate::atomic::write_atomic;
+use g4c_frontend::atomic::write_atomic;
 use std::path::{Path, PathBuf};
 
 pub const EXTENSION: &str = "g4cx";
@@ -228,7 +228,7 @@ impl ExecutableCache {
 }
 
 fn is_temporary(path: &Path) -> bool {
-    path.file_name().is_some_and(|n| n.to_string_lossy().starts_with(crate::atomic::TEMP_PREFIX))
+    path.file_name().is_some_and(|n| n.to_string_lossy().starts_with(g4c_frontend::atomic::TEMP_PREFIX))
 }
 
 fn read_prefix(path: &Path, len: usize) -> std::io::Result<Vec<u8>> {

@@ -1,11 +1,12 @@
 //! A streaming safetensors writer: the header is computed from shapes alone, then each tensor's bytes
-//! are produced and written chunk by chunk, so a 9 GB checkpoint never sits in memory.
+//! are produced and written chunk by chunk, so a 9 GB checkpoint (synthetic, or an artifact's weights)
+//! never sits in memory.
 
 use std::io::{self, Write};
 
 /// Fills a buffer with a tensor's next elements as little-endian bytes; called with the index of the
 /// first element the buffer holds.
-pub type Filler<'a> = Box<dyn FnMut(usize, &mut [u8]) + 'a>;
+pub type Filler<'a> = Box<dyn FnMut(usize, &mut [u8]) -> io::Result<()> + 'a>;
 
 /// One tensor to write: its key, safetensors dtype name, shape, and a function that fills a buffer
 /// with the next elements' little-endian bytes (called with the element offset it starts at).
@@ -19,7 +20,12 @@ pub struct TensorSpec<'a> {
 
 const CHUNK_ELEMS: usize = 1 << 20;
 
-pub fn write_safetensors(out: &mut impl Write, tensors: Vec<TensorSpec<'_>>) -> io::Result<()> {
+/// Writes `tensors` in order; `on_written` hears of every chunk's bytes (for progress bars).
+pub fn write_safetensors(
+    out: &mut impl Write,
+    tensors: Vec<TensorSpec<'_>>,
+    on_written: &mut dyn FnMut(u64),
+) -> io::Result<()> {
     let mut header = serde_json::Map::new();
     header.insert("__metadata__".into(), serde_json::json!({"format": "pt"}));
     let mut offset = 0usize;
@@ -45,8 +51,9 @@ pub fn write_safetensors(out: &mut impl Write, tensors: Vec<TensorSpec<'_>>) -> 
         while start < n {
             let count = CHUNK_ELEMS.min(n - start);
             buf.resize(count * t.elem_bytes, 0);
-            (t.fill)(start, &mut buf);
+            (t.fill)(start, &mut buf)?;
             out.write_all(&buf)?;
+            on_written(buf.len() as u64);
             start += count;
         }
     }
