@@ -49,6 +49,20 @@ impl Checkpoint {
                 message: "no model.safetensors or model.safetensors.index.json in this directory".into(),
             });
         };
+        Checkpoint::from_shards(dir, shard_names)
+    }
+
+    /// One safetensors file, whatever its name (an artifact's `weights.safetensors`).
+    pub fn open_file(path: &Path) -> Result<Checkpoint> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if !path.is_file() {
+            return Err(FrontendError::Io { path: path.into(), message: "no such file".into() });
+        }
+        Checkpoint::from_shards(dir, vec![name])
+    }
+
+    fn from_shards(dir: &Path, shard_names: Vec<String>) -> Result<Checkpoint> {
         let mut ckpt =
             Checkpoint { dir: dir.to_path_buf(), files: vec![], tensors: BTreeMap::new(), unreadable: BTreeMap::new() };
         for name in shard_names {

@@ -43,6 +43,15 @@ impl CompileEvent {
     }
 }
 
+/// Every function of `module` lowered to StableHLO.
+pub fn lower_module(module: &Module) -> Result<Vec<Lowered>> {
+    module
+        .functions
+        .iter()
+        .map(|f| lower_entry(module, &f.name).map_err(|e| crate::RuntimeError::Invalid(e.to_string())))
+        .collect()
+}
+
 pub struct Compiler<'c> {
     client: &'c Client,
     env: Environment,
@@ -77,15 +86,14 @@ impl<'c> Compiler<'c> {
         &self.env
     }
 
-    /// Lowers every function of `module` and gets its executable.
-    pub fn module(&self, module: &Module, progress: &dyn Progress) -> Result<(Vec<(Lowered, Executable)>, Vec<CompileEvent>)> {
+    /// The executable of every lowered entry point, in order.
+    pub fn all(&self, lowered: Vec<Lowered>, progress: &dyn Progress) -> Result<(Vec<(Lowered, Executable)>, Vec<CompileEvent>)> {
         let mut executables = vec![];
         let mut events = vec![];
-        progress.begin("compiling", module.functions.len() as u64, Unit::Items);
-        for f in &module.functions {
-            let lowered = lower_entry(module, &f.name).map_err(|e| crate::RuntimeError::Invalid(e.to_string()))?;
-            let (executable, event) = self.executable(&lowered)?;
-            executables.push((lowered, executable));
+        progress.begin("compiling", lowered.len() as u64, Unit::Items);
+        for l in lowered {
+            let (executable, event) = self.executable(&l)?;
+            executables.push((l, executable));
             events.push(event);
             progress.advance(1);
         }

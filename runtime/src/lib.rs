@@ -1,6 +1,7 @@
 //! The g4c runtime: host tensors, the reference interpreter, weight stores and the generation loop.
 //! Later backends (PJRT, CUDA) implement `Executor` and reuse the loop.
 
+pub mod artifact;
 pub mod cache;
 pub mod compiler;
 mod error;
@@ -15,7 +16,7 @@ pub mod tensor;
 pub mod weights;
 
 pub use error::{Result, RuntimeError};
-pub use compiler::{CompileEvent, Compiler, Provenance};
+pub use compiler::{lower_module, CompileEvent, Compiler, Provenance};
 pub use executor::{Executor, InterpExecutor};
 pub use g4c_ir::WeightDecl;
 pub use generate::{generate, GenerateOptions, Generation, ModelShape, StopReason, Timings};

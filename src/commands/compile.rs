@@ -1,10 +1,12 @@
 use super::ShapeArgs;
-use anyhow::{bail, Context, Result};
+use crate::ui::ui;
+use anyhow::{Context, Result};
 use clap::Args;
-use g4c_codegen::stablehlo::lower_entry;
 use g4c_frontend::Model;
-use g4c_passes::{compile_report, Pipeline, Target};
-use g4c_runtime::pjrt::{find_cpu_plugin, Api, Client};
+use g4c_passes::{compile_report, Pipeline, Platform, Target};
+use g4c_runtime::artifact::{write_artifact, ArtifactSource, ShapeInfo};
+use g4c_runtime::pjrt::find_cpu_plugin;
+use g4c_runtime::{lower_module, Compiler};
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -16,9 +18,14 @@ pub struct CompileArgs {
     pub target: String,
     #[command(flatten)]
     pub shapes: ShapeArgs,
-    /// Write the StableHLO of every entry point (`<entry>.mlir`) and `report.json` into DIR
+    /// Write an artifact to DIR: manifest, IR, StableHLO, weights in the target's dtype and layout,
+    /// and the compiled executables when the target's plugin is here (`g4c run DIR` runs it)
     #[arg(short = 'o', long = "out", value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// PJRT plugin that compiles the executables (default for `cpu`: $G4C_PJRT_PLUGIN, else the CPU
+    /// plugin scripts/setup installed; other targets compile only with --plugin)
+    #[arg(long, value_name = "PATH")]
+    pub plugin: Option<PathBuf>,
     /// Also compile every entry point with the PJRT CPU plugin (for other targets: a well-formedness check)
     #[arg(long)]
     pub check_on_cpu: bool,
@@ -34,23 +41,67 @@ pub fn run(args: CompileArgs) -> Result<()> {
     g4c_ir::verify_module(&module)?;
     let pipeline = Pipeline::for_target(target);
     pipeline.run_all(&mut module, target)?;
-    let lowered: Vec<_> = module.functions.iter().map(|f| lower_entry(&module, &f.name)).collect::<Result<_, _>>()?;
-    if args.check_on_cpu {
-        let Some(plugin) = find_cpu_plugin() else {
-            bail!("--check-on-cpu: no PJRT CPU plugin (run scripts/setup or set G4C_PJRT_PLUGIN)");
-        };
-        let client = Client::new(Api::load(&plugin)?)?;
+    let lowered = lower_module(&module)?;
+    let plugin = args.plugin.clone().or_else(|| (target.platform == Platform::Cpu).then(find_cpu_plugin).flatten());
+    if args.check_on_cpu && target.platform != Platform::Cpu {
+        let client = super::pjrt::open_client(None)?;
+        let compiler = Compiler::new(&client, target.name, "check", None)?;
         for l in &lowered {
-            client.compile(l.mlir.as_bytes()).with_context(|| format!("the CPU plugin rejected @{}", l.entry))?;
+            compiler.executable(l).with_context(|| format!("the CPU plugin rejected @{}", l.entry))?;
         }
     }
-    let report = compile_report(&module, target, &pipeline.names());
-    if let Some(dir) = &args.out {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        for l in &lowered {
-            super::write_atomic(&dir.join(format!("{}.mlir", l.entry)), l.mlir.as_bytes())?;
+    let label = args.model_dir.display().to_string();
+    let (executables, environment) = match plugin {
+        Some(path) => {
+            let client = super::pjrt::open_client(Some(path))?;
+            let platform = client.platform_name()?;
+            if !platform.eq_ignore_ascii_case(target.platform.name()) {
+                anyhow::bail!(
+                    "--plugin {} runs on {platform}; target {} needs a {} plugin",
+                    client.api().path.display(),
+                    target.name,
+                    target.platform.name()
+                );
+            }
+            let (_, summary) = super::pjrt::executables(&client, lowered.clone(), target.name, &label, None)?;
+            ui().note(&format!("executables: {}", summary.describe()));
+            let files: Vec<(String, PathBuf)> = summary
+                .events
+                .iter()
+                .filter_map(|e| e.cache_file().map(|f| (e.entry.clone(), f.clone())))
+                .collect();
+            let env = g4c_runtime::cache::Environment::of(&client)?;
+            (files, Some(env.to_json()))
         }
-        super::write_atomic(&dir.join("report.json"), format!("{report:#}\n").as_bytes())?;
+        None => {
+            ui().note(&format!(
+                "no PJRT plugin for platform {} here: StableHLO only; executables are compiled where it runs",
+                target.platform.name()
+            ));
+            (vec![], None)
+        }
+    };
+    let report = compile_report(&module, target, &pipeline.names());
+    if let Some(out) = &args.out {
+        let s = args.shapes.shapes();
+        let source = ArtifactSource {
+            module: &module,
+            store: &model.checkpoint,
+            model_dir: &args.model_dir,
+            lowered: &lowered,
+            executables,
+            executables_environment: environment,
+            target: target.to_json(),
+            passes: pipeline.names().iter().map(|p| p.to_string()).collect(),
+            report: report.clone(),
+            shapes: ShapeInfo { batch: s.batch, prefill_len: s.prefill_len, context: s.context },
+        };
+        let manifest = write_artifact(out, &source, &ui().progress())?;
+        ui().note(&format!(
+            "wrote artifact {} ({:.2} GB of weights)",
+            out.display(),
+            manifest.model.weights.bytes as f64 / 1e9
+        ));
     }
     if args.json {
         super::write_stdout(&format!("{report}\n"))

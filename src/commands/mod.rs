@@ -1,6 +1,7 @@
 pub mod cache;
 pub mod compile;
 pub mod ir;
+pub mod model_source;
 pub mod pjrt;
 pub mod run;
 pub mod synth;

@@ -1,13 +1,16 @@
-//! Shared by the commands that run StableHLO: finding the plugin, and getting every entry point's
-//! executable through the caches while telling the user what happened.
+//! Shared by the commands that run StableHLO: finding the plugin, getting every entry point's
+//! executable through the caches while telling the user what happened, and uploading the weights.
 
+use super::model_source::Opened;
 use crate::ui::ui;
 use anyhow::{bail, Result};
 use g4c_codegen::stablehlo::Lowered;
+use g4c_ir::Module;
 use g4c_runtime::cache::{ExecutableCache, Miss};
 use g4c_runtime::pjrt::{find_cpu_plugin, Api, Client, Executable};
-use g4c_runtime::{CompileEvent, Compiler, Provenance};
+use g4c_runtime::{lower_module, CompileEvent, Compiler, PjrtExecutor, Provenance};
 use std::path::PathBuf;
+use std::time::Instant;
 
 /// `--plugin`, else `$G4C_PJRT_PLUGIN`, else the CPU plugin `scripts/setup` installed.
 pub fn open_client(plugin: Option<PathBuf>) -> Result<Client> {
@@ -30,10 +33,13 @@ impl CompileSummary {
         self.events.iter().map(|e| e.seconds).sum()
     }
 
+    pub fn compiled(&self) -> usize {
+        self.events.iter().filter(|e| e.compiled()).count()
+    }
+
     /// `cached` when no entry point was compiled, else how many were.
     pub fn describe(&self) -> String {
-        let compiled = self.events.iter().filter(|e| e.compiled()).count();
-        match compiled {
+        match self.compiled() {
             0 => format!("cached ({} entry points loaded in {:.2} s)", self.events.len(), self.seconds()),
             n => format!("compiled {n} of {} entry points in {:.2} s", self.events.len(), self.seconds()),
         }
@@ -44,7 +50,7 @@ impl CompileSummary {
 /// entry exists for this plugin and host, else compiled and stored in the user's cache.
 pub fn executables(
     client: &Client,
-    module: &g4c_ir::Module,
+    lowered: Vec<Lowered>,
     target: &str,
     label: &str,
     artifact_executables: Option<PathBuf>,
@@ -53,11 +59,41 @@ pub fn executables(
     if let Some(dir) = artifact_executables {
         compiler = compiler.also_reading(ExecutableCache::at(dir, false));
     }
-    let (executables, events) = compiler.module(module, &ui().progress())?;
+    let (executables, events) = compiler.all(lowered, &ui().progress())?;
     for event in &events {
         report(event);
     }
     Ok((executables, CompileSummary { events }))
+}
+
+/// An executor for `module` (from `source`) on the plugin: executables through the caches, weights
+/// uploaded. Returns how the executables were obtained and the seconds until ready.
+pub fn executor<'m>(
+    source: &'m Opened,
+    module: &'m Module,
+    plugin: Option<PathBuf>,
+) -> Result<(PjrtExecutor<'m>, CompileSummary, f64)> {
+    let started = Instant::now();
+    let client = open_client(plugin)?;
+    let lowered = lower_module(module)?;
+    if let Some(artifact) = source.artifact() {
+        let platform = client.platform_name()?;
+        let wanted = source.target.platform.name();
+        if !platform.eq_ignore_ascii_case(wanted) {
+            bail!(
+                "artifact {} was compiled for target {} (platform {wanted}); the plugin {} runs on {platform}",
+                source.label,
+                source.target.name,
+                client.api().path.display()
+            );
+        }
+        artifact.check_lowering(&lowered)?;
+    }
+    let artifact_executables = source.artifact().map(|a| a.executables_dir());
+    let (executables, summary) = executables(&client, lowered, source.target.name, &source.label, artifact_executables)?;
+    // Uploaded weights' pages are dropped as they are copied; host tables stay mapped.
+    let exec = PjrtExecutor::new(module, source.weights(), client, executables, &ui().progress())?;
+    Ok((exec, summary, started.elapsed().as_secs_f64()))
 }
 
 fn report(event: &CompileEvent) {

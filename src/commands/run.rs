@@ -1,25 +1,25 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use g4c_frontend::{Model, Shapes, TextTokenizer};
-use g4c_passes::{Pipeline, Target};
-use g4c_runtime::{generate, GenerateOptions, Generation, InterpExecutor, Interpreter, PjrtExecutor, SamplingParams};
+use super::model_source::Opened;
+use g4c_frontend::{Shapes, TextTokenizer};
+use g4c_passes::Target;
+use g4c_runtime::{generate, GenerateOptions, Generation, InterpExecutor, Interpreter, SamplingParams};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
-use crate::ui::ui;
 
 #[derive(Args)]
 pub struct RunArgs {
-    /// Checkpoint directory (config.json + safetensors [+ tokenizer.json])
+    /// Checkpoint directory (config.json + safetensors [+ tokenizer.json]), or an artifact that
+    /// `g4c compile -o` wrote
     pub model_dir: PathBuf,
     /// Execution backend
     #[arg(long, value_enum, default_value = "pjrt")]
     pub backend: Backend,
-    /// Target whose pass pipeline prepares the IR (see `g4c targets`); with `--backend interp` and a
-    /// narrower target the interpreter emulates that target's rounding
-    #[arg(long, default_value = "cpu")]
-    pub target: String,
+    /// Target whose pass pipeline prepares the IR (see `g4c targets`; default `cpu`, or the artifact's
+    /// own); with `--backend interp` and a narrower target the interpreter emulates its rounding
+    #[arg(long)]
+    pub target: Option<String>,
     /// PJRT plugin shared object (default: $G4C_PJRT_PLUGIN, else the CPU plugin scripts/setup installed)
     #[arg(long, value_name = "PATH")]
     pub plugin: Option<PathBuf>,
@@ -88,12 +88,12 @@ impl Backend {
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
-    let target = Target::by_name(&args.target).map_err(anyhow::Error::msg)?;
-    let Model { config, checkpoint, weights } = Model::open(&args.model_dir)?;
-    let tokenizer = TextTokenizer::open(&args.model_dir, config.bos_token_id)?;
+    let source = Opened::open(&args.model_dir, args.target.as_deref())?;
+    let config = &source.config;
+    let tokenizer = source.tokenizer.as_ref();
     let prompt = match (&args.prompt_ids, &args.prompt) {
         (Some(ids), _) => parse_list(ids, "--prompt-ids", "a token id")?,
-        (None, Some(text)) => match &tokenizer {
+        (None, Some(text)) => match tokenizer {
             Some(t) => t.encode(text)?,
             None => bail!(
                 "--prompt needs {}/tokenizer.json, which does not exist; use --prompt-ids",
@@ -105,9 +105,18 @@ pub fn run(args: RunArgs) -> Result<()> {
     if prompt.is_empty() {
         bail!("the prompt is empty: give at least one token id");
     }
+    let fixed = source.fixed_shapes();
     let fixed_shapes = matches!(args.backend, Backend::Pjrt);
-    let default_context = if fixed_shapes { 4096 } else { prompt.len() + args.max_new_tokens };
-    let context = args.context.unwrap_or(default_context).min(config.max_position_embeddings);
+    let context = match (fixed, args.context) {
+        (Some(s), Some(c)) if c != s.context => {
+            bail!("--context {c}: artifact {} was compiled for a context of {}", source.label, s.context)
+        }
+        (Some(s), _) => s.context,
+        (None, c) => {
+            let default = if fixed_shapes { 4096 } else { prompt.len() + args.max_new_tokens };
+            c.unwrap_or(default).min(config.max_position_embeddings)
+        }
+    };
     if prompt.len() + args.max_new_tokens > context {
         bail!(
             "prompt of {} tokens plus --max-new-tokens {} exceeds the context of {context} positions (--context)",
@@ -115,18 +124,27 @@ pub fn run(args: RunArgs) -> Result<()> {
             args.max_new_tokens
         );
     }
-    let buckets = match &args.prefill_buckets {
+    let requested = match &args.prefill_buckets {
         Some(list) => {
             let lengths = parse_list(list, "--prefill-buckets", "a length")?;
-            check_buckets(lengths.into_iter().map(|b| b as usize).collect(), context)?
+            Some(check_buckets(lengths.into_iter().map(|b| b as usize).collect(), context)?)
         }
-        None if fixed_shapes => default_buckets(context),
-        None => vec![prompt.len()],
+        None => None,
+    };
+    let buckets = match (fixed, requested) {
+        (Some(s), Some(b)) if b != [s.prefill_len] => bail!(
+            "--prefill-buckets: artifact {} was compiled with prefill length {}, found {b:?}",
+            source.label,
+            s.prefill_len
+        ),
+        (Some(s), _) => vec![s.prefill_len],
+        (None, Some(b)) => b,
+        (None, None) if fixed_shapes => default_buckets(context),
+        (None, None) => vec![prompt.len()],
     };
     let bucket = buckets.iter().copied().find(|&b| b >= prompt.len()).unwrap_or(*buckets.last().unwrap());
-    let shapes = Shapes { batch: 1, prefill_len: bucket, context };
-    let mut module = g4c_frontend::emit_module(&config, weights, &shapes)?;
-    g4c_ir::verify_module(&module)?;
+    let batch = fixed.map_or(1, |s| s.batch);
+    let module = source.module(&Shapes { batch, prefill_len: bucket, context })?;
     if !(args.temperature >= 0.0 && args.temperature.is_finite()) {
         bail!("--temperature: expected a number >= 0, found {}", args.temperature);
     }
@@ -150,24 +168,14 @@ pub fn run(args: RunArgs) -> Result<()> {
         forced: vec![],
     };
 
-    let mut printer =
-        StreamPrinter { tokenizer: tokenizer.as_ref(), enabled: !args.json, ids: vec![], printed: String::new() };
-    // The target's pipeline runs for both backends; on `cpu` every pass is exact, so the
-    // interpreter still computes what the frontend's IR means.
-    Pipeline::for_target(target).run_all(&mut module, target)?;
-    let compile_started = Instant::now();
+    let mut printer = StreamPrinter { tokenizer, enabled: !args.json, ids: vec![], printed: String::new() };
     let generation = match args.backend {
         Backend::Interp => {
-            let mut exec = InterpExecutor::new(Interpreter::new(&module, &checkpoint));
+            let mut exec = InterpExecutor::new(Interpreter::new(&module, source.weights()));
             generate(&mut exec, &prompt, &opts, &mut |t| printer.push(t))?
         }
         Backend::Pjrt => {
-            let client = super::pjrt::open_client(args.plugin.clone())?;
-            let label = args.model_dir.display().to_string();
-            let (executables, compiled) = super::pjrt::executables(&client, &module, target.name, &label, None)?;
-            // Uploaded weights' pages are dropped as they are copied; host tables stay mapped.
-            let mut exec = PjrtExecutor::new(&module, &checkpoint, client, executables, &ui().progress())?;
-            let ready_seconds = compile_started.elapsed().as_secs_f64();
+            let (mut exec, compiled, ready_seconds) = super::pjrt::executor(&source, &module, args.plugin.clone())?;
             let g = generate(&mut exec, &prompt, &opts, &mut |t| printer.push(t))?;
             if args.stats {
                 eprintln!("stats: compile: {}; ready to run after {ready_seconds:.2} s", compiled.describe());
@@ -177,14 +185,14 @@ pub fn run(args: RunArgs) -> Result<()> {
     };
     printer.finish();
     if args.stats {
-        print_stats(&args, target, bucket, &generation);
+        print_stats(&args, source.target, bucket, &generation);
     }
 
     if let Some(path) = &args.logits_out {
         write_logits(path, &generation)?;
     }
     if args.json {
-        let text = match &tokenizer {
+        let text = match tokenizer {
             Some(t) => Some(t.decode(&generation.generated_ids)?),
             None => None,
         };

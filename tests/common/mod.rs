@@ -2,7 +2,7 @@
 
 use g4c_frontend::{Model, Shapes};
 use g4c_runtime::{
-    generate, Compiler, Executor, GenerateOptions, Generation, InterpExecutor, Interpreter, PjrtExecutor, Silent,
+    generate, lower_module, Compiler, Executor, GenerateOptions, Generation, InterpExecutor, Interpreter, PjrtExecutor, Silent,
 };
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
@@ -127,7 +127,8 @@ fn generate_on(
             let client = pjrt_client();
             // No cache: the library tests compile what they run.
             let compiler = Compiler::new(&client, "cpu", "test", None).unwrap_or_else(|e| panic!("{e}"));
-            let (executables, _) = compiler.module(&module, &Silent).unwrap_or_else(|e| panic!("{e}"));
+            let lowered = lower_module(&module).unwrap_or_else(|e| panic!("{e}"));
+            let (executables, _) = compiler.all(lowered, &Silent).unwrap_or_else(|e| panic!("{e}"));
             drop(compiler);
             let exec = PjrtExecutor::new(&module, &model.checkpoint, client, executables, &Silent);
             Box::new(exec.unwrap_or_else(|e| panic!("{e}")))

@@ -1,0 +1,70 @@
+//! `manifest.json`: everything needed to know what an artifact is without loading it.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Bumped whenever the layout of an artifact directory changes incompatibly.
+pub const FORMAT_VERSION: u32 = 1;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format_version: u32,
+    pub g4c_version: String,
+    pub created_unix: u64,
+    /// The target's name and properties (`g4c targets --json`).
+    pub target: Value,
+    pub model: ModelInfo,
+    pub shapes: ShapeInfo,
+    /// The pass pipeline the module went through, in order.
+    pub passes: Vec<String>,
+    pub entries: Vec<EntryInfo>,
+    /// The environment the serialized executables were compiled for (absent: none were).
+    pub executables_environment: Option<Value>,
+    /// The compile report (`g4c compile --json`).
+    pub report: Value,
+}
+
+impl Manifest {
+    pub fn target_name(&self) -> &str {
+        self.target["name"].as_str().unwrap_or("?")
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ModelInfo {
+    /// Where the checkpoint was read from when compiling.
+    pub source: String,
+    /// The checkpoint's `config.json`.
+    pub config: Value,
+    pub weights: WeightsInfo,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WeightsInfo {
+    pub file: String,
+    pub bytes: u64,
+    pub tensors: usize,
+    /// BLAKE3 of the weights file as written: the content hash of the weights.
+    pub blake3: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShapeInfo {
+    pub batch: usize,
+    pub prefill_len: usize,
+    pub context: usize,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct EntryInfo {
+    pub name: String,
+    /// The StableHLO file, relative to the artifact.
+    pub stablehlo: String,
+    /// `name: type` of every `@main` argument in order (parameters, then weights).
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+    /// Arguments whose buffers the call takes over and returns updated (`input -> output`).
+    pub donated: Vec<String>,
+    /// The serialized executable, relative to the artifact, if one was compiled.
+    pub executable: Option<String>,
+}

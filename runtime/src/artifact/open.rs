@@ -1,0 +1,95 @@
+//! Opens an artifact for running: manifest checked, IR parsed and verified, weights mapped.
+
+use super::manifest::{Manifest, FORMAT_VERSION};
+use super::files;
+use crate::error::{Result, RuntimeError};
+use g4c_codegen::stablehlo::Lowered;
+use g4c_frontend::Checkpoint;
+use g4c_ir::Module;
+use std::path::{Path, PathBuf};
+
+pub struct Artifact {
+    pub dir: PathBuf,
+    pub manifest: Manifest,
+    pub module: Module,
+    /// `weights.safetensors`, mapped; its tensors are already in the dtype and layout the IR declares.
+    pub weights: Checkpoint,
+}
+
+fn bad(dir: &Path, message: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Invalid(format!("artifact {}: {message}", dir.display()))
+}
+
+impl Artifact {
+    pub fn open(dir: &Path) -> Result<Artifact> {
+        let manifest = Artifact::read_manifest(dir)?;
+        let module_path = dir.join(files::MODULE);
+        let text = std::fs::read_to_string(&module_path).map_err(|e| bad(dir, format!("{}: {e}", files::MODULE)))?;
+        let module = g4c_ir::parse_module(&text).map_err(|e| bad(dir, format!("{}: {e}", files::MODULE)))?;
+        g4c_ir::verify_module(&module).map_err(|e| bad(dir, format!("{}: {e}", files::MODULE)))?;
+        let weights_path = dir.join(&manifest.model.weights.file);
+        let found = std::fs::metadata(&weights_path).map(|m| m.len()).unwrap_or(0);
+        if found != manifest.model.weights.bytes {
+            return Err(bad(
+                dir,
+                format!(
+                    "{} has {found} bytes, the manifest says {} (truncated or replaced)",
+                    manifest.model.weights.file, manifest.model.weights.bytes
+                ),
+            ));
+        }
+        let weights = Checkpoint::open_file(&weights_path).map_err(|e| bad(dir, e))?;
+        Ok(Artifact { dir: dir.to_path_buf(), manifest, module, weights })
+    }
+
+    pub fn read_manifest(dir: &Path) -> Result<Manifest> {
+        let path = dir.join(files::MANIFEST);
+        let text = std::fs::read_to_string(&path).map_err(|e| bad(dir, format!("{}: {e}", files::MANIFEST)))?;
+        let version = serde_json::from_str::<serde_json::Value>(&text)
+            .map_err(|e| bad(dir, format!("{}: {e}", files::MANIFEST)))?["format_version"]
+            .as_u64();
+        if version != Some(FORMAT_VERSION as u64) {
+            return Err(bad(
+                dir,
+                format!(
+                    "format version {}, this g4c reads {FORMAT_VERSION}; compile it again with this g4c",
+                    version.map_or("missing".into(), |v| v.to_string())
+                ),
+            ));
+        }
+        serde_json::from_str(&text).map_err(|e| bad(dir, format!("{}: {e}", files::MANIFEST)))
+    }
+
+    /// Where the artifact's serialized executables are.
+    pub fn executables_dir(&self) -> PathBuf {
+        self.dir.join(files::EXECUTABLES)
+    }
+
+    /// Checks that the IR, lowered by this g4c, is the StableHLO the artifact recorded: a mismatch
+    /// means a damaged artifact or a g4c whose lowering changed.
+    pub fn check_lowering(&self, lowered: &[Lowered]) -> Result<()> {
+        for l in lowered {
+            let entry = self.manifest.entries.iter().find(|e| e.name == l.entry);
+            let Some(entry) = entry else { return Err(bad(&self.dir, format!("the manifest lists no @{}", l.entry))) };
+            let recorded = std::fs::read_to_string(self.dir.join(&entry.stablehlo))
+                .map_err(|e| bad(&self.dir, format!("{}: {e}", entry.stablehlo)))?;
+            if recorded != l.mlir {
+                return Err(bad(
+                    &self.dir,
+                    format!("{} differs from the lowering of {} (damaged, or from another g4c version)", entry.stablehlo, files::MODULE),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Hashes the weights file and compares it with the manifest's content hash.
+    pub fn verify_weights(&self) -> Result<()> {
+        let path = self.dir.join(&self.manifest.model.weights.file);
+        let hash = crate::cache::file_hash(&path)?;
+        if hash != self.manifest.model.weights.blake3 {
+            return Err(bad(&self.dir, format!("{} does not match its content hash in the manifest", self.manifest.model.weights.file)));
+        }
+        Ok(())
+    }
+}

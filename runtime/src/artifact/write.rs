@@ -1,0 +1,212 @@
+//! Writes an artifact directory: everything `g4c run` needs, with no reference to the checkpoint it
+//! came from. The directory is assembled under a temporary name and renamed into place at the end.
+
+use super::manifest::{EntryInfo, Manifest, ModelInfo, ShapeInfo, WeightsInfo, FORMAT_VERSION};
+use super::{files, is_artifact};
+use crate::error::{Result, RuntimeError};
+use crate::progress::{Progress, Unit};
+use crate::weights::WeightStore;
+use g4c_codegen::stablehlo::{Input, Lowered};
+use g4c_frontend::atomic::{AtomicDir, AtomicFile};
+use g4c_frontend::checkpoint_writer::{write_safetensors, TensorSpec};
+use g4c_ir::{DType, Module, ParamRole, WeightDecl};
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// What goes into an artifact.
+pub struct ArtifactSource<'a> {
+    /// The module after the target's passes.
+    pub module: &'a Module,
+    /// Where its weights come from (the checkpoint); written in the dtype and layout the IR declares.
+    pub store: &'a dyn WeightStore,
+    /// The checkpoint directory (its `config.json` and `tokenizer.json` are copied).
+    pub model_dir: &'a Path,
+    /// Every entry point, lowered.
+    pub lowered: &'a [Lowered],
+    /// Cache files of compiled executables, by entry point (may be empty).
+    pub executables: Vec<(String, PathBuf)>,
+    pub executables_environment: Option<Value>,
+    pub target: Value,
+    pub passes: Vec<String>,
+    pub report: Value,
+    pub shapes: ShapeInfo,
+}
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> RuntimeError + '_ {
+    move |e| RuntimeError::Invalid(format!("writing {}: {e}", path.display()))
+}
+
+pub fn write_artifact(out: &Path, src: &ArtifactSource, progress: &dyn Progress) -> Result<Manifest> {
+    let is_empty_dir = std::fs::read_dir(out).map(|mut d| d.next().is_none()).unwrap_or(false);
+    if out.exists() && !is_artifact(out) && !is_empty_dir {
+        return Err(RuntimeError::Invalid(format!(
+            "{} exists and is not a g4c artifact; choose another output directory",
+            out.display()
+        )));
+    }
+    let dir = AtomicDir::create(out).map_err(io(out))?;
+    let root = dir.path().to_path_buf();
+
+    // The module, rebound to the artifact's weights file: each weight under its own name, already in
+    // the declared dtype and layout.
+    let mut module = src.module.clone();
+    let used = used_weights(&module);
+    module.weights.retain(|w| used.contains(w.name.as_str()));
+    let originals = module.weights.clone();
+    for w in &mut module.weights {
+        w.source = w.name.clone();
+        w.transposed = false;
+    }
+    write_file(&root.join(files::MODULE), g4c_ir::print_module(&module).as_bytes())?;
+
+    std::fs::create_dir_all(root.join(files::STABLEHLO)).map_err(io(&root))?;
+    std::fs::create_dir_all(root.join(files::EXECUTABLES)).map_err(io(&root))?;
+    let mut entries = vec![];
+    for l in src.lowered {
+        let stablehlo = format!("{}/{}.mlir", files::STABLEHLO, l.entry);
+        write_file(&root.join(&stablehlo), l.mlir.as_bytes())?;
+        let executable = match src.executables.iter().find(|(e, _)| *e == l.entry) {
+            Some((_, cache_file)) => {
+                let name = cache_file.file_name().expect("cache files have names").to_string_lossy();
+                let rel = format!("{}/{name}", files::EXECUTABLES);
+                std::fs::copy(cache_file, root.join(&rel)).map_err(io(cache_file))?;
+                Some(rel)
+            }
+            None => None,
+        };
+        entries.push(entry_info(&module, l, stablehlo, executable));
+    }
+
+    for name in [files::CONFIG, files::TOKENIZER] {
+        let from = src.model_dir.join(name);
+        if from.exists() {
+            std::fs::copy(&from, root.join(name)).map_err(io(&from))?;
+        }
+    }
+    let config: Value = std::fs::read_to_string(src.model_dir.join(files::CONFIG))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+
+    let weights = write_weights(&root.join(files::WEIGHTS), &originals, src.store, progress)?;
+    let manifest = Manifest {
+        format_version: FORMAT_VERSION,
+        g4c_version: crate::cache::G4C_VERSION.into(),
+        created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        target: src.target.clone(),
+        model: ModelInfo { source: src.model_dir.display().to_string(), config, weights },
+        shapes: src.shapes,
+        passes: src.passes.clone(),
+        entries,
+        executables_environment: src.executables_environment.clone(),
+        report: src.report.clone(),
+    };
+    let text = serde_json::to_string_pretty(&manifest).expect("manifests serialize") + "\n";
+    write_file(&root.join(files::MANIFEST), text.as_bytes())?;
+    dir.commit().map_err(io(out))?;
+    Ok(manifest)
+}
+
+/// Weights that some function reads or gathers rows of.
+fn used_weights(module: &Module) -> BTreeSet<String> {
+    let mut used = BTreeSet::new();
+    for f in &module.functions {
+        used.extend(f.weight_reads().map(|(_, n)| n.to_string()));
+        for p in &f.params {
+            if let ParamRole::HostGather { table, .. } = &p.role {
+                used.insert(table.clone());
+            }
+        }
+    }
+    used
+}
+
+fn entry_info(module: &Module, l: &Lowered, stablehlo: String, executable: Option<String>) -> EntryInfo {
+    let f = module.function(&l.entry).expect("lowered from this module");
+    let inputs: Vec<String> = l
+        .inputs
+        .iter()
+        .map(|i| match i {
+            Input::Param(name) => format!("{name}: {}", f.ty(f.param(name).expect("a parameter").value)),
+            Input::Weight(name) => format!("@{name}: {}", module.weight(name).expect("a weight").ty),
+        })
+        .collect();
+    let outputs = f.results.iter().map(|r| format!("{}: {}", r.name, f.ty(r.value))).collect();
+    let donated = l.donated.iter().map(|&(i, o)| format!("{} -> {}", inputs[i], l.outputs[o])).collect();
+    EntryInfo { name: l.entry.clone(), stablehlo, inputs, outputs, donated, executable }
+}
+
+/// Streams every weight, converted and laid out as declared, into one safetensors file and hashes it.
+fn write_weights(
+    path: &Path,
+    decls: &[WeightDecl],
+    store: &dyn WeightStore,
+    progress: &dyn Progress,
+) -> Result<WeightsInfo> {
+    let mut specs = vec![];
+    for decl in decls {
+        let (dtype, elem_bytes) = match decl.ty.dtype {
+            DType::F32 => ("F32", 4),
+            DType::BF16 => ("BF16", 2),
+            DType::F16 => ("F16", 2),
+            DType::I32 => ("I32", 4),
+            DType::I8 => ("I8", 1),
+            other => {
+                return Err(RuntimeError::Invalid(format!(
+                    "weight @{}: artifacts cannot store {other} weights yet",
+                    decl.name
+                )))
+            }
+        };
+        let mut bytes = None;
+        let total = decl.ty.byte_size() as usize;
+        let fill = move |start: usize, buf: &mut [u8]| -> std::io::Result<()> {
+            if bytes.is_none() {
+                let b = store.bytes(decl).map_err(|e| std::io::Error::other(e.to_string()))?;
+                bytes = Some(b);
+            }
+            let from = start * elem_bytes;
+            buf.copy_from_slice(&bytes.as_ref().expect("just set")[from..from + buf.len()]);
+            if from + buf.len() == total {
+                bytes = None;
+                store.release(decl);
+            }
+            Ok(())
+        };
+        specs.push(TensorSpec { key: decl.name.clone(), dtype, elem_bytes, shape: decl.ty.shape.clone(), fill: Box::new(fill) });
+    }
+    let tensors = specs.len();
+    let mut file = HashingWriter { inner: AtomicFile::create(path).map_err(io(path))?, hasher: blake3::Hasher::new(), bytes: 0 };
+    progress.begin("writing weights", decls.iter().map(|d| d.ty.byte_size()).sum(), Unit::Bytes);
+    write_safetensors(&mut file, specs, &mut |n| progress.advance(n)).map_err(io(path))?;
+    progress.end();
+    let HashingWriter { inner, hasher, bytes } = file;
+    inner.commit().map_err(io(path))?;
+    Ok(WeightsInfo { file: files::WEIGHTS.into(), bytes, tensors, blake3: hasher.finalize().to_hex().to_string() })
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    std::fs::write(path, bytes).map_err(io(path))
+}
+
+/// Passes bytes through and hashes them on the way.
+struct HashingWriter<W> {
+    inner: W,
+    hasher: blake3::Hasher,
+    bytes: u64,
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
