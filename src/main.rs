@@ -25,6 +25,8 @@ enum Command {
     Cache(commands::cache::CacheArgs),
     /// Run a target's pass pipeline, lower to StableHLO and report what was compiled
     Compile(commands::compile::CompileArgs),
+    /// Print an artifact's manifest in readable form
+    Inspect(commands::inspect::InspectArgs),
     /// Print the IR of a checkpoint's entry points
     Ir(commands::ir::IrArgs),
     /// Generate tokens from a checkpoint
@@ -60,6 +62,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Cache(args) => commands::cache::run(args),
         Command::Compile(args) => commands::compile::run(args),
+        Command::Inspect(args) => commands::inspect::run(args),
         Command::Ir(args) => commands::ir::run(args),
         Command::Run(args) => commands::run::run(args),
         Command::Synth(args) => commands::synth::run(args),

@@ -100,5 +100,9 @@ impl Drop for AtomicDir {
 fn temp_sibling(path: &Path) -> PathBuf {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    path.with_file_name(format!("{TEMP_PREFIX}{}-{}-{name}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed)))
+    path.with_file_name(format!(
+        "{TEMP_PREFIX}{}-{}-{name}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ))
 }

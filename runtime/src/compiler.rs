@@ -87,7 +87,11 @@ impl<'c> Compiler<'c> {
     }
 
     /// The executable of every lowered entry point, in order.
-    pub fn all(&self, lowered: Vec<Lowered>, progress: &dyn Progress) -> Result<(Vec<(Lowered, Executable)>, Vec<CompileEvent>)> {
+    pub fn all(
+        &self,
+        lowered: Vec<Lowered>,
+        progress: &dyn Progress,
+    ) -> Result<(Vec<(Lowered, Executable)>, Vec<CompileEvent>)> {
         let mut executables = vec![];
         let mut events = vec![];
         progress.begin("compiling", lowered.len() as u64, Unit::Items);
@@ -142,7 +146,12 @@ impl<'c> Compiler<'c> {
             None => None,
         };
         let provenance = Provenance::Compiled(miss, stored);
-        let event = CompileEvent { entry: lowered.entry.clone(), provenance, seconds: started.elapsed().as_secs_f64(), corrupt };
+        let event = CompileEvent {
+            entry: lowered.entry.clone(),
+            provenance,
+            seconds: started.elapsed().as_secs_f64(),
+            corrupt,
+        };
         Ok((executable, event))
     }
 }

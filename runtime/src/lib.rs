@@ -15,8 +15,8 @@ pub mod sampling;
 pub mod tensor;
 pub mod weights;
 
-pub use error::{Result, RuntimeError};
 pub use compiler::{lower_module, CompileEvent, Compiler, Provenance};
+pub use error::{Result, RuntimeError};
 pub use executor::{Executor, InterpExecutor};
 pub use g4c_ir::WeightDecl;
 pub use generate::{generate, GenerateOptions, Generation, ModelShape, StopReason, Timings};

@@ -28,13 +28,15 @@ pub fn run(args: CacheArgs) -> Result<()> {
                 let name = e.path.file_name().unwrap_or_default().to_string_lossy();
                 let size = format!("{:.1} MB", e.bytes as f64 / 1e6);
                 match &e.meta {
-                    Ok(m) => out += &format!(
-                        "{name}  {size:>9}  @{:<8} {:<8} {}  (plugin {}…)\n",
-                        m.str("entry"),
-                        m.str("target"),
-                        m.str("model"),
-                        m.str("plugin_hash").get(..12).unwrap_or("?"),
-                    ),
+                    Ok(m) => {
+                        out += &format!(
+                            "{name}  {size:>9}  @{:<8} {:<8} {}  (plugin {}…)\n",
+                            m.str("entry"),
+                            m.str("target"),
+                            m.str("model"),
+                            m.str("plugin_hash").get(..12).unwrap_or("?"),
+                        )
+                    }
                     Err(error) => out += &format!("{name}  {size:>9}  unreadable: {error}\n"),
                 }
             }

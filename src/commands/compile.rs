@@ -65,11 +65,8 @@ pub fn run(args: CompileArgs) -> Result<()> {
             }
             let (_, summary) = super::pjrt::executables(&client, lowered.clone(), target.name, &label, None)?;
             ui().note(&format!("executables: {}", summary.describe()));
-            let files: Vec<(String, PathBuf)> = summary
-                .events
-                .iter()
-                .filter_map(|e| e.cache_file().map(|f| (e.entry.clone(), f.clone())))
-                .collect();
+            let files: Vec<(String, PathBuf)> =
+                summary.events.iter().filter_map(|e| e.cache_file().map(|f| (e.entry.clone(), f.clone()))).collect();
             let env = g4c_runtime::cache::Environment::of(&client)?;
             (files, Some(env.to_json()))
         }
@@ -98,25 +95,25 @@ pub fn run(args: CompileArgs) -> Result<()> {
         };
         let manifest = write_artifact(out, &source, &ui().progress())?;
         ui().note(&format!(
-            "wrote artifact {} ({:.2} GB of weights)",
+            "wrote artifact {} ({} of weights)",
             out.display(),
-            manifest.model.weights.bytes as f64 / 1e9
+            super::fmt_bytes(manifest.model.weights.bytes)
         ));
     }
     if args.json {
         super::write_stdout(&format!("{report}\n"))
     } else {
         let kib = report["kv_bytes_per_token"].as_u64().unwrap_or(0) as f64 / 1024.0;
-        let gb = |k: &str| report[k].as_u64().unwrap_or(0) as f64 / 1e9;
+        let bytes = |k: &str| super::fmt_bytes(report[k].as_u64().unwrap_or(0));
         let entries: Vec<String> = lowered.iter().map(|l| l.entry.clone()).collect();
         super::write_stdout(&format!(
-            "compiled {} for {}: entries {}; {} KV layers, {kib:.1} KiB KV per token; weights {:.2} GB on device, {:.2} GB on host\n",
+            "compiled {} for {}: entries {}; {} KV layers, {kib:.1} KiB KV per token; weights {} on device, {} on host\n",
             args.model_dir.display(),
             target.name,
             entries.join(", "),
             report["kv_layers"],
-            gb("device_weight_bytes"),
-            gb("host_weight_bytes"),
+            bytes("device_weight_bytes"),
+            bytes("host_weight_bytes"),
         ))
     }
 }

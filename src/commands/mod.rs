@@ -1,5 +1,6 @@
 pub mod cache;
 pub mod compile;
+pub mod inspect;
 pub mod ir;
 pub mod model_source;
 pub mod pjrt;
@@ -42,4 +43,15 @@ pub fn write_stdout(text: &str) -> anyhow::Result<()> {
 pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
     use anyhow::Context;
     g4c_frontend::atomic::write_atomic(path, bytes).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Bytes in the largest unit that keeps a number ≥ 1 (decimal: kB, MB, GB).
+pub fn fmt_bytes(bytes: u64) -> String {
+    let b = bytes as f64;
+    match bytes {
+        0..1_000 => format!("{bytes} B"),
+        1_000..1_000_000 => format!("{:.1} kB", b / 1e3),
+        1_000_000..1_000_000_000 => format!("{:.1} MB", b / 1e6),
+        _ => format!("{:.2} GB", b / 1e9),
+    }
 }

@@ -15,7 +15,9 @@ use std::time::Instant;
 /// `--plugin`, else `$G4C_PJRT_PLUGIN`, else the CPU plugin `scripts/setup` installed.
 pub fn open_client(plugin: Option<PathBuf>) -> Result<Client> {
     let Some(path) = plugin.or_else(find_cpu_plugin) else {
-        bail!("no PJRT plugin: pass --plugin PATH, set G4C_PJRT_PLUGIN, or run scripts/setup to install the CPU plugin");
+        bail!(
+            "no PJRT plugin: pass --plugin PATH, set G4C_PJRT_PLUGIN, or run scripts/setup to install the CPU plugin"
+        );
     };
     if !path.exists() {
         bail!("PJRT plugin {} does not exist", path.display());
@@ -90,7 +92,8 @@ pub fn executor<'m>(
         artifact.check_lowering(&lowered)?;
     }
     let artifact_executables = source.artifact().map(|a| a.executables_dir());
-    let (executables, summary) = executables(&client, lowered, source.target.name, &source.label, artifact_executables)?;
+    let (executables, summary) =
+        executables(&client, lowered, source.target.name, &source.label, artifact_executables)?;
     // Uploaded weights' pages are dropped as they are copied; host tables stay mapped.
     let exec = PjrtExecutor::new(module, source.weights(), client, executables, &ui().progress())?;
     Ok((exec, summary, started.elapsed().as_secs_f64()))

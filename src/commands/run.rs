@@ -1,12 +1,11 @@
+use super::model_source::Opened;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use super::model_source::Opened;
 use g4c_frontend::{Shapes, TextTokenizer};
 use g4c_passes::Target;
 use g4c_runtime::{generate, GenerateOptions, Generation, InterpExecutor, Interpreter, SamplingParams};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-
 
 #[derive(Args)]
 pub struct RunArgs {

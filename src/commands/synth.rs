@@ -1,6 +1,6 @@
+use crate::ui::ui;
 use anyhow::{anyhow, Result};
 use clap::Args;
-use crate::ui::ui;
 use g4c_frontend::synth::{synthesize, total_bytes, Preset};
 use g4c_runtime::{Progress, Unit};
 use std::path::PathBuf;

@@ -2,7 +2,8 @@
 
 use g4c_frontend::{Model, Shapes};
 use g4c_runtime::{
-    generate, lower_module, Compiler, Executor, GenerateOptions, Generation, InterpExecutor, Interpreter, PjrtExecutor, Silent,
+    generate, lower_module, Compiler, Executor, GenerateOptions, Generation, InterpExecutor, Interpreter, PjrtExecutor,
+    Silent,
 };
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};

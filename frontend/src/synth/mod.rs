@@ -158,7 +158,13 @@ pub fn synthesize(preset: Preset, seed: u64, out: &Path, on_written: &mut dyn Fn
     }
     let specs = published_tensors(&cfg)
         .into_iter()
-        .map(|(key, shape)| TensorSpec { fill: bf16_filler(&key, &shape, seed), key, dtype: "BF16", elem_bytes: 2, shape })
+        .map(|(key, shape)| TensorSpec {
+            fill: bf16_filler(&key, &shape, seed),
+            key,
+            dtype: "BF16",
+            elem_bytes: 2,
+            shape,
+        })
         .collect();
     let path = dir.path().join("model.safetensors");
     let mut file = AtomicFile::create(&path).map_err(|e| io_error(&path, e))?;

@@ -1,7 +1,7 @@
 //! Opens an artifact for running: manifest checked, IR parsed and verified, weights mapped.
 
-use super::manifest::{Manifest, FORMAT_VERSION};
 use super::files;
+use super::manifest::{Manifest, FORMAT_VERSION};
 use crate::error::{Result, RuntimeError};
 use g4c_codegen::stablehlo::Lowered;
 use g4c_frontend::Checkpoint;
@@ -76,7 +76,11 @@ impl Artifact {
             if recorded != l.mlir {
                 return Err(bad(
                     &self.dir,
-                    format!("{} differs from the lowering of {} (damaged, or from another g4c version)", entry.stablehlo, files::MODULE),
+                    format!(
+                        "{} differs from the lowering of {} (damaged, or from another g4c version)",
+                        entry.stablehlo,
+                        files::MODULE
+                    ),
                 ));
             }
         }
@@ -88,7 +92,10 @@ impl Artifact {
         let path = self.dir.join(&self.manifest.model.weights.file);
         let hash = crate::cache::file_hash(&path)?;
         if hash != self.manifest.model.weights.blake3 {
-            return Err(bad(&self.dir, format!("{} does not match its content hash in the manifest", self.manifest.model.weights.file)));
+            return Err(bad(
+                &self.dir,
+                format!("{} does not match its content hash in the manifest", self.manifest.model.weights.file),
+            ));
         }
         Ok(())
     }

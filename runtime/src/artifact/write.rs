@@ -175,10 +175,17 @@ fn write_weights(
             }
             Ok(())
         };
-        specs.push(TensorSpec { key: decl.name.clone(), dtype, elem_bytes, shape: decl.ty.shape.clone(), fill: Box::new(fill) });
+        specs.push(TensorSpec {
+            key: decl.name.clone(),
+            dtype,
+            elem_bytes,
+            shape: decl.ty.shape.clone(),
+            fill: Box::new(fill),
+        });
     }
     let tensors = specs.len();
-    let mut file = HashingWriter { inner: AtomicFile::create(path).map_err(io(path))?, hasher: blake3::Hasher::new(), bytes: 0 };
+    let mut file =
+        HashingWriter { inner: AtomicFile::create(path).map_err(io(path))?, hasher: blake3::Hasher::new(), bytes: 0 };
     progress.begin("writing weights", decls.iter().map(|d| d.ty.byte_size()).sum(), Unit::Bytes);
     write_safetensors(&mut file, specs, &mut |n| progress.advance(n)).map_err(io(path))?;
     progress.end();

@@ -90,10 +90,9 @@ pub fn decode(bytes: &[u8]) -> Result<(EntryMeta, &[u8]), EntryError> {
 /// header, so callers must not trust it to load an executable).
 pub fn peek_meta(prefix: &[u8]) -> Result<EntryMeta, EntryError> {
     let (meta_len, _) = read_header(prefix)?;
-    let meta = prefix.get(HEADER_LEN..HEADER_LEN + meta_len).ok_or(EntryError::Truncated {
-        expected: (HEADER_LEN + meta_len) as u64,
-        found: prefix.len() as u64,
-    })?;
+    let meta = prefix
+        .get(HEADER_LEN..HEADER_LEN + meta_len)
+        .ok_or(EntryError::Truncated { expected: (HEADER_LEN + meta_len) as u64, found: prefix.len() as u64 })?;
     parse_meta(meta)
 }
 

@@ -34,7 +34,11 @@ pub enum Miss {
     /// Entries of the same program exist, compiled for another environment; what differs.
     OtherEnvironment(Vec<String>),
     /// The entry exists but failed its checks; it was removed if the cache is writable.
-    Corrupt { path: PathBuf, error: String, removed: bool },
+    Corrupt {
+        path: PathBuf,
+        error: String,
+        removed: bool,
+    },
 }
 
 impl Miss {
@@ -79,14 +83,15 @@ impl ExecutableCache {
 
     /// The user's cache: `$G4C_CACHE_DIR`, else `$XDG_CACHE_HOME/g4c`, else `~/.cache/g4c`.
     pub fn user() -> Result<ExecutableCache> {
-        let root = match (std::env::var_os("G4C_CACHE_DIR"), std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME")) {
-            (Some(dir), _, _) => PathBuf::from(dir),
-            (None, Some(xdg), _) => PathBuf::from(xdg).join("g4c"),
-            (None, None, Some(home)) => PathBuf::from(home).join(".cache/g4c"),
-            (None, None, None) => {
-                return Err(RuntimeError::Invalid("no cache directory: set G4C_CACHE_DIR or HOME".into()))
-            }
-        };
+        let root =
+            match (std::env::var_os("G4C_CACHE_DIR"), std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME")) {
+                (Some(dir), _, _) => PathBuf::from(dir),
+                (None, Some(xdg), _) => PathBuf::from(xdg).join("g4c"),
+                (None, None, Some(home)) => PathBuf::from(home).join(".cache/g4c"),
+                (None, None, None) => {
+                    return Err(RuntimeError::Invalid("no cache directory: set G4C_CACHE_DIR or HOME".into()))
+                }
+            };
         Ok(ExecutableCache::at(root.join("executables"), true))
     }
 
