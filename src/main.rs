@@ -21,6 +21,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Measure prefill and decode speed, startup and memory, against the decode roofline
+    Bench(commands::bench::BenchArgs),
     /// List, clear or verify the executable cache
     Cache(commands::cache::CacheArgs),
     /// Run a target's pass pipeline, lower to StableHLO and report what was compiled
@@ -60,6 +62,7 @@ fn main() -> ExitCode {
     };
     ui::init(ui::Ui { quiet: cli.quiet, verbose: cli.verbose });
     let result = match cli.command {
+        Command::Bench(args) => commands::bench::run(args),
         Command::Cache(args) => commands::cache::run(args),
         Command::Compile(args) => commands::compile::run(args),
         Command::Inspect(args) => commands::inspect::run(args),

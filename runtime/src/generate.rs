@@ -61,6 +61,7 @@ pub struct Timings {
 
 /// Static facts about a compiled module that the loop needs.
 pub struct ModelShape {
+    pub batch: usize,
     pub prefill_len: usize,
     pub vocab: usize,
     /// Highest number of positions a sequence may use.
@@ -74,9 +75,6 @@ impl ModelShape {
         };
         let ids = prefill.param("ids").map(|p| prefill.ty(p.value).shape.clone()).unwrap_or_default();
         let [batch, prefill_len] = ids[..] else { return invalid("prefill's `ids` must be i32[B, T]") };
-        if batch != 1 {
-            return invalid(format!("generation runs one sequence; this module has batch {batch}"));
-        }
         let logits = decode.result("logits").map(|r| decode.ty(r.value).shape.clone()).unwrap_or_default();
         let [_, vocab] = logits[..] else { return invalid("decode's `logits` must be f32[B, V]") };
         // Full-attention slots are never reused, so their count bounds the positions.
@@ -84,7 +82,7 @@ impl ModelShape {
             .param("cache.full.pos")
             .map(|p| decode.ty(p.value).shape[1])
             .ok_or_else(|| crate::RuntimeError::Invalid("the module has no `cache.full.pos` state".into()))?;
-        Ok(ModelShape { prefill_len, vocab, context })
+        Ok(ModelShape { batch, prefill_len, vocab, context })
     }
 }
 
@@ -97,6 +95,9 @@ pub fn generate(
     on_token: &mut dyn FnMut(u32),
 ) -> Result<Generation> {
     let shape = ModelShape::of(exec.module())?;
+    if shape.batch != 1 {
+        return invalid(format!("generation runs one sequence; this module has batch {}", shape.batch));
+    }
     if prompt.is_empty() {
         return invalid("the prompt is empty: give at least one token id");
     }
@@ -123,26 +124,8 @@ pub fn generate(
         return Ok(gen);
     }
 
-    // Prefill in chunks of the compiled length; the last chunk is right-padded with position -1.
     let started = Instant::now();
-    let t = shape.prefill_len;
-    let mut logits = Vec::new();
-    for (c, chunk) in prompt.chunks(t).enumerate() {
-        let start = c * t;
-        let mut ids = vec![0i32; t];
-        let mut pos = vec![-1i32; t];
-        for (i, &id) in chunk.iter().enumerate() {
-            ids[i] = id as i32;
-            pos[i] = (start + i) as i32;
-        }
-        let inputs = HashMap::from([
-            ("ids", Tensor::i32([1, t], ids)),
-            ("pos", Tensor::i32([1, t], pos)),
-            ("last", Tensor::i32([1], vec![chunk.len() as i32 - 1])),
-        ]);
-        logits = logits_row(exec.step("prefill", inputs)?);
-    }
-
+    let mut logits = logits_row(prefill(exec, &shape, &[prompt])?);
     gen.timings.prefill_seconds = started.elapsed().as_secs_f64();
     let started = Instant::now();
     let mut sampler = Sampler::new(opts.sampling);
@@ -166,15 +149,51 @@ pub fn generate(
         if gen.generated_ids.len() == opts.max_new_tokens {
             break;
         }
-        let inputs = HashMap::from([
-            ("ids", Tensor::i32([1, 1], vec![token as i32])),
-            ("pos", Tensor::i32([1, 1], vec![position as i32])),
-        ]);
-        logits = logits_row(exec.step("decode", inputs)?);
+        logits = logits_row(decode(exec, &[token], position)?);
         position += 1;
     }
     gen.timings.decode_seconds = started.elapsed().as_secs_f64();
     Ok(gen)
+}
+
+/// Prefills `prompts` (one per sequence of the batch, all of one length) in chunks of the compiled
+/// length, the last chunk right-padded with position -1; returns the logits after each prompt.
+pub fn prefill(exec: &mut dyn Executor, shape: &ModelShape, prompts: &[&[u32]]) -> Result<Tensor> {
+    let b = shape.batch;
+    let len = prompts.first().map_or(0, |p| p.len());
+    if prompts.len() != b || prompts.iter().any(|p| p.len() != len) || len == 0 {
+        return invalid(format!("prefill takes {b} non-empty prompts of one length"));
+    }
+    let t = shape.prefill_len;
+    let mut logits = None;
+    for start in (0..len).step_by(t) {
+        let n = t.min(len - start);
+        let mut ids = vec![0i32; b * t];
+        let mut pos = vec![-1i32; b * t];
+        for (row, prompt) in prompts.iter().enumerate() {
+            for (i, &id) in prompt[start..start + n].iter().enumerate() {
+                ids[row * t + i] = id as i32;
+                pos[row * t + i] = (start + i) as i32;
+            }
+        }
+        let inputs = HashMap::from([
+            ("ids", Tensor::i32([b, t], ids)),
+            ("pos", Tensor::i32([b, t], pos)),
+            ("last", Tensor::i32([b], vec![n as i32 - 1; b])),
+        ]);
+        logits = Some(exec.step("prefill", inputs)?);
+    }
+    logits.ok_or_else(|| crate::RuntimeError::Invalid("empty prompt".into()))
+}
+
+/// One decode call: `tokens[b]` at `position` for every sequence of the batch; returns the logits.
+pub fn decode(exec: &mut dyn Executor, tokens: &[u32], position: usize) -> Result<Tensor> {
+    let b = tokens.len();
+    let inputs = HashMap::from([
+        ("ids", Tensor::i32([b, 1], tokens.iter().map(|&t| t as i32).collect())),
+        ("pos", Tensor::i32([b, 1], vec![position as i32; b])),
+    ]);
+    exec.step("decode", inputs)
 }
 
 /// The logits of sequence 0.

@@ -2,6 +2,7 @@
 //! Later backends (PJRT, CUDA) implement `Executor` and reuse the loop.
 
 pub mod artifact;
+pub mod bench;
 pub mod cache;
 pub mod compiler;
 mod error;

@@ -1,3 +1,4 @@
+pub mod bench;
 pub mod cache;
 pub mod compile;
 pub mod inspect;
@@ -54,4 +55,12 @@ pub fn fmt_bytes(bytes: u64) -> String {
         1_000_000..1_000_000_000 => format!("{:.1} MB", b / 1e6),
         _ => format!("{:.2} GB", b / 1e9),
     }
+}
+
+/// Peak resident set size of this process (Linux `VmHWM`).
+pub fn peak_memory() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }

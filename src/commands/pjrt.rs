@@ -68,13 +68,21 @@ pub fn executables(
     Ok((executables, CompileSummary { events }))
 }
 
+/// How an executor got ready.
+pub struct Readiness {
+    pub compiled: CompileSummary,
+    /// Loading (and converting) the weights and uploading them.
+    pub weights_seconds: f64,
+    pub total_seconds: f64,
+}
+
 /// An executor for `module` (from `source`) on the plugin: executables through the caches, weights
-/// uploaded. Returns how the executables were obtained and the seconds until ready.
+/// uploaded.
 pub fn executor<'m>(
     source: &'m Opened,
     module: &'m Module,
     plugin: Option<PathBuf>,
-) -> Result<(PjrtExecutor<'m>, CompileSummary, f64)> {
+) -> Result<(PjrtExecutor<'m>, Readiness)> {
     let started = Instant::now();
     let client = open_client(plugin)?;
     let lowered = lower_module(module)?;
@@ -92,11 +100,13 @@ pub fn executor<'m>(
         artifact.check_lowering(&lowered)?;
     }
     let artifact_executables = source.artifact().map(|a| a.executables_dir());
-    let (executables, summary) =
+    let (executables, compiled) =
         executables(&client, lowered, source.target.name, &source.label, artifact_executables)?;
+    let uploading = Instant::now();
     // Uploaded weights' pages are dropped as they are copied; host tables stay mapped.
     let exec = PjrtExecutor::new(module, source.weights(), client, executables, &ui().progress())?;
-    Ok((exec, summary, started.elapsed().as_secs_f64()))
+    let weights_seconds = uploading.elapsed().as_secs_f64();
+    Ok((exec, Readiness { compiled, weights_seconds, total_seconds: started.elapsed().as_secs_f64() }))
 }
 
 fn report(event: &CompileEvent) {

@@ -174,10 +174,15 @@ pub fn run(args: RunArgs) -> Result<()> {
             generate(&mut exec, &prompt, &opts, &mut |t| printer.push(t))?
         }
         Backend::Pjrt => {
-            let (mut exec, compiled, ready_seconds) = super::pjrt::executor(&source, &module, args.plugin.clone())?;
+            let (mut exec, ready) = super::pjrt::executor(&source, &module, args.plugin.clone())?;
             let g = generate(&mut exec, &prompt, &opts, &mut |t| printer.push(t))?;
             if args.stats {
-                eprintln!("stats: compile: {}; ready to run after {ready_seconds:.2} s", compiled.describe());
+                eprintln!(
+                    "stats: compile: {}; weights {:.2} s; ready to run after {:.2} s",
+                    ready.compiled.describe(),
+                    ready.weights_seconds,
+                    ready.total_seconds
+                );
             }
             g
         }
@@ -252,16 +257,8 @@ fn print_stats(args: &RunArgs, target: &Target, bucket: usize, g: &Generation) {
         g.prompt_ids.len(),
         t.prefill_seconds * 1e3,
         rate,
-        peak_memory().map_or("unknown".into(), |b| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)),
+        super::peak_memory().map_or("unknown".into(), |b| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)),
     );
-}
-
-/// Peak resident set size of this process (Linux `VmHWM`).
-fn peak_memory() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }
 
 /// Streams generated tokens to stdout: text when there is a tokenizer, else ids.

@@ -1,0 +1,295 @@
+use super::model_source::Opened;
+use crate::ui::ui;
+use anyhow::{bail, Result};
+use clap::Args;
+use g4c_frontend::Shapes;
+use g4c_runtime::bench::{read_bandwidth, run_once, BenchRun, DecodeTraffic};
+use g4c_runtime::cache::ExecutableCache;
+use g4c_runtime::{lower_module, Compiler, Silent};
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Checkpoint directory or artifact
+    pub model: PathBuf,
+    /// Prompt lengths to measure, comma-separated (checkpoints compile one prefill of each length;
+    /// an artifact prefills in chunks of its own length)
+    #[arg(long, default_value = "128", value_name = "LIST")]
+    pub prompt_len: String,
+    /// Tokens generated per run (the first comes from prefill, the rest from decode steps)
+    #[arg(long, default_value_t = 32)]
+    pub gen: usize,
+    /// Sequences per call
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Timed runs per prompt length (after one untimed warm-up run)
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Positions a sequence may reach (sizes the full-attention caches; default 4096 or the artifact's)
+    #[arg(long)]
+    pub context: Option<usize>,
+    /// Target (see `g4c targets`; default `cpu`, or the artifact's own)
+    #[arg(long)]
+    pub target: Option<String>,
+    /// PJRT plugin (default: $G4C_PJRT_PLUGIN, else the CPU plugin scripts/setup installed)
+    #[arg(long, value_name = "PATH")]
+    pub plugin: Option<PathBuf>,
+    /// Print one JSON object instead of the table
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Mean and sample standard deviation.
+fn stats(xs: &[f64]) -> (f64, f64) {
+    let n = xs.len() as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    let var = if xs.len() > 1 { xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
+    (mean, var.sqrt())
+}
+
+/// Startup of one configuration, split into its parts.
+struct Startup {
+    /// Compiling every entry point with no cache (the first run ever).
+    cold_compile: f64,
+    /// Loading every entry point from the cache (every later run).
+    warm_load: f64,
+    /// Loading and uploading the weights.
+    weights: f64,
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    let source = Opened::open(&args.model, args.target.as_deref())?;
+    let lengths: Vec<usize> = args
+        .prompt_len
+        .split(',')
+        .map(|s| s.trim().parse::<usize>().ok().filter(|&n| n > 0))
+        .collect::<Option<_>>()
+        .ok_or_else(|| {
+            anyhow::anyhow!("--prompt-len: expected positive integers separated by commas, found `{}`", args.prompt_len)
+        })?;
+    if args.reps == 0 || args.gen == 0 {
+        bail!("--reps and --gen: expected at least 1");
+    }
+    let fixed = source.fixed_shapes();
+    if let Some(s) = fixed {
+        if args.batch != s.batch {
+            bail!("--batch {}: artifact {} was compiled for batch {}", args.batch, source.label, s.batch);
+        }
+    }
+    let context = match (fixed, args.context) {
+        (Some(s), Some(c)) if c != s.context => {
+            bail!("--context {c}: artifact {} was compiled for a context of {}", source.label, s.context)
+        }
+        (Some(s), _) => s.context,
+        (None, c) => c.unwrap_or(4096).min(source.config.max_position_embeddings),
+    };
+
+    let mut rows = vec![];
+    let mut roofline = None;
+    for &prompt_len in &lengths {
+        if prompt_len + args.gen > context {
+            bail!("--prompt-len {prompt_len} plus --gen {} exceeds the context of {context}", args.gen);
+        }
+        let prefill_len = fixed.map_or(prompt_len, |s| s.prefill_len);
+        let module = source.module(&Shapes { batch: args.batch, prefill_len, context })?;
+        ui().note(&format!("prompt length {prompt_len}: measuring startup"));
+        let (mut exec, ready) = super::pjrt::executor(&source, &module, args.plugin.clone())?;
+        let (cold_compile, warm_load) = compile_times(&source, &module, args.plugin.clone())?;
+        let startup = Startup { cold_compile, warm_load, weights: ready.weights_seconds };
+        ui().note(&format!("prompt length {prompt_len}: {} timed runs", args.reps));
+        run_once(&mut exec, prompt_len, args.gen, 0)?; // warm-up
+        let runs: Vec<BenchRun> = (0..args.reps)
+            .map(|r| run_once(&mut exec, prompt_len, args.gen, r as u64 + 1))
+            .collect::<Result<_, _>>()?;
+        if roofline.is_none() {
+            roofline = DecodeTraffic::of(&module);
+        }
+        rows.push((prompt_len, runs, startup));
+    }
+    // Before the bandwidth probe, whose buffer would count.
+    let peak = super::peak_memory();
+    let traffic = roofline.unwrap_or_default();
+    let (bandwidth, bandwidth_source) = match source.target.bandwidth_bytes_per_s {
+        Some(b) => (b as f64, "datasheet"),
+        None => {
+            ui().note("measuring host memory bandwidth");
+            (read_bandwidth(1 << 30, 5), "measured (1 GiB read, all cores)")
+        }
+    };
+    let report = Report { args: &args, source: &source, rows, traffic, bandwidth, bandwidth_source, peak };
+    if args.json {
+        super::write_stdout(&format!("{}\n", report.json()))
+    } else {
+        super::write_stdout(&report.table())
+    }
+}
+
+/// Seconds to get every executable by compiling with no cache (a cold start), and by loading from the
+/// user's cache (a warm start; the executor just filled it).
+fn compile_times(source: &Opened, module: &g4c_ir::Module, plugin: Option<PathBuf>) -> Result<(f64, f64)> {
+    let client = super::pjrt::open_client(plugin)?;
+    let lowered = lower_module(module)?;
+    let timed = |store: Option<ExecutableCache>| -> Result<(f64, usize)> {
+        let started = Instant::now();
+        let compiler = Compiler::new(&client, source.target.name, &source.label, store)?;
+        let (_, events) = compiler.all(lowered.clone(), &Silent)?;
+        Ok((started.elapsed().as_secs_f64(), events.iter().filter(|e| e.compiled()).count()))
+    };
+    let (cold, _) = timed(None)?;
+    let (warm, compiled) = timed(Some(ExecutableCache::user()?))?;
+    if compiled > 0 {
+        bail!(
+            "the executable cache in {} kept no entries; cannot measure a warm start",
+            ExecutableCache::user()?.dir().display()
+        );
+    }
+    Ok((cold, warm))
+}
+
+struct Report<'a> {
+    args: &'a BenchArgs,
+    source: &'a Opened,
+    rows: Vec<(usize, Vec<BenchRun>, Startup)>,
+    traffic: DecodeTraffic,
+    bandwidth: f64,
+    bandwidth_source: &'static str,
+    peak: Option<u64>,
+}
+
+impl Report<'_> {
+    fn decode_rate(&self) -> f64 {
+        let all: Vec<f64> =
+            self.rows.iter().flat_map(|(_, runs, _)| runs.iter().map(|r| r.decode_tokens_per_second())).collect();
+        stats(&all).0
+    }
+
+    fn roofline_rate(&self) -> f64 {
+        self.traffic.max_steps_per_second(self.bandwidth) * self.args.batch as f64
+    }
+
+    fn table(&self) -> String {
+        let a = self.args;
+        let mut s = String::new();
+        s += &format!(
+            "model {} | target {} | backend pjrt | batch {} | {} runs each\n\n",
+            self.source.label, self.source.target.name, a.batch, a.reps
+        );
+        let mut table = vec![[
+            "test".to_string(),
+            "tok/s".into(),
+            "time to first token".into(),
+            "cold start".into(),
+            "warm start".into(),
+        ]];
+        for (prompt_len, runs, st) in &self.rows {
+            let (pp, pp_sd) = stats(&runs.iter().map(BenchRun::prefill_tokens_per_second).collect::<Vec<_>>());
+            let (tg, tg_sd) = stats(&runs.iter().map(BenchRun::decode_tokens_per_second).collect::<Vec<_>>());
+            let (ttft, ttft_sd) = stats(&runs.iter().map(|r| r.prefill_seconds * 1e3).collect::<Vec<_>>());
+            table.push([
+                format!("pp{prompt_len}"),
+                format!("{pp:.1} ± {pp_sd:.1}"),
+                format!("{ttft:.1} ± {ttft_sd:.1} ms"),
+                format!("{:.2} s", st.cold_compile + st.weights),
+                format!("{:.2} s", st.warm_load + st.weights),
+            ]);
+            table.push([
+                format!("tg{}", a.gen),
+                format!("{tg:.2} ± {tg_sd:.2}"),
+                String::new(),
+                String::new(),
+                String::new(),
+            ]);
+        }
+        let widths: Vec<usize> =
+            (0..5).map(|c| table.iter().map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
+        for (i, row) in table.iter().enumerate() {
+            let cells: Vec<String> = row
+                .iter()
+                .zip(&widths)
+                .enumerate()
+                .map(|(c, (cell, &w))| if c == 0 { format!("{cell:<w$}") } else { format!("{cell:>w$}") })
+                .collect();
+            s += &format!("| {} |\n", cells.join(" | "));
+            if i == 0 {
+                let rules: Vec<String> = widths
+                    .iter()
+                    .enumerate()
+                    .map(|(c, &w)| if c == 0 { "-".repeat(w) } else { format!("{}:", "-".repeat(w - 1)) })
+                    .collect();
+                s += &format!("| {} |\n", rules.join(" | "));
+            }
+        }
+        let t = &self.traffic;
+        let rate = self.decode_rate();
+        let max = self.roofline_rate();
+        s += &format!(
+            "\nstartup: cold = compile with no cache + weights, warm = load from the cache + weights ({} for weights)\n",
+            self.rows.first().map_or("?".into(), |(_, _, st)| format!("{:.2} s", st.weights))
+        );
+        s += &format!(
+            "decode roofline: {} per step ({} weights + {} KV caches and positions + {} host rows) / {:.1} GB/s {} = {max:.2} tok/s at most; measured {rate:.2} tok/s = {:.0}% of it\n",
+            super::fmt_bytes(t.total()),
+            super::fmt_bytes(t.weight_bytes),
+            super::fmt_bytes(t.state_bytes),
+            super::fmt_bytes(t.host_row_bytes),
+            self.bandwidth / 1e9,
+            self.bandwidth_source,
+            100.0 * rate / max,
+        );
+        s += &format!(
+            "peak memory: {}\n",
+            self.peak.map_or("unknown".into(), |b| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64))
+        );
+        s
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let ms = |xs: Vec<f64>| {
+            let (mean, std) = stats(&xs);
+            json!({"mean": mean, "std": std})
+        };
+        let results: Vec<_> = self
+            .rows
+            .iter()
+            .map(|(prompt_len, runs, st)| {
+                json!({
+                    "prompt_len": prompt_len,
+                    "gen": self.args.gen,
+                    "prefill_tok_s": ms(runs.iter().map(BenchRun::prefill_tokens_per_second).collect()),
+                    "decode_tok_s": ms(runs.iter().map(BenchRun::decode_tokens_per_second).collect()),
+                    "ttft_ms": ms(runs.iter().map(|r| r.prefill_seconds * 1e3).collect()),
+                    "startup": {
+                        "cold_s": st.cold_compile + st.weights,
+                        "warm_s": st.warm_load + st.weights,
+                        "compile_s": st.cold_compile,
+                        "cache_load_s": st.warm_load,
+                        "weights_s": st.weights,
+                    },
+                })
+            })
+            .collect();
+        let t = &self.traffic;
+        json!({
+            "model": self.source.label,
+            "target": self.source.target.name,
+            "backend": "pjrt",
+            "batch": self.args.batch,
+            "reps": self.args.reps,
+            "results": results,
+            "peak_memory_bytes": self.peak,
+            "roofline": {
+                "bytes_per_step": t.total(),
+                "weight_bytes": t.weight_bytes,
+                "state_bytes": t.state_bytes,
+                "host_row_bytes": t.host_row_bytes,
+                "bandwidth_bytes_per_s": self.bandwidth,
+                "bandwidth_source": self.bandwidth_source,
+                "max_decode_tok_s": self.roofline_rate(),
+                "decode_tok_s": self.decode_rate(),
+                "fraction": self.decode_rate() / self.roofline_rate(),
+            },
+        })
+    }
+}
