@@ -1,60 +1,14 @@
 //! The `g4c` command line: the stable `run` contract (`--json`, `--logits-out`, `--ignore-eos`),
 //! `ir`, `synth`, and one-line errors for bad invocations.
 
-use crate::common::{assert_one_line_error, g4c, golden_cases, golden_dir};
-use g4c_runtime::Generation;
-
-fn ids(v: &[u32]) -> String {
-    v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",")
-}
+use crate::common::{assert_one_line_error, g4c, golden_cases, golden_dir, run_case};
 
 #[test]
 fn run_json_and_logits_out_match_goldens() {
-    let tmp = tempfile::tempdir().unwrap();
     for (model, backend) in [("tiny", "interp"), ("gqa", "interp"), ("tiny", "pjrt"), ("gqa", "pjrt")] {
         let case = golden_cases(model).into_iter().find(|c| c.name == "long").unwrap();
-        let logits_path = tmp.path().join(format!("{model}-{backend}.safetensors"));
-        let n = case.generated_ids.len().to_string();
         let dir = golden_dir(model).join("published");
-        let out = g4c(&[
-            "run",
-            dir.to_str().unwrap(),
-            "--backend",
-            backend,
-            "--prompt-ids",
-            &ids(&case.prompt_ids),
-            "--max-new-tokens",
-            &n,
-            "--ignore-eos",
-            "--json",
-            "--logits-out",
-            logits_path.to_str().unwrap(),
-        ]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let stdout = String::from_utf8(out.stdout).unwrap();
-        assert_eq!(stdout.trim_end().lines().count(), 1, "--json prints exactly one object: {stdout}");
-        let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-        let got: Vec<u32> =
-            json["generated_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
-        let prompt: Vec<u32> =
-            json["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
-        assert_eq!(prompt, case.prompt_ids);
-
-        let bytes = std::fs::read(&logits_path).unwrap();
-        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-        assert_eq!(st.names(), vec!["logits"]);
-        let t = st.tensor("logits").unwrap();
-        assert_eq!(t.dtype(), safetensors::Dtype::F32);
-        let vocab = case.logits[0].len();
-        assert_eq!(t.shape(), &[case.generated_ids.len(), vocab]);
-        let values: Vec<f32> = t.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
-        let generation = Generation {
-            prompt_ids: prompt,
-            generated_ids: got,
-            logits: values.chunks(vocab).map(|r| r.to_vec()).collect(),
-            stop: g4c_runtime::StopReason::MaxTokens,
-            timings: Default::default(),
-        };
+        let (generation, json) = run_case(&g4c, &dir, &case, &["--backend", backend]);
         assert_eq!(json["backend"], backend);
         crate::common::assert_matches_golden(&format!("cli {model} {backend}"), &generation, &case);
     }

@@ -2,6 +2,8 @@
 
 mod common;
 
+mod artifacts;
+mod cache;
 mod cli;
 mod compile;
 mod config;

@@ -4,7 +4,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use g4c_frontend::Model;
 use g4c_passes::{compile_report, Pipeline, Platform, Target};
-use g4c_runtime::artifact::{write_artifact, ArtifactSource, ShapeInfo};
+use g4c_runtime::artifact::{check_output_dir, write_artifact, ArtifactSource, ShapeInfo};
 use g4c_runtime::pjrt::find_cpu_plugin;
 use g4c_runtime::{lower_module, Compiler};
 use std::path::PathBuf;
@@ -36,6 +36,9 @@ pub struct CompileArgs {
 
 pub fn run(args: CompileArgs) -> Result<()> {
     let target = Target::by_name(&args.target).map_err(anyhow::Error::msg)?;
+    if let Some(out) = &args.out {
+        check_output_dir(out)?;
+    }
     let model = Model::open(&args.model_dir)?;
     let mut module = model.module(&args.shapes.shapes())?;
     g4c_ir::verify_module(&module)?;

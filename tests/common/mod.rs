@@ -204,3 +204,50 @@ pub fn tiny_published_copy() -> tempfile::TempDir {
     }
     dir
 }
+
+pub fn ids(v: &[u32]) -> String {
+    v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",")
+}
+
+/// Runs golden `case` through `g4c run MODEL --json --logits-out` (with `extra` flags) using
+/// `runner` (`g4c`, or one with its own cache); returns the generation and the JSON it printed.
+/// The run must succeed and print exactly one JSON object.
+pub fn run_case(
+    runner: &dyn Fn(&[&str]) -> Output,
+    model: &Path,
+    case: &GoldenCase,
+    extra: &[&str],
+) -> (Generation, serde_json::Value) {
+    let tmp = tempfile::tempdir().unwrap();
+    let logits_path = tmp.path().join("logits.safetensors");
+    let n = case.generated_ids.len().to_string();
+    let prompt = ids(&case.prompt_ids);
+    let mut args = vec!["run", model.to_str().unwrap(), "--prompt-ids", &prompt, "--max-new-tokens", &n];
+    args.extend(["--ignore-eos", "--json", "--logits-out", logits_path.to_str().unwrap()]);
+    args.extend(extra);
+    let out = runner(&args);
+    assert!(out.status.success(), "g4c {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.trim_end().lines().count(), 1, "--json prints exactly one object: {stdout}");
+    let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let list =
+        |k: &str| -> Vec<u32> { json[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect() };
+    assert_eq!(list("prompt_ids"), case.prompt_ids);
+
+    let bytes = std::fs::read(&logits_path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(st.names(), vec!["logits"]);
+    let t = st.tensor("logits").unwrap();
+    assert_eq!(t.dtype(), safetensors::Dtype::F32);
+    let vocab = case.logits[0].len();
+    assert_eq!(t.shape(), &[case.generated_ids.len(), vocab]);
+    let values: Vec<f32> = t.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    let generation = Generation {
+        prompt_ids: list("prompt_ids"),
+        generated_ids: list("generated_ids"),
+        logits: values.chunks(vocab).map(|r| r.to_vec()).collect(),
+        stop: g4c_runtime::StopReason::MaxTokens,
+        timings: Default::default(),
+    };
+    (generation, json)
+}

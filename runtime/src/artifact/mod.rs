@@ -15,7 +15,7 @@ mod write;
 
 pub use manifest::{EntryInfo, Manifest, ModelInfo, ShapeInfo, WeightsInfo, FORMAT_VERSION};
 pub use open::Artifact;
-pub use write::{write_artifact, ArtifactSource};
+pub use write::{check_output_dir, write_artifact, ArtifactSource};
 
 use std::path::Path;
 

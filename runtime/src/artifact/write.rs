@@ -38,7 +38,8 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> RuntimeError + '_ {
     move |e| RuntimeError::Invalid(format!("writing {}: {e}", path.display()))
 }
 
-pub fn write_artifact(out: &Path, src: &ArtifactSource, progress: &dyn Progress) -> Result<Manifest> {
+/// Refuses an output path that holds something other than an artifact (which it would replace).
+pub fn check_output_dir(out: &Path) -> Result<()> {
     let is_empty_dir = std::fs::read_dir(out).map(|mut d| d.next().is_none()).unwrap_or(false);
     if out.exists() && !is_artifact(out) && !is_empty_dir {
         return Err(RuntimeError::Invalid(format!(
@@ -46,6 +47,11 @@ pub fn write_artifact(out: &Path, src: &ArtifactSource, progress: &dyn Progress)
             out.display()
         )));
     }
+    Ok(())
+}
+
+pub fn write_artifact(out: &Path, src: &ArtifactSource, progress: &dyn Progress) -> Result<Manifest> {
+    check_output_dir(out)?;
     let dir = AtomicDir::create(out).map_err(io(out))?;
     let root = dir.path().to_path_buf();
 
