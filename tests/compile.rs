@@ -3,10 +3,8 @@
 
 use crate::common::{g4c, golden_dir};
 use g4c_frontend::synth::Preset;
-use g4c_frontend::{expected_tensors, Gemma4Config, Shapes};
-use g4c_ir::{DType, TensorType, WeightDecl};
+use g4c_frontend::Shapes;
 use g4c_passes::{compile_report, Pipeline, Target};
-use std::path::Path;
 
 #[test]
 fn tiny_report_and_tpu_stablehlo_compiles_on_cpu() {
@@ -35,22 +33,20 @@ fn tiny_report_and_tpu_stablehlo_compiles_on_cpu() {
     let names: Vec<&str> = report["entries"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["prefill", "decode"]);
     assert!(report["converts"]["decode"].as_u64().unwrap() > 0);
-    for file in ["prefill.mlir", "decode.mlir", "report.json"] {
+    for file in ["stablehlo/prefill.mlir", "stablehlo/decode.mlir", "module.g4c", "weights.safetensors"] {
         assert!(tmp.path().join(file).exists(), "{file}");
     }
-    let mlir = std::fs::read_to_string(tmp.path().join("decode.mlir")).unwrap();
+    let mlir = std::fs::read_to_string(tmp.path().join("stablehlo/decode.mlir")).unwrap();
     assert!(mlir.contains("tf.aliasing_output"), "caches are donated");
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(tmp.path().join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["report"], report, "the manifest carries the compile report");
+    assert_eq!(manifest["executables_environment"], serde_json::Value::Null, "no TPU plugin here");
 }
 
 /// The E2B module (weights declared from the config, bf16 as published) after `target`'s pipeline.
 fn e2b_report(target: &str) -> serde_json::Value {
-    let cfg = Gemma4Config::from_json_str(&Preset::E2b.config_json().to_string(), Path::new("e2b.json")).unwrap();
-    let weights = expected_tensors(&cfg)
-        .into_iter()
-        .map(|t| WeightDecl::new(t.name, TensorType::new(DType::BF16, t.shape), t.key))
-        .collect();
-    let shapes = Shapes { batch: 1, prefill_len: 128, context: 4096 };
-    let mut m = g4c_frontend::emit_module(&cfg, weights, &shapes).unwrap();
+    let mut m = Preset::E2b.declared_module(&Shapes { batch: 1, prefill_len: 128, context: 4096 }).unwrap();
     let target = Target::by_name(target).unwrap();
     let pipeline = Pipeline::for_target(target);
     pipeline.run_all(&mut m, target).unwrap();

@@ -3,10 +3,9 @@
 
 use crate::common::golden_dir;
 use g4c_frontend::synth::Preset;
-use g4c_frontend::{expected_tensors, Gemma4Config, Model, Shapes};
+use g4c_frontend::{Model, Shapes};
 use g4c_ir::{parse_module, print_module, verify_module, DType, Module, TensorType, WeightDecl};
 use g4c_runtime::{Interpreter, Tensor, WeightStore};
-use std::path::Path;
 
 fn assert_round_trips(m: &Module) {
     let text = print_module(m);
@@ -29,12 +28,7 @@ fn tiny_entry_points_round_trip() {
 #[test]
 fn e2b_entry_points_round_trip() {
     // The E2B config with weight declarations derived from it (no 9 GB checkpoint needed).
-    let cfg = Gemma4Config::from_json_str(&Preset::E2b.config_json().to_string(), Path::new("e2b.json")).unwrap();
-    let weights = expected_tensors(&cfg)
-        .into_iter()
-        .map(|t| WeightDecl::new(t.name, TensorType::new(DType::BF16, t.shape), t.key))
-        .collect();
-    let m = g4c_frontend::emit_module(&cfg, weights, &Shapes { batch: 1, prefill_len: 128, context: 4096 }).unwrap();
+    let m = Preset::E2b.declared_module(&Shapes { batch: 1, prefill_len: 128, context: 4096 }).unwrap();
     assert_round_trips(&m);
     // 15 KV-owning layers: 12 sliding + 3 full, two stored-position arrays.
     let decode = m.function("decode").unwrap();

@@ -27,6 +27,17 @@ pub enum Preset {
 }
 
 impl Preset {
+    /// The preset's module with weights declared from its config, bf16 as published, and no
+    /// checkpoint behind them: for reports, IR tests and compile benchmarks that never read a weight.
+    pub fn declared_module(self, shapes: &crate::Shapes) -> Result<g4c_ir::Module> {
+        let cfg = Gemma4Config::from_json_str(&self.config_json().to_string(), Path::new("(synthetic config)"))?;
+        let weights = expected_tensors(&cfg)
+            .into_iter()
+            .map(|t| g4c_ir::WeightDecl::new(t.name, g4c_ir::TensorType::new(g4c_ir::DType::BF16, t.shape), t.key))
+            .collect();
+        crate::emit_module(&cfg, weights, shapes)
+    }
+
     pub fn parse(name: &str) -> Option<Preset> {
         match name {
             "tiny" => Some(Preset::Tiny),
