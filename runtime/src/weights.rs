@@ -56,18 +56,29 @@ impl WeightStore for Checkpoint {
     }
 }
 
-/// A row-major `rows × cols` matrix of `elem`-byte elements, transposed. Works in tiles so that both
-/// the reads and the writes stay within a few cache lines.
+/// A row-major `rows × cols` matrix of `elem`-byte elements, transposed.
 fn transpose(bytes: &[u8], rows: usize, cols: usize, elem: usize) -> Vec<u8> {
+    match elem {
+        1 => transpose_as::<1>(bytes, rows, cols),
+        2 => transpose_as::<2>(bytes, rows, cols),
+        4 => transpose_as::<4>(bytes, rows, cols),
+        8 => transpose_as::<8>(bytes, rows, cols),
+        _ => unreachable!("element types are 1, 2, 4 or 8 bytes"),
+    }
+}
+
+/// Works in tiles so that both the reads and the writes stay within a few cache lines; the element
+/// size is a constant so that each move is one load and one store.
+fn transpose_as<const N: usize>(bytes: &[u8], rows: usize, cols: usize) -> Vec<u8> {
     const TILE: usize = 32;
     let mut out = vec![0u8; bytes.len()];
+    let (src, _) = bytes.as_chunks::<N>();
+    let (dst, _) = out.as_chunks_mut::<N>();
     for r0 in (0..rows).step_by(TILE) {
         for c0 in (0..cols).step_by(TILE) {
             for r in r0..(r0 + TILE).min(rows) {
                 for c in c0..(c0 + TILE).min(cols) {
-                    let src = (r * cols + c) * elem;
-                    let dst = (c * rows + r) * elem;
-                    out[dst..dst + elem].copy_from_slice(&bytes[src..src + elem]);
+                    dst[c * rows + r] = src[r * cols + c];
                 }
             }
         }
