@@ -12,11 +12,12 @@ setup:
 build: setup
 	cargo build --locked
 
-# Makes the tiny synthetic model, compiles it for the CPU (StableHLO on the PJRT CPU plugin) and
-# generates text from it.
+# Makes the tiny synthetic model, compiles it for the CPU into an artifact (StableHLO, weights and
+# executables for the PJRT CPU plugin) and generates text from the artifact.
 demo: build
 	@test -d $(DEMO_MODEL) || $(G4C) synth --preset tiny --seed 0 -o $(DEMO_MODEL)
-	$(G4C) run $(DEMO_MODEL) --prompt "ba de fi ko" --max-new-tokens 24
+	$(G4C) compile $(DEMO_MODEL) --target cpu -o $(DEMO_MODEL).g4c
+	$(G4C) run $(DEMO_MODEL).g4c --prompt "ba de fi ko" --max-new-tokens 24 --stats
 
 # Ends with one "N passed, N failed" line summing every test binary.
 test: setup
