@@ -10,6 +10,12 @@ use g4c_ir::Module;
 use std::path::PathBuf;
 use std::time::Instant;
 
+/// An entry point, lowered, with its loaded executable.
+pub struct EntryExecutable {
+    pub lowered: Lowered,
+    pub executable: Executable,
+}
+
 /// Where an executable came from.
 #[derive(Clone, Debug)]
 pub enum Provenance {
@@ -91,13 +97,13 @@ impl<'c> Compiler<'c> {
         &self,
         lowered: Vec<Lowered>,
         progress: &dyn Progress,
-    ) -> Result<(Vec<(Lowered, Executable)>, Vec<CompileEvent>)> {
+    ) -> Result<(Vec<EntryExecutable>, Vec<CompileEvent>)> {
         let mut executables = vec![];
         let mut events = vec![];
         progress.begin("compiling", lowered.len() as u64, Unit::Items);
         for l in lowered {
             let (executable, event) = self.executable(&l)?;
-            executables.push((l, executable));
+            executables.push(EntryExecutable { lowered: l, executable });
             events.push(event);
             progress.advance(1);
         }

@@ -16,7 +16,7 @@ pub mod sampling;
 pub mod tensor;
 pub mod weights;
 
-pub use compiler::{lower_module, CompileEvent, Compiler, Provenance};
+pub use compiler::{lower_module, CompileEvent, Compiler, EntryExecutable, Provenance};
 pub use error::{Result, RuntimeError};
 pub use executor::{Executor, InterpExecutor};
 pub use g4c_ir::WeightDecl;

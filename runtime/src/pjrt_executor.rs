@@ -2,13 +2,14 @@
 //! `Compiler`), weights uploaded once in their stored dtype, state kept in device buffers that each
 //! call donates and gets back updated in place.
 
+use crate::compiler::EntryExecutable;
 use crate::error::{invalid, Result};
 use crate::executor::{gather_args, initial_state, Arg, Executor};
-use crate::pjrt::{Buffer, Client, Executable};
+use crate::pjrt::{Buffer, Client};
 use crate::progress::{Progress, Unit};
 use crate::tensor::Tensor;
 use crate::weights::WeightStore;
-use g4c_codegen::stablehlo::{Input, Lowered};
+use g4c_codegen::stablehlo::Input;
 use g4c_ir::Module;
 use std::collections::HashMap;
 
@@ -16,7 +17,7 @@ pub struct PjrtExecutor<'m> {
     module: &'m Module,
     /// Kept for tables gathered on the host (`host_gather` parameters).
     store: &'m dyn WeightStore,
-    entries: HashMap<String, (Lowered, Executable)>,
+    entries: HashMap<String, EntryExecutable>,
     weights: HashMap<String, Buffer>,
     state: HashMap<String, Buffer>,
     /// Declared last so it is dropped last: executables and buffers must go before their client.
@@ -29,12 +30,12 @@ impl<'m> PjrtExecutor<'m> {
         module: &'m Module,
         store: &'m dyn WeightStore,
         client: Client,
-        executables: Vec<(Lowered, Executable)>,
+        executables: Vec<EntryExecutable>,
         progress: &dyn Progress,
     ) -> Result<Self> {
         let mut uploads: Vec<&str> = vec![];
-        for (lowered, _) in &executables {
-            for input in &lowered.inputs {
+        for entry in &executables {
+            for input in &entry.lowered.inputs {
                 if let Input::Weight(name) = input {
                     if !uploads.contains(&name.as_str()) {
                         uploads.push(name);
@@ -56,7 +57,7 @@ impl<'m> PjrtExecutor<'m> {
             progress.advance(decl.ty.byte_size());
         }
         progress.end();
-        let entries = executables.into_iter().map(|(l, e)| (l.entry.clone(), (l, e))).collect();
+        let entries = executables.into_iter().map(|e| (e.lowered.entry.clone(), e)).collect();
         Ok(PjrtExecutor { module, store, entries, weights, state: HashMap::new(), client })
     }
 
@@ -80,7 +81,7 @@ impl Executor for PjrtExecutor<'_> {
     fn step(&mut self, function: &str, inputs: HashMap<&str, Tensor>) -> Result<Tensor> {
         let f =
             self.module.function(function).ok_or_else(|| crate::RuntimeError::Invalid(format!("no @{function}")))?;
-        let (lowered, executable) = &self.entries[function];
+        let EntryExecutable { lowered, executable } = &self.entries[function];
         // Parameters in order (inputs uploaded now, state buffers handed over), then weights.
         let mut params = gather_args(self.module, self.store, f, inputs, &mut self.state)?.into_iter();
         let mut owned: Vec<Buffer> = Vec::new();

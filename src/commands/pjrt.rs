@@ -7,8 +7,8 @@ use anyhow::{bail, Result};
 use g4c_codegen::stablehlo::Lowered;
 use g4c_ir::Module;
 use g4c_runtime::cache::{ExecutableCache, Miss};
-use g4c_runtime::pjrt::{find_cpu_plugin, Api, Client, Executable};
-use g4c_runtime::{lower_module, CompileEvent, Compiler, PjrtExecutor, Provenance};
+use g4c_runtime::pjrt::{find_cpu_plugin, Api, Client};
+use g4c_runtime::{lower_module, CompileEvent, Compiler, EntryExecutable, PjrtExecutor, Provenance};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -56,7 +56,7 @@ pub fn executables(
     target: &str,
     label: &str,
     artifact_executables: Option<PathBuf>,
-) -> Result<(Vec<(Lowered, Executable)>, CompileSummary)> {
+) -> Result<(Vec<EntryExecutable>, CompileSummary)> {
     let mut compiler = Compiler::new(client, target, label, Some(ExecutableCache::user()?))?;
     if let Some(dir) = artifact_executables {
         compiler = compiler.also_reading(ExecutableCache::at(dir, false));
