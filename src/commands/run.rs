@@ -168,27 +168,26 @@ pub fn run(args: RunArgs) -> Result<()> {
     };
 
     let mut printer = StreamPrinter { tokenizer, enabled: !args.json, ids: vec![], printed: String::new() };
-    let generation = match args.backend {
+    let (generation, ready) = match args.backend {
         Backend::Interp => {
             let mut exec = InterpExecutor::new(Interpreter::new(&module, source.weights()));
-            generate(&mut exec, &prompt, &opts, &mut |t| printer.push(t))?
+            (generate(&mut exec, &prompt, &opts, &mut |t| printer.push(t))?, None)
         }
         Backend::Pjrt => {
             let (mut exec, ready) = super::pjrt::executor(&source, &module, args.plugin.clone())?;
-            let g = generate(&mut exec, &prompt, &opts, &mut |t| printer.push(t))?;
-            if args.stats {
-                eprintln!(
-                    "stats: compile: {}; weights {:.2} s; ready to run after {:.2} s",
-                    ready.compiled.describe(),
-                    ready.weights_seconds,
-                    ready.total_seconds
-                );
-            }
-            g
+            (generate(&mut exec, &prompt, &opts, &mut |t| printer.push(t))?, Some(ready))
         }
     };
     printer.finish();
     if args.stats {
+        if let Some(ready) = ready {
+            eprintln!(
+                "stats: compile: {}; weights {:.2} s; ready to run after {:.2} s",
+                ready.compiled.describe(),
+                ready.weights_seconds,
+                ready.total_seconds
+            );
+        }
         print_stats(&args, source.target, bucket, &generation);
     }
 
