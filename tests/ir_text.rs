@@ -39,6 +39,16 @@ fn e2b_entry_points_round_trip() {
     );
     assert_eq!(decode.ty(decode.param("cache.l14.v").unwrap().value), &TensorType::new(DType::F32, [1, 1, 4096, 512]));
     assert!(decode.param("cache.l15.k").is_none(), "KV-shared layers own no cache");
+    // Prefill runs the 20 KV-shared layers (15…34) on the returned token only.
+    let prefill = m.function("prefill").unwrap();
+    let named = |name: &str| {
+        let v = (0..prefill.values.len() as u32).map(g4c_ir::ValueId).find(|&v| prefill.value_name(v) == Some(name));
+        prefill.ty(v.unwrap_or_else(|| panic!("no %{name}"))).clone()
+    };
+    assert_eq!(named("h.l14"), TensorType::new(DType::F32, [1, 128, 1536]));
+    assert_eq!(named("h.returned"), TensorType::new(DType::F32, [1, 1, 1536]));
+    assert_eq!(named("l15.q"), TensorType::new(DType::F32, [1, 1, 8, 256]));
+    assert_eq!(named("h.l34"), TensorType::new(DType::F32, [1, 1, 1536]));
 }
 
 /// A weight store for hand-written IR: every weight is a constant from a table.

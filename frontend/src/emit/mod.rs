@@ -18,7 +18,7 @@ mod nn;
 use crate::config::{AttentionKind, Gemma4Config};
 use crate::error::{FrontendError, Result};
 use attention::{ring_slots, rope_tables, visibility, RopeTables};
-use g4c_ir::{BinaryOp, CompareDir, DType, DotDims, FunctionBuilder, Module, TensorType, ValueId, WeightDecl};
+use g4c_ir::{BinaryOp, DType, FunctionBuilder, Module, TensorType, ValueId, WeightDecl};
 use nn::Graph;
 use std::collections::HashMap;
 
@@ -108,23 +108,26 @@ fn emit_entry(cfg: &Gemma4Config, weights: &[WeightDecl], shapes: &Shapes, entry
     let mut h = g.b.name(h, "h.embed");
     cx.ple = per_layer_inputs(&mut g, cfg, ids, h);
 
-    for l in 0..cfg.num_layers() {
+    // Prefill returns the logits of one token per sequence (`last[b]`). Layers that write no cache
+    // (the trailing KV-shared ones) change nothing but that token's hidden state, and every op in a
+    // layer except attention is row by row, while attention reads only the caches. So from the first
+    // of them on, only row `last[b]` is carried: same logits, far fewer rows (E2B: 20 of 35 layers).
+    let layers = cfg.num_layers();
+    let narrow_at = (0..layers).rev().take_while(|&l| !cfg.layers[l].owns_kv(l)).last().unwrap_or(layers);
+    let rows = last.map(|last| returned_rows(&mut g, last, b, t));
+    for l in 0..layers {
+        if let (true, Some(rows)) = (l == narrow_at, rows) {
+            h = pick_rows(&mut g, h, rows);
+            h = g.b.name(h, "h.returned");
+            cx = cx.narrow_to(&mut g, cfg, rows);
+        }
         h = layer::decoder_layer(&mut g, cfg, l, h, &mut cx);
     }
-
-    // The hidden state whose logits are returned: token `last[b]` (prefill) or the only token.
-    let d = cfg.hidden_size;
-    let h = match last {
-        Some(last) => {
-            let index = g.b.iota(1, TensorType::new(DType::I32, [b, t]));
-            let last = g.b.broadcast(last, &[b, t], &[0]);
-            let pick = g.b.compare(CompareDir::Eq, index, last);
-            let pick = g.b.convert(pick, DType::F32);
-            let dims = DotDims { lhs_batch: vec![0], rhs_batch: vec![0], lhs_contract: vec![1], rhs_contract: vec![1] };
-            g.b.dot_general(pick, h, dims)
-        }
-        None => g.b.reshape(h, &[b, d]),
-    };
+    if let (true, Some(rows)) = (narrow_at == layers, rows) {
+        h = pick_rows(&mut g, h, rows);
+    }
+    // The hidden state whose logits are returned, one token per sequence: `[B, 1, D]` by now.
+    let h = g.b.reshape(h, &[b, cfg.hidden_size]);
     let h = g.rms_norm(h, Some("norm"), cfg.rms_norm_eps);
     let head = if cfg.tie_word_embeddings { "embed_tokens" } else { "lm_head" };
     let mut logits = g.linear(h, head);
@@ -137,6 +140,24 @@ fn emit_entry(cfg: &Gemma4Config, weights: &[WeightDecl], shapes: &Shapes, entry
     results.extend(cx.state_results);
     let results = results.iter().map(|(n, v)| (n.as_str(), *v)).collect();
     g.b.finish(results)
+}
+
+/// The index of token `last[b]` of every sequence among the `B·T` rows of a `[B, T, …]` value.
+fn returned_rows(g: &mut Graph, last: ValueId, b: usize, t: usize) -> ValueId {
+    let first = g.b.iota(0, TensorType::new(DType::I32, [b]));
+    let first = g.b.binary_scalar(BinaryOp::Mul, first, t as f64);
+    g.b.binary(BinaryOp::Add, first, last)
+}
+
+/// Rows `rows` (from `returned_rows`) of `x: [B, T, …]`, as `[B, 1, …]`. A gather, not a one-hot
+/// matmul: it moves values exactly whatever type a target computes matmuls in.
+fn pick_rows(g: &mut Graph, x: ValueId, rows: ValueId) -> ValueId {
+    let shape = g.b.shape(x);
+    let flat: Vec<usize> = [shape[0] * shape[1]].into_iter().chain(shape[2..].iter().copied()).collect();
+    let flat = g.b.reshape(x, &flat);
+    let picked = g.b.gather(flat, rows);
+    let out: Vec<usize> = [shape[0], 1].into_iter().chain(shape[2..].iter().copied()).collect();
+    g.b.reshape(picked, &out)
 }
 
 /// PLE (gemma4.md §3.2): `(RMS_P(reshape(h0·Wᵀ·D^-½)) + reshape(E_ple[ids]·√P))·2^-½`, `[B, T, L, P]`.
@@ -161,6 +182,7 @@ fn per_layer_inputs(g: &mut Graph, cfg: &Gemma4Config, ids: ValueId, h0: ValueId
 
 /// Per-call values shared by the layers of one entry point.
 pub struct StepContext {
+    pos: ValueId,
     pos_f32: ValueId,
     kinds: HashMap<AttentionKind, KindState>,
     rope: HashMap<(AttentionKind, usize), RopeTables>,
@@ -172,6 +194,8 @@ pub struct StepContext {
 /// Slot bookkeeping of the caches of one attention kind.
 struct KindState {
     slots: ValueId,
+    /// Positions held by the slots once this call's tokens are written.
+    stored: ValueId,
     visible: ValueId,
 }
 
@@ -198,7 +222,7 @@ impl StepContext {
             let visible = visibility(g, pos, stored, window);
             let visible = g.b.name(visible, &format!("{}.visible", kind.name()));
             state_results.push((name, stored));
-            kinds.insert(kind, KindState { slots, visible });
+            kinds.insert(kind, KindState { slots, stored, visible });
         }
         for l in cfg.kv_layers() {
             let spec = &cfg.layers[l];
@@ -208,7 +232,34 @@ impl StepContext {
             let v = g.b.state(&format!("cache.l{l}.v"), ty, 0.0);
             caches.insert(l, (k, v));
         }
-        StepContext { pos_f32, kinds, rope: HashMap::new(), caches, ple: None, state_results }
+        StepContext { pos, pos_f32, kinds, rope: HashMap::new(), caches, ple: None, state_results }
+    }
+
+    /// The context for queries at rows `rows` only (see `returned_rows`), after every cache write:
+    /// their positions, visibility masks, RoPE tables and per-layer inputs. Layers run in it must not
+    /// write caches.
+    fn narrow_to(self, g: &mut Graph, cfg: &Gemma4Config, rows: ValueId) -> StepContext {
+        let pos = pick_rows(g, self.pos, rows);
+        let kinds = self
+            .kinds
+            .into_iter()
+            .map(|(kind, k)| {
+                let window = (kind == AttentionKind::Sliding).then_some(cfg.sliding_window);
+                let visible = visibility(g, pos, k.stored, window);
+                (kind, KindState { visible, ..k })
+            })
+            .collect();
+        let ple = self.ple.map(|ple| pick_rows(g, ple, rows));
+        let pos_f32 = g.b.convert(pos, DType::F32);
+        StepContext {
+            pos,
+            pos_f32,
+            kinds,
+            rope: HashMap::new(),
+            caches: self.caches,
+            ple,
+            state_results: self.state_results,
+        }
     }
 
     fn rope(&mut self, g: &mut Graph, cfg: &Gemma4Config, kind: AttentionKind, head_dim: usize) -> RopeTables {
