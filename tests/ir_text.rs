@@ -131,3 +131,20 @@ fn malformed_text_is_rejected_with_a_position() {
         assert!(e.contains(pos) && e.contains(needle), "got `{e}`, wanted {pos} and {needle:?}");
     }
 }
+
+#[test]
+fn emission_passes_and_lowering_are_deterministic() {
+    // Executable cache keys hash the StableHLO: any hash-order dependence would make warm runs miss.
+    let shapes = Shapes { batch: 1, prefill_len: 16, context: 64 };
+    let lowered = || {
+        let mut m = Preset::Tiny.declared_module(&shapes).unwrap();
+        let target = g4c_passes::Target::by_name("cpu").unwrap();
+        g4c_passes::Pipeline::for_target(target).run_all(&mut m, target).unwrap();
+        let mlir: Vec<String> = g4c_runtime::lower_module(&m).unwrap().into_iter().map(|l| l.mlir).collect();
+        (print_module(&m), mlir)
+    };
+    let first = lowered();
+    for _ in 0..8 {
+        assert!(lowered() == first, "emitting the same model twice gave different IR or StableHLO");
+    }
+}

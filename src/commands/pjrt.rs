@@ -48,6 +48,21 @@ impl CompileSummary {
     }
 }
 
+/// A compiler that looks in `artifact_executables` (never written), then in the user's cache, and
+/// stores what it compiles in the user's cache.
+pub fn cached_compiler<'c>(
+    client: &'c Client,
+    target: &str,
+    label: &str,
+    artifact_executables: Option<PathBuf>,
+) -> Result<Compiler<'c>> {
+    let compiler = Compiler::new(client, target, label, Some(ExecutableCache::user()?))?;
+    Ok(match artifact_executables {
+        Some(dir) => compiler.also_reading(ExecutableCache::at(dir, false)),
+        None => compiler,
+    })
+}
+
 /// Every entry point's executable: loaded from `artifact_executables` or the user's cache when a valid
 /// entry exists for this plugin and host, else compiled and stored in the user's cache.
 pub fn executables(
@@ -57,11 +72,8 @@ pub fn executables(
     label: &str,
     artifact_executables: Option<PathBuf>,
 ) -> Result<(Vec<EntryExecutable>, CompileSummary)> {
-    let mut compiler = Compiler::new(client, target, label, Some(ExecutableCache::user()?))?;
-    if let Some(dir) = artifact_executables {
-        compiler = compiler.also_reading(ExecutableCache::at(dir, false));
-    }
-    let (executables, events) = compiler.all(lowered, &ui().progress())?;
+    let (executables, events) =
+        cached_compiler(client, target, label, artifact_executables)?.all(lowered, &ui().progress())?;
     for event in &events {
         report(event);
     }

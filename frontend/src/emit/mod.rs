@@ -240,15 +240,15 @@ impl StepContext {
     /// write caches.
     fn narrow_to(self, g: &mut Graph, cfg: &Gemma4Config, rows: ValueId) -> StepContext {
         let pos = pick_rows(g, self.pos, rows);
-        let kinds = self
-            .kinds
-            .into_iter()
-            .map(|(kind, k)| {
+        let mut kinds = self.kinds;
+        // In a fixed order: the IR must not depend on hash order (cache keys hash its lowering).
+        for kind in [AttentionKind::Sliding, AttentionKind::Full] {
+            if let Some(k) = kinds.remove(&kind) {
                 let window = (kind == AttentionKind::Sliding).then_some(cfg.sliding_window);
                 let visible = visibility(g, pos, k.stored, window);
-                (kind, KindState { visible, ..k })
-            })
-            .collect();
+                kinds.insert(kind, KindState { visible, ..k });
+            }
+        }
         let ple = self.ple.map(|ple| pick_rows(g, ple, rows));
         let pos_f32 = g.b.convert(pos, DType::F32);
         StepContext {
