@@ -17,7 +17,9 @@ fn compile(cache: &Path, checkpoint: &Path, out: &Path, extra: &[&str]) {
     args.extend(["--prefill-len", "8", "--context", "64"]);
     args.extend(extra);
     let compiled = g4c_with_cache(cache, &args);
-    assert!(compiled.status.success(), "{}", String::from_utf8_lossy(&compiled.stderr));
+    let stderr = String::from_utf8_lossy(&compiled.stderr);
+    assert!(compiled.status.success(), "{stderr}");
+    assert!(!stderr.contains('\r') && !stderr.contains('\x1b'), "no progress bars when piped: {stderr:?}");
 }
 
 #[test]
@@ -98,6 +100,10 @@ fn damaged_artifacts_are_refused_or_repaired() {
     assert!(stderr.contains("checksum mismatch") && stderr.contains("compiled 1 of 2"), "{stderr}");
     assert!(!stderr.contains("was removed"), "an artifact is never modified by running it: {stderr}");
     assert_eq!(repaired.stdout, good.stdout);
+    assert_one_line_error(&g4c_with_cache(&cache, &["inspect", a, "--verify"]), &["checksum mismatch"]);
+    bytes[last] ^= 0x10;
+    std::fs::write(&exe, &bytes).unwrap();
+    assert!(g4c_with_cache(&cache, &["inspect", a, "--verify"]).status.success());
 
     // Damaged weights: caught by size at open, by content hash with `inspect --verify`.
     let weights = artifact.join("weights.safetensors");

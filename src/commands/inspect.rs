@@ -1,6 +1,7 @@
-use anyhow::Result;
+use anyhow::{bail, Result};
 use clap::Args;
 use g4c_runtime::artifact::{Artifact, Manifest};
+use g4c_runtime::cache::ExecutableCache;
 use std::fmt::Write;
 use std::path::PathBuf;
 
@@ -11,7 +12,8 @@ pub struct InspectArgs {
     /// Print the manifest as JSON instead
     #[arg(long)]
     pub json: bool,
-    /// Also hash the weights file and compare it with the manifest's content hash
+    /// Also hash the weights file against the manifest's content hash, and check every executable's
+    /// header and checksum
     #[arg(long)]
     pub verify: bool,
 }
@@ -20,6 +22,10 @@ pub fn run(args: InspectArgs) -> Result<()> {
     let manifest = if args.verify {
         let artifact = Artifact::open(&args.artifact)?;
         artifact.verify_weights()?;
+        let (_, bad) = ExecutableCache::at(artifact.executables_dir(), false).verify()?;
+        if let Some(first) = bad.first() {
+            bail!("artifact {}: {first}", args.artifact.display());
+        }
         artifact.manifest
     } else {
         Artifact::read_manifest(&args.artifact)?
@@ -29,7 +35,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
     }
     let mut out = describe(&args.artifact.display().to_string(), &manifest);
     if args.verify {
-        out += "verified: the weights match their content hash\n";
+        out += "verified: the weights match their content hash; every executable passes its checks\n";
     }
     super::write_stdout(&out)
 }
