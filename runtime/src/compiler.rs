@@ -128,7 +128,7 @@ impl<'c> Compiler<'c> {
                     Err(e) => corrupt.push(cache.corrupt(path, format!("the plugin could not load it: {e}"))),
                 },
                 Lookup::Miss(m @ Miss::Corrupt { .. }) => corrupt.push(m),
-                Lookup::Miss(m) if m.weight() > miss.weight() => miss = m,
+                Lookup::Miss(m) if m.rank() > miss.rank() => miss = m,
                 Lookup::Miss(_) => {}
             }
         }

@@ -57,21 +57,12 @@ pub fn run(args: CompileArgs) -> Result<()> {
     let (executables, environment) = match plugin {
         Some(path) => {
             let client = super::pjrt::open_client(Some(path))?;
-            let platform = client.platform_name()?;
-            if !platform.eq_ignore_ascii_case(target.platform.name()) {
-                anyhow::bail!(
-                    "--plugin {} runs on {platform}; target {} needs a {} plugin",
-                    client.api().path.display(),
-                    target.name,
-                    target.platform.name()
-                );
-            }
+            super::pjrt::check_platform(&client, target, "compiling for")?;
             let (_, summary) = super::pjrt::executables(&client, lowered.clone(), target.name, &label, None)?;
             ui().note(&format!("executables: {}", summary.describe()));
             let files: Vec<(String, PathBuf)> =
                 summary.events.iter().filter_map(|e| e.cache_file().map(|f| (e.entry.clone(), f.clone()))).collect();
-            let env = g4c_runtime::cache::Environment::of(&client)?;
-            (files, Some(env.to_json()))
+            (files, Some(summary.environment.to_json()))
         }
         None => {
             ui().note(&format!(

@@ -6,7 +6,8 @@ use crate::ui::ui;
 use anyhow::{bail, Result};
 use g4c_codegen::stablehlo::Lowered;
 use g4c_ir::Module;
-use g4c_runtime::cache::{ExecutableCache, Miss};
+use g4c_passes::Target;
+use g4c_runtime::cache::{Environment, ExecutableCache, Miss};
 use g4c_runtime::pjrt::{find_cpu_plugin, Api, Client};
 use g4c_runtime::{lower_module, CompileEvent, Compiler, EntryExecutable, PjrtExecutor, Provenance};
 use std::path::PathBuf;
@@ -25,9 +26,25 @@ pub fn open_client(plugin: Option<PathBuf>) -> Result<Client> {
     Ok(Client::new(Api::load(&path)?)?)
 }
 
+/// Refuses a plugin that does not run on `target`'s platform; `what` starts the message.
+pub fn check_platform(client: &Client, target: &Target, what: &str) -> Result<()> {
+    let platform = client.platform_name()?;
+    let wanted = target.platform.name();
+    if !platform.eq_ignore_ascii_case(wanted) {
+        bail!(
+            "{what} target {} (platform {wanted}); the plugin {} runs on {platform}",
+            target.name,
+            client.api().path.display()
+        );
+    }
+    Ok(())
+}
+
 /// What getting the executables took, for `--stats` and reports.
 pub struct CompileSummary {
     pub events: Vec<CompileEvent>,
+    /// The plugin and host they are for.
+    pub environment: Environment,
 }
 
 impl CompileSummary {
@@ -72,12 +89,12 @@ pub fn executables(
     label: &str,
     artifact_executables: Option<PathBuf>,
 ) -> Result<(Vec<EntryExecutable>, CompileSummary)> {
-    let (executables, events) =
-        cached_compiler(client, target, label, artifact_executables)?.all(lowered, &ui().progress())?;
+    let compiler = cached_compiler(client, target, label, artifact_executables)?;
+    let (executables, events) = compiler.all(lowered, &ui().progress())?;
     for event in &events {
         report(event);
     }
-    Ok((executables, CompileSummary { events }))
+    Ok((executables, CompileSummary { events, environment: compiler.environment().clone() }))
 }
 
 /// How an executor got ready.
@@ -99,16 +116,7 @@ pub fn executor<'m>(
     let client = open_client(plugin)?;
     let lowered = lower_module(module)?;
     if let Some(artifact) = source.artifact() {
-        let platform = client.platform_name()?;
-        let wanted = source.target.platform.name();
-        if !platform.eq_ignore_ascii_case(wanted) {
-            bail!(
-                "artifact {} was compiled for target {} (platform {wanted}); the plugin {} runs on {platform}",
-                source.label,
-                source.target.name,
-                client.api().path.display()
-            );
-        }
+        check_platform(&client, source.target, &format!("artifact {} was compiled for", source.label))?;
         artifact.check_lowering(&lowered)?;
     }
     let artifact_executables = source.artifact().map(|a| a.executables_dir());

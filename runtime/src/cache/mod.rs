@@ -44,7 +44,7 @@ pub enum Miss {
 impl Miss {
     /// How much a miss says: a corrupt entry matters more than a foreign one, which matters more
     /// than none at all.
-    pub fn weight(&self) -> u8 {
+    pub fn rank(&self) -> u8 {
         match self {
             Miss::Absent => 0,
             Miss::OtherEnvironment(_) => 1,
@@ -148,7 +148,7 @@ impl ExecutableCache {
         for path in self.files()? {
             let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
             let meta = read_prefix(&path, entry::peek_len(64 << 10))
-                .map_err(|_| EntryError::Truncated { expected: 1, found: 0 })
+                .map_err(|e| EntryError::Metadata(format!("cannot read the file: {e}")))
                 .and_then(|prefix| entry::peek_meta(&prefix));
             out.push(Listed { path, bytes, meta });
         }
