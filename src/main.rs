@@ -14,7 +14,7 @@ struct Cli {
     /// Print no progress bars or notes (errors and warnings still go to stderr)
     #[arg(short, long, global = true)]
     quiet: bool,
-    /// Print details: where each executable came from, timings of steps
+    /// Print details: where each executable came from and how long getting it took
     #[arg(short, long, global = true, conflicts_with = "quiet")]
     verbose: bool,
 }
@@ -25,13 +25,13 @@ enum Command {
     Bench(commands::bench::BenchArgs),
     /// List, clear or verify the executable cache
     Cache(commands::cache::CacheArgs),
-    /// Run a target's pass pipeline, lower to StableHLO and report what was compiled
+    /// Run a target's pass pipeline, lower to StableHLO, compile through the cache, write an artifact (-o)
     Compile(commands::compile::CompileArgs),
     /// Print an artifact's manifest in readable form
     Inspect(commands::inspect::InspectArgs),
     /// Print the IR of a checkpoint's entry points
     Ir(commands::ir::IrArgs),
-    /// Generate tokens from a checkpoint
+    /// Generate tokens from a checkpoint or an artifact
     Run(commands::run::RunArgs),
     /// Write a synthetic checkpoint in the published Gemma 4 layout
     Synth(commands::synth::SynthArgs),
