@@ -62,7 +62,8 @@ pub struct Timings {
 /// Static facts about a compiled module that the loop needs.
 pub struct ModelShape {
     pub batch: usize,
-    pub prefill_len: usize,
+    /// The prefill entry points (`prefill`, `prefill_{T}`) by tokens per call, shortest first.
+    pub prefills: Vec<(usize, String)>,
     pub vocab: usize,
     /// Highest number of positions a sequence may use.
     pub context: usize,
@@ -70,11 +71,17 @@ pub struct ModelShape {
 
 impl ModelShape {
     pub fn of(module: &Module) -> Result<ModelShape> {
-        let (Some(prefill), Some(decode)) = (module.function("prefill"), module.function("decode")) else {
-            return invalid("the module lacks a `prefill` or `decode` function");
-        };
-        let ids = prefill.param("ids").map(|p| prefill.ty(p.value).shape.clone()).unwrap_or_default();
-        let [batch, prefill_len] = ids[..] else { return invalid("prefill's `ids` must be i32[B, T]") };
+        let Some(decode) = module.function("decode") else { return invalid("the module lacks a `decode` function") };
+        let mut prefills = vec![];
+        let mut batch = None;
+        for f in module.functions.iter().filter(|f| f.name == "prefill" || f.name.starts_with("prefill_")) {
+            let ids = f.param("ids").map(|p| f.ty(p.value).shape.clone()).unwrap_or_default();
+            let [b, t] = ids[..] else { return invalid(format!("@{}'s `ids` must be i32[B, T]", f.name)) };
+            batch.get_or_insert(b);
+            prefills.push((t, f.name.clone()));
+        }
+        prefills.sort();
+        let Some(batch) = batch else { return invalid("the module lacks a `prefill` function") };
         let logits = decode.result("logits").map(|r| decode.ty(r.value).shape.clone()).unwrap_or_default();
         let [_, vocab] = logits[..] else { return invalid("decode's `logits` must be f32[B, V]") };
         // Full-attention slots are never reused, so their count bounds the positions.
@@ -82,7 +89,22 @@ impl ModelShape {
             .param("cache.full.pos")
             .map(|p| decode.ty(p.value).shape[1])
             .ok_or_else(|| crate::RuntimeError::Invalid("the module has no `cache.full.pos` state".into()))?;
-        Ok(ModelShape { batch, prefill_len, vocab, context })
+        Ok(ModelShape { batch, prefills, vocab, context })
+    }
+
+    /// The prefill calls for a prompt of `len` tokens: the shortest entry point that holds what is
+    /// left, or the longest while even that does not; each as (entry point, its length, tokens used).
+    pub fn prefill_plan(&self, len: usize) -> Vec<(&str, usize, usize)> {
+        let mut plan = vec![];
+        let mut left = len;
+        while left > 0 {
+            let (t, name) =
+                self.prefills.iter().find(|(t, _)| *t >= left).unwrap_or(self.prefills.last().expect("one"));
+            let used = left.min(*t);
+            plan.push((name.as_str(), *t, used));
+            left -= used;
+        }
+        plan
     }
 }
 
@@ -156,18 +178,18 @@ pub fn generate(
     Ok(gen)
 }
 
-/// Prefills `prompts` (one per sequence of the batch, all of one length) in chunks of the compiled
-/// length, the last chunk right-padded with position -1; returns the logits after each prompt.
+/// Prefills `prompts` (one per sequence of the batch, all of one length) along
+/// `ModelShape::prefill_plan`, each call's tokens right-padded with position -1; returns the logits
+/// after each prompt.
 pub fn prefill(exec: &mut dyn Executor, shape: &ModelShape, prompts: &[&[u32]]) -> Result<Tensor> {
     let b = shape.batch;
     let len = prompts.first().map_or(0, |p| p.len());
     if prompts.len() != b || prompts.iter().any(|p| p.len() != len) || len == 0 {
         return invalid(format!("prefill takes {b} non-empty prompts of one length"));
     }
-    let t = shape.prefill_len;
     let mut logits = None;
-    for start in (0..len).step_by(t) {
-        let n = t.min(len - start);
+    let mut start = 0;
+    for (entry, t, n) in shape.prefill_plan(len) {
         let mut ids = vec![0i32; b * t];
         let mut pos = vec![-1i32; b * t];
         for (row, prompt) in prompts.iter().enumerate() {
@@ -181,7 +203,8 @@ pub fn prefill(exec: &mut dyn Executor, shape: &ModelShape, prompts: &[&[u32]]) 
             ("pos", Tensor::i32([b, t], pos)),
             ("last", Tensor::i32([b], vec![n as i32 - 1; b])),
         ]);
-        logits = Some(exec.step("prefill", inputs)?);
+        logits = Some(exec.step(entry, inputs)?);
+        start += n;
     }
     logits.ok_or_else(|| crate::RuntimeError::Invalid("empty prompt".into()))
 }
@@ -200,4 +223,24 @@ pub fn decode(exec: &mut dyn Executor, tokens: &[u32], position: usize) -> Resul
 fn logits_row(logits: Tensor) -> Vec<f32> {
     let vocab = *logits.shape().last().unwrap_or(&0);
     logits.as_f32().map(|v| v[..vocab].to_vec()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ModelShape;
+
+    #[test]
+    fn prefill_plan_uses_the_shortest_entry_that_holds_the_rest() {
+        let shape = ModelShape {
+            batch: 1,
+            prefills: vec![(4, "prefill_4".into()), (8, "prefill".into())],
+            vocab: 10,
+            context: 64,
+        };
+        assert_eq!(shape.prefill_plan(3), [("prefill_4", 4, 3)]);
+        assert_eq!(shape.prefill_plan(4), [("prefill_4", 4, 4)]);
+        assert_eq!(shape.prefill_plan(5), [("prefill", 8, 5)]);
+        assert_eq!(shape.prefill_plan(11), [("prefill", 8, 8), ("prefill_4", 4, 3)]);
+        assert_eq!(shape.prefill_plan(20), [("prefill", 8, 8), ("prefill", 8, 8), ("prefill_4", 4, 4)]);
+    }
 }

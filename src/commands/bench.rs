@@ -14,7 +14,7 @@ pub struct BenchArgs {
     /// Checkpoint directory or artifact
     pub model: PathBuf,
     /// Prompt lengths to measure, comma-separated (checkpoints compile one prefill of each length;
-    /// an artifact prefills in chunks of its own length)
+    /// an artifact uses its own prefill lengths)
     #[arg(long, default_value = "128", value_name = "LIST")]
     pub prompt_len: String,
     /// Tokens generated per run (the first comes from prefill, the rest from decode steps)
@@ -72,12 +72,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bail!("--reps and --gen: expected at least 1");
     }
     let fixed = source.fixed_shapes();
-    if let Some(s) = fixed {
+    if let Some(s) = &fixed {
         if args.batch != s.batch {
             bail!("--batch {}: artifact {} was compiled for batch {}", args.batch, source.label, s.batch);
         }
     }
-    let context = match (fixed, args.context) {
+    let context = match (&fixed, args.context) {
         (Some(s), Some(c)) if c != s.context => {
             bail!("--context {c}: artifact {} was compiled for a context of {}", source.label, s.context)
         }
@@ -91,7 +91,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         if prompt_len + args.gen > context {
             bail!("--prompt-len {prompt_len} plus --gen {} exceeds the context of {context}", args.gen);
         }
-        let prefill_len = fixed.map_or(prompt_len, |s| s.prefill_len);
+        let prefill_len = fixed.as_ref().map_or(prompt_len, |s| s.longest_prefill());
         let module = source.module(&Shapes { batch: args.batch, prefill_len, context })?;
         ui().note(&format!("prompt length {prompt_len}: measuring startup"));
         let (mut exec, ready) = super::pjrt::executor(&source, &module, args.plugin.clone())?;

@@ -2,7 +2,7 @@ use super::ShapeArgs;
 use crate::ui::ui;
 use anyhow::{Context, Result};
 use clap::Args;
-use g4c_frontend::Model;
+use g4c_frontend::{emit_module_with_prefills, Model};
 use g4c_passes::{compile_report, Pipeline, Platform, Target};
 use g4c_runtime::artifact::{check_output_dir, write_artifact, ArtifactSource, ShapeInfo};
 use g4c_runtime::pjrt::find_cpu_plugin;
@@ -18,6 +18,10 @@ pub struct CompileArgs {
     pub target: String,
     #[command(flatten)]
     pub shapes: ShapeArgs,
+    /// Prefill lengths to compile, increasing: one entry point each (`prefill` for the longest,
+    /// `prefill_{T}` for the others), so short prompts are not padded to the longest
+    #[arg(long, value_name = "LIST", conflicts_with = "prefill_len")]
+    pub prefill_buckets: Option<String>,
     /// Write an artifact to DIR: manifest, IR, StableHLO, weights in the target's dtype and layout,
     /// and the compiled executables when the target's plugin is here (`g4c run DIR` runs it)
     #[arg(short = 'o', long = "out", value_name = "DIR")]
@@ -40,7 +44,14 @@ pub fn run(args: CompileArgs) -> Result<()> {
         check_output_dir(out)?;
     }
     let model = Model::open(&args.model_dir)?;
-    let mut module = model.module(&args.shapes.shapes())?;
+    let mut shapes = args.shapes.shapes();
+    let prefill_lens = match &args.prefill_buckets {
+        Some(list) => super::parse_buckets(list, shapes.context)?,
+        None => vec![shapes.prefill_len],
+    };
+    let (longest, shorter) = prefill_lens.split_last().expect("at least one length");
+    shapes.prefill_len = *longest;
+    let mut module = emit_module_with_prefills(&model.config, model.weights.clone(), &shapes, shorter)?;
     g4c_ir::verify_module(&module)?;
     let pipeline = Pipeline::for_target(target);
     pipeline.run_all(&mut module, target)?;
@@ -74,7 +85,6 @@ pub fn run(args: CompileArgs) -> Result<()> {
     };
     let report = compile_report(&module, target, &pipeline.names());
     if let Some(out) = &args.out {
-        let s = args.shapes.shapes();
         let source = ArtifactSource {
             module: &module,
             store: &model.checkpoint,
@@ -85,7 +95,7 @@ pub fn run(args: CompileArgs) -> Result<()> {
             target: target.to_json(),
             passes: pipeline.names().iter().map(|p| p.to_string()).collect(),
             report: report.clone(),
-            shapes: ShapeInfo { batch: s.batch, prefill_len: s.prefill_len, context: s.context },
+            shapes: ShapeInfo { batch: shapes.batch, prefill_lens, context: shapes.context },
         };
         let manifest = write_artifact(out, &source, &ui().progress())?;
         ui().note(&format!(

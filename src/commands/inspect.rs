@@ -79,8 +79,8 @@ fn describe(path: &str, m: &Manifest) -> String {
     );
     let _ = writeln!(
         s,
-        "shapes    batch {}, prefill length {}, context {}",
-        m.shapes.batch, m.shapes.prefill_len, m.shapes.context
+        "shapes    batch {}, prefill lengths {:?}, context {}",
+        m.shapes.batch, m.shapes.prefill_lens, m.shapes.context
     );
     let _ = writeln!(s, "passes    {}", m.passes.join(" → "));
     let _ = writeln!(

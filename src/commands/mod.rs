@@ -64,3 +64,32 @@ pub fn peak_memory() -> Option<u64> {
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }
+
+/// Comma-separated non-negative integers, e.g. `--prompt-ids 2,17,301`.
+pub fn parse_list(text: &str, flag: &str, what: &str) -> anyhow::Result<Vec<u32>> {
+    use anyhow::Context;
+    text.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<u32>().with_context(|| format!("{flag}: `{s}` is not {what} (expected a non-negative integer)"))
+        })
+        .collect()
+}
+
+/// `--prefill-buckets`: increasing lengths between 1 and the context.
+pub fn parse_buckets(text: &str, context: usize) -> anyhow::Result<Vec<usize>> {
+    use anyhow::bail;
+    let buckets: Vec<usize> =
+        parse_list(text, "--prefill-buckets", "a length")?.into_iter().map(|b| b as usize).collect();
+    if buckets.is_empty() {
+        bail!("--prefill-buckets: expected at least one length, found none");
+    }
+    if let Some(w) = buckets.windows(2).find(|w| w[0] >= w[1]) {
+        bail!("--prefill-buckets: expected increasing lengths, found {} before {}", w[0], w[1]);
+    }
+    if buckets[0] == 0 || *buckets.last().unwrap() > context {
+        bail!("--prefill-buckets: expected lengths between 1 and the context ({context}), found {buckets:?}");
+    }
+    Ok(buckets)
+}

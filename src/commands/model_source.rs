@@ -48,7 +48,7 @@ impl Opened {
 
     /// An artifact's shapes (a checkpoint has none until asked).
     pub fn fixed_shapes(&self) -> Option<ShapeInfo> {
-        self.artifact().map(|a| a.manifest.shapes)
+        self.artifact().map(|a| a.manifest.shapes.clone())
     }
 
     pub fn artifact(&self) -> Option<&Artifact> {
@@ -68,13 +68,13 @@ impl Opened {
                 Ok(module)
             }
             Kind::Artifact(a) => {
-                let s = a.manifest.shapes;
-                if (s.batch, s.prefill_len, s.context) != (shapes.batch, shapes.prefill_len, shapes.context) {
+                let s = &a.manifest.shapes;
+                if (s.batch, s.longest_prefill(), s.context) != (shapes.batch, shapes.prefill_len, shapes.context) {
                     bail!(
-                        "artifact {} has batch {}, prefill length {} and context {}; asked for {}, {} and {}",
+                        "artifact {} has batch {}, longest prefill {} and context {}; asked for {}, {} and {}",
                         self.label,
                         s.batch,
-                        s.prefill_len,
+                        s.longest_prefill(),
                         s.context,
                         shapes.batch,
                         shapes.prefill_len,

@@ -3,7 +3,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use g4c_frontend::{Shapes, TextTokenizer};
 use g4c_passes::Target;
-use g4c_runtime::{generate, GenerateOptions, Generation, InterpExecutor, Interpreter, SamplingParams};
+use g4c_runtime::{generate, GenerateOptions, Generation, InterpExecutor, Interpreter, ModelShape, SamplingParams};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -59,9 +59,9 @@ pub struct RunArgs {
     /// (default: 4096 for pjrt; the prompt plus --max-new-tokens for interp, which needs no fixed shapes)
     #[arg(long)]
     pub context: Option<usize>,
-    /// Prefill lengths to compile, increasing (default for pjrt: 128, 256, … up to the context; for
-    /// interp: the prompt's length). The prompt is prefilled in the smallest that holds it, or in
-    /// chunks of the largest, right-padded.
+    /// Prefill lengths to choose from, increasing (default for pjrt: 128, 256, … up to the context;
+    /// for interp: the prompt's length; an artifact has its own). The prompt is prefilled in the
+    /// smallest that holds it, or in chunks of the largest, right-padded.
     #[arg(long, value_name = "LIST")]
     pub prefill_buckets: Option<String>,
     /// Print timings and peak memory to stderr
@@ -91,7 +91,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let config = &source.config;
     let tokenizer = source.tokenizer.as_ref();
     let prompt = match (&args.prompt_ids, &args.prompt) {
-        (Some(ids), _) => parse_list(ids, "--prompt-ids", "a token id")?,
+        (Some(ids), _) => super::parse_list(ids, "--prompt-ids", "a token id")?,
         (None, Some(text)) => match tokenizer {
             Some(t) => t.encode(text)?,
             None => bail!(
@@ -106,7 +106,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     let fixed = source.fixed_shapes();
     let fixed_shapes = matches!(args.backend, Backend::Pjrt);
-    let context = match (fixed, args.context) {
+    let context = match (&fixed, args.context) {
         (Some(s), Some(c)) if c != s.context => {
             bail!("--context {c}: artifact {} was compiled for a context of {}", source.label, s.context)
         }
@@ -123,27 +123,27 @@ pub fn run(args: RunArgs) -> Result<()> {
             args.max_new_tokens
         );
     }
-    let requested = match &args.prefill_buckets {
-        Some(list) => {
-            let lengths = parse_list(list, "--prefill-buckets", "a length")?;
-            Some(check_buckets(lengths.into_iter().map(|b| b as usize).collect(), context)?)
-        }
-        None => None,
-    };
-    let buckets = match (fixed, requested) {
-        (Some(s), Some(b)) if b != [s.prefill_len] => bail!(
-            "--prefill-buckets: artifact {} was compiled with prefill length {}, found {b:?}",
+    let requested = args.prefill_buckets.as_deref().map(|list| super::parse_buckets(list, context)).transpose()?;
+    // A checkpoint is emitted with the one prefill length the prompt needs (the smallest bucket that
+    // holds it, else the largest, in chunks); an artifact has all of its own.
+    let prefill_len = match (&fixed, requested) {
+        (Some(s), Some(b)) if b != s.prefill_lens => bail!(
+            "--prefill-buckets: artifact {} was compiled with prefill lengths {:?}, found {b:?}",
             source.label,
-            s.prefill_len
+            s.prefill_lens
         ),
-        (Some(s), _) => vec![s.prefill_len],
-        (None, Some(b)) => b,
-        (None, None) if fixed_shapes => default_buckets(context),
-        (None, None) => vec![prompt.len()],
+        (Some(s), _) => s.longest_prefill(),
+        (None, requested) => {
+            let buckets = match requested {
+                Some(b) => b,
+                None if fixed_shapes => default_buckets(context),
+                None => vec![prompt.len()],
+            };
+            buckets.iter().copied().find(|&b| b >= prompt.len()).unwrap_or(*buckets.last().unwrap())
+        }
     };
-    let bucket = buckets.iter().copied().find(|&b| b >= prompt.len()).unwrap_or(*buckets.last().unwrap());
-    let batch = fixed.map_or(1, |s| s.batch);
-    let module = source.module(&Shapes { batch, prefill_len: bucket, context })?;
+    let batch = fixed.as_ref().map_or(1, |s| s.batch);
+    let module = source.module(&Shapes { batch, prefill_len, context })?;
     if !(args.temperature >= 0.0 && args.temperature.is_finite()) {
         bail!("--temperature: expected a number >= 0, found {}", args.temperature);
     }
@@ -155,7 +155,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         eos_ids: config.eos_token_ids.clone(),
         ignore_eos: args.ignore_eos,
         stop_ids: match &args.stop_ids {
-            Some(list) => parse_list(list, "--stop-ids", "a token id")?,
+            Some(list) => super::parse_list(list, "--stop-ids", "a token id")?,
             None => vec![],
         },
         sampling: SamplingParams {
@@ -188,7 +188,7 @@ pub fn run(args: RunArgs) -> Result<()> {
                 ready.total_seconds
             );
         }
-        print_stats(&args, source.target, bucket, &generation);
+        print_stats(&args, source.target, &ModelShape::of(&module)?, &generation);
     }
 
     if let Some(path) = &args.logits_out {
@@ -222,38 +222,17 @@ fn default_buckets(context: usize) -> Vec<usize> {
     }
 }
 
-fn check_buckets(buckets: Vec<usize>, context: usize) -> Result<Vec<usize>> {
-    if buckets.is_empty() {
-        bail!("--prefill-buckets: expected at least one length, found none");
-    }
-    if let Some(w) = buckets.windows(2).find(|w| w[0] >= w[1]) {
-        bail!("--prefill-buckets: expected increasing lengths, found {} before {}", w[0], w[1]);
-    }
-    if buckets[0] == 0 || *buckets.last().unwrap() > context {
-        bail!("--prefill-buckets: expected lengths between 1 and the context ({context}), found {buckets:?}");
-    }
-    Ok(buckets)
-}
-
-fn parse_list(text: &str, flag: &str, what: &str) -> Result<Vec<u32>> {
-    text.split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| {
-            s.parse::<u32>().with_context(|| format!("{flag}: `{s}` is not {what} (expected a non-negative integer)"))
-        })
-        .collect()
-}
-
-fn print_stats(args: &RunArgs, target: &Target, bucket: usize, g: &Generation) {
+fn print_stats(args: &RunArgs, target: &Target, shape: &ModelShape, g: &Generation) {
     let t = g.timings;
     let decoded = g.generated_ids.len().saturating_sub(1);
     let rate = if t.decode_seconds > 0.0 { decoded as f64 / t.decode_seconds } else { 0.0 };
+    let calls: Vec<String> = shape.prefill_plan(g.prompt_ids.len()).iter().map(|(_, t, _)| t.to_string()).collect();
     eprintln!(
-        "stats: backend {} (target {}), prefill {} tokens (bucket {bucket}) {:.1} ms, decode {decoded} tokens {:.2} tok/s, peak memory {}",
+        "stats: backend {} (target {}), prefill {} tokens (calls of {}) {:.1} ms, decode {decoded} tokens {:.2} tok/s, peak memory {}",
         args.backend.name(),
         target.name,
         g.prompt_ids.len(),
+        calls.join(" + "),
         t.prefill_seconds * 1e3,
         rate,
         super::peak_memory().map_or("unknown".into(), |b| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)),

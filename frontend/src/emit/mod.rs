@@ -4,7 +4,8 @@
 //! Entry-point contract (every backend honours it):
 //! - `prefill(ids: i32[B,T], pos: i32[B,T], last: i32[B], state...) -> (logits: f32[B,V], state...)`
 //!   runs T tokens per sequence at absolute positions `pos` (`-1` marks padding) and returns the
-//!   logits of token `last[b]` of each sequence.
+//!   logits of token `last[b]` of each sequence. A module may also have `prefill_{T}` entry points
+//!   for shorter lengths T (same state shapes), so that short prompts are not padded to the longest.
 //! - `decode(ids: i32[B,1], pos: i32[B,1], state...) -> (logits: f32[B,V], state...)`.
 //! - State: `cache.l{L}.k` / `cache.l{L}.v: f32[B, Hkv, S, d]` for every KV-owning layer L, and
 //!   `cache.{sliding,full}.pos: i32[B, S]`, the absolute position held by each slot (`-1` = empty).
@@ -63,25 +64,49 @@ impl Shapes {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Entry {
-    Prefill,
+    /// Prefill of this many tokens per sequence.
+    Prefill(usize),
     Decode,
 }
 
 impl Entry {
-    pub fn name(self) -> &'static str {
+    /// `prefill` for the longest prefill (`Shapes::prefill_len`), `prefill_{T}` for shorter ones.
+    pub fn name(self, shapes: &Shapes) -> String {
         match self {
-            Entry::Prefill => "prefill",
-            Entry::Decode => "decode",
+            Entry::Prefill(t) if t == shapes.prefill_len => "prefill".into(),
+            Entry::Prefill(t) => format!("prefill_{t}"),
+            Entry::Decode => "decode".into(),
         }
     }
 }
 
-/// Builds the module with both entry points.
+/// Builds the module: `prefill` (of `shapes.prefill_len` tokens) and `decode`.
 pub fn emit_module(cfg: &Gemma4Config, weights: Vec<WeightDecl>, shapes: &Shapes) -> Result<Module> {
+    emit_module_with_prefills(cfg, weights, shapes, &[])
+}
+
+/// Builds the module with one more prefill entry point, `prefill_{T}`, per length in `shorter`
+/// (each below `shapes.prefill_len`, which sizes the sliding rings all of them share), so that short
+/// prompts are not padded to the longest length.
+pub fn emit_module_with_prefills(
+    cfg: &Gemma4Config,
+    weights: Vec<WeightDecl>,
+    shapes: &Shapes,
+    shorter: &[usize],
+) -> Result<Module> {
     shapes.check(cfg)?;
+    if let Some(&bad) = shorter.iter().find(|&&t| t == 0 || t >= shapes.prefill_len) {
+        return Err(FrontendError::Invalid {
+            message: format!("extra prefill length {bad} must be between 1 and {}", shapes.prefill_len - 1),
+        });
+    }
     let mut module = Module::new("gemma4_text");
     module.weights = weights;
-    for entry in [Entry::Prefill, Entry::Decode] {
+    let mut lengths: Vec<usize> = shorter.iter().copied().chain([shapes.prefill_len]).collect();
+    lengths.sort_unstable();
+    lengths.dedup();
+    let entries = lengths.into_iter().map(Entry::Prefill).chain([Entry::Decode]);
+    for entry in entries {
         let f = emit_entry(cfg, &module.weights, shapes, entry);
         module.functions.push(f);
     }
@@ -91,13 +116,13 @@ pub fn emit_module(cfg: &Gemma4Config, weights: Vec<WeightDecl>, shapes: &Shapes
 fn emit_entry(cfg: &Gemma4Config, weights: &[WeightDecl], shapes: &Shapes, entry: Entry) -> g4c_ir::Function {
     let b = shapes.batch;
     let t = match entry {
-        Entry::Prefill => shapes.prefill_len,
+        Entry::Prefill(t) => t,
         Entry::Decode => 1,
     };
-    let mut g = Graph::new(FunctionBuilder::new(entry.name(), weights));
+    let mut g = Graph::new(FunctionBuilder::new(&entry.name(shapes), weights));
     let ids = g.b.input("ids", TensorType::new(DType::I32, [b, t]));
     let pos = g.b.input("pos", TensorType::new(DType::I32, [b, t]));
-    let last = (entry == Entry::Prefill).then(|| g.b.input("last", TensorType::new(DType::I32, [b])));
+    let last = matches!(entry, Entry::Prefill(_)).then(|| g.b.input("last", TensorType::new(DType::I32, [b])));
     let mut cx = StepContext::declare_state(&mut g, cfg, shapes, pos);
 
     // Embedding scaled by √D. transformers rounds the scale to the dtype the model runs in (39.25 for

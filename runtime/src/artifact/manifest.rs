@@ -48,11 +48,18 @@ pub struct WeightsInfo {
     pub blake3: String,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShapeInfo {
     pub batch: usize,
-    pub prefill_len: usize,
+    /// The lengths of the prefill entry points, increasing; the last sizes the sliding rings.
+    pub prefill_lens: Vec<usize>,
     pub context: usize,
+}
+
+impl ShapeInfo {
+    pub fn longest_prefill(&self) -> usize {
+        self.prefill_lens.last().copied().unwrap_or(0)
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

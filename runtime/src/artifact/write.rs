@@ -103,7 +103,7 @@ pub fn write_artifact(out: &Path, src: &ArtifactSource, progress: &dyn Progress)
         created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         target: src.target.clone(),
         model: ModelInfo { source: src.model_dir.display().to_string(), config, weights },
-        shapes: src.shapes,
+        shapes: src.shapes.clone(),
         passes: src.passes.clone(),
         entries,
         executables_environment: src.executables_environment.clone(),
