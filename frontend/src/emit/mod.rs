@@ -119,7 +119,7 @@ fn emit_entry(cfg: &Gemma4Config, weights: &[WeightDecl], shapes: &Shapes, entry
         Entry::Prefill(t) => t,
         Entry::Decode => 1,
     };
-    let mut g = Graph::new(FunctionBuilder::new(&entry.name(shapes), weights));
+    let mut g = Graph::new(FunctionBuilder::new(entry.name(shapes), weights));
     let ids = g.b.input("ids", TensorType::new(DType::I32, [b, t]));
     let pos = g.b.input("pos", TensorType::new(DType::I32, [b, t]));
     let last = matches!(entry, Entry::Prefill(_)).then(|| g.b.input("last", TensorType::new(DType::I32, [b])));
