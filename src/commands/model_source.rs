@@ -20,7 +20,7 @@ pub struct Opened {
 
 enum Kind {
     Checkpoint(Model),
-    Artifact(Artifact),
+    Artifact(Box<Artifact>),
 }
 
 impl Opened {
@@ -43,7 +43,7 @@ impl Opened {
             );
         }
         let target = Target::by_name(&compiled_for).map_err(anyhow::Error::msg)?;
-        Ok(Opened { config, tokenizer, target, label, kind: Kind::Artifact(artifact) })
+        Ok(Opened { config, tokenizer, target, label, kind: Kind::Artifact(Box::new(artifact)) })
     }
 
     /// An artifact's shapes (a checkpoint has none until asked).
