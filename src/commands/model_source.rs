@@ -19,7 +19,7 @@ pub struct Opened {
 }
 
 enum Kind {
-    Checkpoint(Model),
+    Checkpoint(Box<Model>),
     Artifact(Box<Artifact>),
 }
 
@@ -33,7 +33,7 @@ impl Opened {
         if !is_artifact(path) {
             let target = Target::by_name(target.unwrap_or("cpu")).map_err(anyhow::Error::msg)?;
             let model = Model::open(path)?;
-            return Ok(Opened { config, tokenizer, target, label, kind: Kind::Checkpoint(model) });
+            return Ok(Opened { config, tokenizer, target, label, kind: Kind::Checkpoint(Box::new(model)) });
         }
         let artifact = Artifact::open(path)?;
         let compiled_for = artifact.manifest.target_name().to_string();
