@@ -77,13 +77,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             bail!("--batch {}: artifact {} was compiled for batch {}", args.batch, source.label, s.batch);
         }
     }
-    let context = match (&fixed, args.context) {
-        (Some(s), Some(c)) if c != s.context => {
-            bail!("--context {c}: artifact {} was compiled for a context of {}", source.label, s.context)
-        }
-        (Some(s), _) => s.context,
-        (None, c) => c.unwrap_or(4096).min(source.config.max_position_embeddings),
-    };
+    let context = source.context(args.context, 4096)?;
 
     let mut rows = vec![];
     let mut roofline = None;

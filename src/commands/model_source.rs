@@ -51,6 +51,18 @@ impl Opened {
         self.artifact().map(|a| a.manifest.shapes.clone())
     }
 
+    /// The context to run with: an artifact's own (refusing another), else `asked` or `default`,
+    /// capped at the model's `max_position_embeddings`.
+    pub fn context(&self, asked: Option<usize>, default: usize) -> Result<usize> {
+        match (self.fixed_shapes(), asked) {
+            (Some(s), Some(c)) if c != s.context => {
+                bail!("--context {c}: artifact {} was compiled for a context of {}", self.label, s.context)
+            }
+            (Some(s), _) => Ok(s.context),
+            (None, c) => Ok(c.unwrap_or(default).min(self.config.max_position_embeddings)),
+        }
+    }
+
     pub fn artifact(&self) -> Option<&Artifact> {
         match &self.kind {
             Kind::Artifact(a) => Some(a),

@@ -106,16 +106,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     let fixed = source.fixed_shapes();
     let fixed_shapes = matches!(args.backend, Backend::Pjrt);
-    let context = match (&fixed, args.context) {
-        (Some(s), Some(c)) if c != s.context => {
-            bail!("--context {c}: artifact {} was compiled for a context of {}", source.label, s.context)
-        }
-        (Some(s), _) => s.context,
-        (None, c) => {
-            let default = if fixed_shapes { 4096 } else { prompt.len() + args.max_new_tokens };
-            c.unwrap_or(default).min(config.max_position_embeddings)
-        }
-    };
+    let context = source.context(args.context, if fixed_shapes { 4096 } else { prompt.len() + args.max_new_tokens })?;
     if prompt.len() + args.max_new_tokens > context {
         bail!(
             "prompt of {} tokens plus --max-new-tokens {} exceeds the context of {context} positions (--context)",
