@@ -134,3 +134,14 @@ fn concurrent_compiles_both_succeed_and_leave_one_valid_entry_each() {
     assert!(verified.status.success(), "{}", String::from_utf8_lossy(&verified.stderr));
     assert!(String::from_utf8_lossy(&verified.stdout).contains("2 entries verified"));
 }
+
+#[test]
+fn a_cache_that_cannot_be_written_costs_a_warning_not_the_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let not_a_dir = tmp.path().join("file");
+    std::fs::write(&not_a_dir, "").unwrap();
+    let (tokens, stderr) = run(&not_a_dir, &[]);
+    assert!(stderr.contains("warning: @decode was compiled but not cached"), "{stderr}");
+    let (expected, _) = run(tmp.path(), &[]);
+    assert_eq!(tokens, expected);
+}

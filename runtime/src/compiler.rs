@@ -33,6 +33,8 @@ pub struct CompileEvent {
     pub seconds: f64,
     /// Corrupt entries met on the way (already removed from writable caches), to report.
     pub corrupt: Vec<Miss>,
+    /// Why a compiled executable could not be stored in the cache, to report.
+    pub not_stored: Option<String>,
 }
 
 impl CompileEvent {
@@ -122,7 +124,8 @@ impl<'c> Compiler<'c> {
                     Ok(executable) => {
                         let provenance = Provenance::Loaded(path);
                         let seconds = started.elapsed().as_secs_f64();
-                        let event = CompileEvent { entry: lowered.entry.clone(), provenance, seconds, corrupt };
+                        let entry = lowered.entry.clone();
+                        let event = CompileEvent { entry, provenance, seconds, corrupt, not_stored: None };
                         return Ok((executable, event));
                     }
                     Err(e) => corrupt.push(cache.corrupt(path, format!("the plugin could not load it: {e}"))),
@@ -136,6 +139,7 @@ impl<'c> Compiler<'c> {
             miss = first.clone();
         }
         let executable = self.client.compile(lowered.mlir.as_bytes())?;
+        let mut not_stored = None;
         let stored = match &self.store {
             Some(cache) => {
                 let meta = serde_json::json!({
@@ -147,7 +151,11 @@ impl<'c> Compiler<'c> {
                         .map_or(0, |d| d.as_secs()),
                     "compile_seconds": started.elapsed().as_secs_f64(),
                 });
-                Some(cache.store(&program, &self.env, meta.as_object().unwrap().clone(), &executable.serialize()?)?)
+                // A cache that cannot be written costs the next run a compile, not this run its result.
+                let stored = executable
+                    .serialize()
+                    .and_then(|body| cache.store(&program, &self.env, meta.as_object().unwrap().clone(), &body));
+                stored.map_err(|e| not_stored = Some(e.to_string())).ok()
             }
             None => None,
         };
@@ -157,6 +165,7 @@ impl<'c> Compiler<'c> {
             provenance,
             seconds: started.elapsed().as_secs_f64(),
             corrupt,
+            not_stored,
         };
         Ok((executable, event))
     }

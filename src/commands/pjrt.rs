@@ -134,6 +134,9 @@ fn report(event: &CompileEvent) {
     for corrupt in &event.corrupt {
         ui.warn(&format!("{corrupt}; compiling @{} again", event.entry));
     }
+    if let Some(error) = &event.not_stored {
+        ui.warn(&format!("@{} was compiled but not cached: {error}", event.entry));
+    }
     match &event.provenance {
         Provenance::Loaded(path) => {
             ui.detail(&format!("@{}: loaded from {} in {:.2} s", event.entry, path.display(), event.seconds))
