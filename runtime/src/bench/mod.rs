@@ -10,6 +10,7 @@ pub use traffic::DecodeTraffic;
 use crate::error::Result;
 use crate::executor::Executor;
 use crate::generate::{decode, prefill, ModelShape};
+use crate::sampling::argmax;
 use crate::tensor::Tensor;
 use std::time::Instant;
 
@@ -75,11 +76,5 @@ fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
 /// The arg-max of every row of `[B, V]` logits.
 fn greedy(logits: &Tensor, batch: usize) -> Vec<u32> {
     let values = logits.as_f32().unwrap_or(&[]);
-    let vocab = values.len() / batch.max(1);
-    values
-        .chunks(vocab.max(1))
-        .map(|row| {
-            row.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0 as u32
-        })
-        .collect()
+    values.chunks((values.len() / batch.max(1)).max(1)).map(|row| argmax(row) as u32).collect()
 }

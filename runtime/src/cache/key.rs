@@ -8,8 +8,10 @@
 use crate::error::{Result, RuntimeError};
 use crate::pjrt::{Client, COMPILE_OPTIONS};
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 pub const G4C_VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -28,7 +30,7 @@ impl Environment {
         let (major, minor) = client.api().version();
         Ok(Environment {
             g4c_version: G4C_VERSION.into(),
-            plugin_hash: file_hash(&client.api().path)?,
+            plugin_hash: plugin_hash(&client.api().path)?,
             api_version: format!("{major}.{minor}"),
             platform: client.platform_name()?,
             cpu_features: cpu_features_hash(),
@@ -93,6 +95,18 @@ impl ProgramKey {
 /// environment's entries of one program share the prefix, so a miss can find them and say what differs.
 pub fn file_name(program: &ProgramKey, env_digest: &str) -> String {
     format!("{}-{}.{}", &program.0[..32], &env_digest[..16], super::EXTENSION)
+}
+
+/// `file_hash` of a loaded plugin, once per process: a plugin cannot change under a process that
+/// has it loaded, and hashing a few hundred MB for every compiler is wasted work.
+fn plugin_hash(path: &Path) -> Result<String> {
+    static HASHES: Mutex<BTreeMap<PathBuf, String>> = Mutex::new(BTreeMap::new());
+    if let Some(hash) = HASHES.lock().unwrap().get(path) {
+        return Ok(hash.clone());
+    }
+    let hash = file_hash(path)?;
+    HASHES.lock().unwrap().insert(path.to_path_buf(), hash.clone());
+    Ok(hash)
 }
 
 /// BLAKE3 of a file's contents, read in large blocks (a PJRT plugin is a few hundred MB).
