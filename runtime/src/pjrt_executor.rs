@@ -49,10 +49,10 @@ impl<'m> PjrtExecutor<'m> {
             .collect::<Result<_>>()?;
         progress.begin("uploading weights", decls.iter().map(|d| d.ty.byte_size()).sum(), Unit::Bytes);
         let mut weights = HashMap::new();
+        let mut scratch = Vec::new();
         for decl in decls {
-            let bytes = store.bytes(decl)?;
-            weights.insert(decl.name.clone(), client.buffer(decl.ty.dtype, &decl.ty.shape, &bytes)?);
-            drop(bytes);
+            let bytes = store.bytes_in(decl, &mut scratch)?;
+            weights.insert(decl.name.clone(), client.buffer(decl.ty.dtype, &decl.ty.shape, bytes)?);
             store.release(decl);
             progress.advance(decl.ty.byte_size());
         }

@@ -138,6 +138,13 @@ pub use g4c_ir::scalar::round_float;
 /// Little-endian float elements of type `from` re-encoded as `to` (rounded to nearest even when
 /// narrowing), element by element without building a tensor.
 pub fn convert_float_bytes(from: DType, to: DType, bytes: &[u8]) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    convert_float_bytes_into(from, to, bytes, &mut out)?;
+    Ok(out)
+}
+
+/// `convert_float_bytes` into `out` (cleared first), reusing its allocation.
+pub fn convert_float_bytes_into(from: DType, to: DType, bytes: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
     let decode: fn(&[u8]) -> f32 = match from {
         DType::F32 => |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         DType::BF16 => |b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
@@ -145,7 +152,8 @@ pub fn convert_float_bytes(from: DType, to: DType, bytes: &[u8]) -> Result<Vec<u
         other => return Err(format!("cannot convert {other} elements as floats")),
     };
     let width = (from.bits() / 8) as usize;
-    let mut out = Vec::with_capacity(bytes.len() / width * (to.bits() / 8) as usize);
+    out.clear();
+    out.reserve(bytes.len() / width * (to.bits() / 8) as usize);
     for chunk in bytes.chunks_exact(width) {
         let x = decode(chunk);
         match to {
@@ -155,7 +163,7 @@ pub fn convert_float_bytes(from: DType, to: DType, bytes: &[u8]) -> Result<Vec<u
             other => return Err(format!("cannot convert floats to {other}")),
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 #[cfg(test)]

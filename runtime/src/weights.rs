@@ -3,14 +3,27 @@
 //! `load` (a host tensor); each has a default in terms of the other.
 
 use crate::error::{Result, RuntimeError};
-use crate::tensor::{convert_float_bytes, Tensor};
+use crate::tensor::{convert_float_bytes, convert_float_bytes_into, Tensor};
 use g4c_frontend::Checkpoint;
-use g4c_ir::WeightDecl;
+use g4c_ir::{DType, WeightDecl};
 use std::borrow::Cow;
 
 pub trait WeightStore {
     fn bytes(&self, decl: &WeightDecl) -> Result<Cow<'_, [u8]>> {
         Ok(Cow::Owned(self.load(decl)?.to_bytes()))
+    }
+
+    /// What `bytes` gives, built in `scratch` when it must be built: a caller going through many
+    /// weights (an upload) passes the same buffer each time, so its pages are reused rather than
+    /// freshly mapped and cleared by the kernel for every weight.
+    fn bytes_in<'a>(&'a self, decl: &WeightDecl, scratch: &'a mut Vec<u8>) -> Result<&'a [u8]> {
+        match self.bytes(decl)? {
+            Cow::Borrowed(b) => Ok(b),
+            Cow::Owned(v) => {
+                *scratch = v;
+                Ok(scratch)
+            }
+        }
     }
 
     fn load(&self, decl: &WeightDecl) -> Result<Tensor> {
@@ -31,24 +44,18 @@ impl WeightStore for Checkpoint {
     /// chose to store the weight in its compute type (`weight-dtype`: never narrower), and transposed
     /// when a pass chose the target's matmul layout (`weight-layout`).
     fn bytes(&self, decl: &WeightDecl) -> Result<Cow<'_, [u8]>> {
-        let t = self.tensor(&decl.source).ok_or_else(|| weight_error(decl, "not in the checkpoint".into()))?;
-        let widening = t.dtype.is_float() && decl.ty.dtype.is_float() && decl.ty.dtype.bits() >= t.dtype.bits();
-        if t.shape != decl.source_shape().as_slice() || (t.dtype != decl.ty.dtype && !widening) {
-            let found = format!("checkpoint has {}{:?}, the IR expects {}", t.dtype, t.shape, decl.ty);
-            return Err(weight_error(decl, found));
+        let mut built = Vec::new();
+        Ok(match mapped_or_built(self, decl, &mut built)? {
+            Some(mapped) => Cow::Borrowed(mapped),
+            None => Cow::Owned(built),
+        })
+    }
+
+    fn bytes_in<'a>(&'a self, decl: &WeightDecl, scratch: &'a mut Vec<u8>) -> Result<&'a [u8]> {
+        match mapped_or_built(self, decl, scratch)? {
+            Some(mapped) => Ok(mapped),
+            None => Ok(scratch),
         }
-        let mut bytes = Cow::Borrowed(t.bytes);
-        if t.dtype != decl.ty.dtype {
-            let converted = convert_float_bytes(t.dtype, decl.ty.dtype, t.bytes).map_err(|m| weight_error(decl, m))?;
-            bytes = Cow::Owned(converted);
-        }
-        if decl.transposed {
-            let [rows, cols] = t.shape[..] else {
-                return Err(weight_error(decl, "a transposed weight must be a matrix".into()));
-            };
-            bytes = Cow::Owned(transpose(&bytes, rows, cols, (decl.ty.dtype.bits() / 8) as usize));
-        }
-        Ok(bytes)
     }
 
     fn release(&self, decl: &WeightDecl) {
@@ -56,43 +63,113 @@ impl WeightStore for Checkpoint {
     }
 }
 
-/// A row-major `rows × cols` matrix of `elem`-byte elements, transposed.
-fn transpose(bytes: &[u8], rows: usize, cols: usize, elem: usize) -> Vec<u8> {
-    match elem {
-        1 => transpose_as::<1>(bytes, rows, cols),
-        2 => transpose_as::<2>(bytes, rows, cols),
-        4 => transpose_as::<4>(bytes, rows, cols),
-        8 => transpose_as::<8>(bytes, rows, cols),
+/// `decl`'s bytes: the mapped ones when they are already in its dtype and layout (`Some`), else
+/// built into `out` (`None`).
+fn mapped_or_built<'c>(ckpt: &'c Checkpoint, decl: &WeightDecl, out: &mut Vec<u8>) -> Result<Option<&'c [u8]>> {
+    let t = ckpt.tensor(&decl.source).ok_or_else(|| weight_error(decl, "not in the checkpoint".into()))?;
+    let widening = t.dtype.is_float() && decl.ty.dtype.is_float() && decl.ty.dtype.bits() >= t.dtype.bits();
+    if t.shape != decl.source_shape().as_slice() || (t.dtype != decl.ty.dtype && !widening) {
+        let found = format!("checkpoint has {}{:?}, the IR expects {}", t.dtype, t.shape, decl.ty);
+        return Err(weight_error(decl, found));
+    }
+    let (from, to) = (t.dtype, decl.ty.dtype);
+    if !decl.transposed {
+        if from == to {
+            return Ok(Some(t.bytes));
+        }
+        convert_float_bytes_into(from, to, t.bytes, out).map_err(|m| weight_error(decl, m))?;
+        return Ok(None);
+    }
+    let [rows, cols] = t.shape[..] else {
+        return Err(weight_error(decl, "a transposed weight must be a matrix".into()));
+    };
+    out.clear();
+    out.resize(decl.ty.byte_size() as usize, 0);
+    // Widening to f32 happens inside the transpose: one pass, one buffer.
+    match (from, to) {
+        _ if from == to => transpose_into(t.bytes, rows, cols, out),
+        (DType::BF16, DType::F32) => transpose_with(t.bytes, rows, cols, out, bf16_to_f32),
+        (DType::F16, DType::F32) => transpose_with(t.bytes, rows, cols, out, f16_to_f32),
+        _ => {
+            let wide = convert_float_bytes(from, to, t.bytes).map_err(|m| weight_error(decl, m))?;
+            transpose_into(&wide, rows, cols, out);
+        }
+    }
+    Ok(None)
+}
+
+/// One bf16 as the f32 it widens to (exact: a bf16 is the upper half of an f32).
+fn bf16_to_f32(b: [u8; 2]) -> [u8; 4] {
+    (u32::from(u16::from_le_bytes(b)) << 16).to_le_bytes()
+}
+
+fn f16_to_f32(b: [u8; 2]) -> [u8; 4] {
+    half::f16::from_bits(u16::from_le_bytes(b)).to_f32().to_le_bytes()
+}
+
+/// A row-major `rows × cols` matrix, transposed into `out` (of the same length); the element size is
+/// `out.len() / (rows × cols)`.
+fn transpose_into(bytes: &[u8], rows: usize, cols: usize, out: &mut [u8]) {
+    match out.len() / (rows * cols).max(1) {
+        1 => transpose_with(bytes, rows, cols, out, |x: [u8; 1]| x),
+        2 => transpose_with(bytes, rows, cols, out, |x: [u8; 2]| x),
+        4 => transpose_with(bytes, rows, cols, out, |x: [u8; 4]| x),
+        8 => transpose_with(bytes, rows, cols, out, |x: [u8; 8]| x),
         _ => unreachable!("element types are 1, 2, 4 or 8 bytes"),
     }
 }
 
-/// Works in tiles so that both the reads and the writes stay within a few cache lines; the element
-/// size is a constant so that each move is one load and one store.
-fn transpose_as<const N: usize>(bytes: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+/// A row-major `rows × cols` matrix of `I`-byte elements, transposed into `out`, each element
+/// mapped to `O` bytes by `f`. Works in tiles so that both the reads and the writes stay within a
+/// few cache lines; the element sizes are constants so that each move is one load and one store.
+fn transpose_with<const I: usize, const O: usize>(
+    bytes: &[u8],
+    rows: usize,
+    cols: usize,
+    out: &mut [u8],
+    f: impl Fn([u8; I]) -> [u8; O],
+) {
     const TILE: usize = 32;
-    let mut out = vec![0u8; bytes.len()];
-    let (src, _) = bytes.as_chunks::<N>();
-    let (dst, _) = out.as_chunks_mut::<N>();
+    let (src, _) = bytes.as_chunks::<I>();
+    let (dst, _) = out.as_chunks_mut::<O>();
     for r0 in (0..rows).step_by(TILE) {
         for c0 in (0..cols).step_by(TILE) {
             for r in r0..(r0 + TILE).min(rows) {
                 for c in c0..(c0 + TILE).min(cols) {
-                    dst[c * rows + r] = src[r * cols + c];
+                    dst[c * rows + r] = f(src[r * cols + c]);
                 }
             }
         }
     }
-    out
 }
 
 #[cfg(test)]
 mod tests {
+    use g4c_ir::DType;
+
     #[test]
     fn transpose_swaps_rows_and_columns() {
         // 2 × 3 matrix of u16: [[1, 2, 3], [4, 5, 6]].
         let m: Vec<u8> = [1u16, 2, 3, 4, 5, 6].iter().flat_map(|x| x.to_le_bytes()).collect();
-        let t: Vec<u16> = super::transpose(&m, 2, 3, 2).chunks(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
+        let mut out = vec![0u8; m.len()];
+        super::transpose_into(&m, 2, 3, &mut out);
+        let t: Vec<u16> = out.chunks(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
         assert_eq!(t, [1, 4, 2, 5, 3, 6]);
+    }
+
+    #[test]
+    fn widening_inside_the_transpose_equals_widening_then_transposing() {
+        let values = [1.5f32, -2.25, 3.0e-3, 65504.0, -0.0, 7.0];
+        let f32_bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+        for from in [DType::BF16, DType::F16] {
+            let narrow = crate::tensor::convert_float_bytes(DType::F32, from, &f32_bytes).unwrap();
+            let wide = crate::tensor::convert_float_bytes(from, DType::F32, &narrow).unwrap();
+            let mut expected = vec![0u8; wide.len()];
+            super::transpose_into(&wide, 2, 3, &mut expected);
+            let widen = if from == DType::BF16 { super::bf16_to_f32 } else { super::f16_to_f32 };
+            let mut fused = vec![0u8; wide.len()];
+            super::transpose_with(&narrow, 2, 3, &mut fused, widen);
+            assert_eq!(fused, expected, "{from}");
+        }
     }
 }
