@@ -1,5 +1,7 @@
-//! The g4c runtime: host tensors, the reference interpreter, weight stores and the generation loop.
-//! Later backends (PJRT, CUDA) implement `Executor` and reuse the loop.
+//! The g4c runtime: host tensors, the reference interpreter, weight stores, the PJRT binding and its
+//! executor, the executable cache and the compiler that goes through it, compiled artifacts, the
+//! generation loop and the measurements behind `g4c bench`. Backends implement `Executor` (the CUDA
+//! backend will too) and reuse the loop.
 
 pub mod artifact;
 pub mod bench;
