@@ -16,7 +16,7 @@
 use std::fmt;
 
 const MAGIC: &[u8; 8] = b"G4CEXEC\n";
-pub const FORMAT_VERSION: u32 = 1;
+const FORMAT_VERSION: u32 = 1;
 const HEADER_LEN: usize = 56;
 
 /// What an entry says about itself; `key` must match the key it was looked up by.

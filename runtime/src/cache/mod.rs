@@ -6,8 +6,10 @@
 mod entry;
 mod key;
 
-pub use entry::{EntryError, EntryMeta, FORMAT_VERSION};
-pub use key::{file_hash, file_name, Environment, ProgramKey, G4C_VERSION};
+pub use entry::{EntryError, EntryMeta};
+pub use key::{file_hash, Environment, ProgramKey, G4C_VERSION};
+
+use key::file_name;
 
 use crate::error::{Result, RuntimeError};
 use g4c_frontend::atomic::write_atomic;
