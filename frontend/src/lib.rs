@@ -1,8 +1,6 @@
 //! The g4c frontend: reads a Gemma 4 checkpoint (config + safetensors) and emits IR.
 
-pub mod atomic;
 pub mod checkpoint;
-pub mod checkpoint_writer;
 pub mod config;
 pub mod emit;
 pub mod error;

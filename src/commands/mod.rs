@@ -40,10 +40,10 @@ pub fn write_stdout(text: &str) -> anyhow::Result<()> {
     }
 }
 
-/// Writes a file atomically (`g4c_frontend::atomic`), naming the file in the error.
+/// Writes a file atomically (`g4c_util::atomic`), naming the file in the error.
 pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
     use anyhow::Context;
-    g4c_frontend::atomic::write_atomic(path, bytes).with_context(|| format!("writing {}", path.display()))
+    g4c_util::atomic::write_atomic(path, bytes).with_context(|| format!("writing {}", path.display()))
 }
 
 /// Bytes in the largest unit that keeps a number ≥ 1 (decimal: kB, MB, GB).

@@ -7,8 +7,8 @@ mod tokenizer;
 
 pub use tokenizer::tokenizer_json;
 
-use crate::atomic::{AtomicDir, AtomicFile};
-use crate::checkpoint_writer::{write_safetensors, Filler, TensorSpec};
+use g4c_util::atomic::{AtomicDir, AtomicFile};
+use g4c_util::safetensors_writer::{write_safetensors, Filler, TensorSpec};
 use crate::config::Gemma4Config;
 use crate::error::{io_error, FrontendError, Result};
 use crate::weights::expected_tensors;

@@ -12,7 +12,7 @@ pub use key::{file_hash, Environment, ProgramKey, G4C_VERSION};
 use key::file_name;
 
 use crate::error::{Result, RuntimeError};
-use g4c_frontend::atomic::write_atomic;
+use g4c_util::atomic::write_atomic;
 use std::path::{Path, PathBuf};
 
 pub const EXTENSION: &str = "g4cx";
@@ -235,7 +235,7 @@ impl ExecutableCache {
 }
 
 fn is_temporary(path: &Path) -> bool {
-    path.file_name().is_some_and(|n| n.to_string_lossy().starts_with(g4c_frontend::atomic::TEMP_PREFIX))
+    path.file_name().is_some_and(|n| n.to_string_lossy().starts_with(g4c_util::atomic::TEMP_PREFIX))
 }
 
 fn read_prefix(path: &Path, len: usize) -> std::io::Result<Vec<u8>> {
