@@ -5,7 +5,8 @@
 
 use g4c_frontend::synth::Preset;
 use g4c_frontend::Shapes;
-use g4c_passes::{Pipeline, Target};
+use g4c_ir::Target;
+use g4c_passes::Pipeline;
 use g4c_runtime::lower_module;
 use std::time::{Duration, Instant};
 

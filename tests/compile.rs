@@ -4,7 +4,8 @@
 use crate::common::{g4c, golden_dir};
 use g4c_frontend::synth::Preset;
 use g4c_frontend::Shapes;
-use g4c_passes::{compile_report, Pipeline, Target};
+use g4c_ir::Target;
+use g4c_passes::{compile_report, Pipeline};
 
 #[test]
 fn tiny_report_and_tpu_stablehlo_compiles_on_cpu() {

@@ -138,7 +138,7 @@ fn emission_passes_and_lowering_are_deterministic() {
     let shapes = Shapes { batch: 1, prefill_len: 16, context: 64 };
     let lowered = || {
         let mut m = Preset::Tiny.declared_module(&shapes).unwrap();
-        let target = g4c_passes::Target::by_name("cpu").unwrap();
+        let target = g4c_ir::Target::by_name("cpu").unwrap();
         g4c_passes::Pipeline::for_target(target).run_all(&mut m, target).unwrap();
         let mlir: Vec<String> = g4c_runtime::lower_module(&m).unwrap().into_iter().map(|l| l.mlir).collect();
         (print_module(&m), mlir)

@@ -14,6 +14,7 @@ mod parse;
 mod print;
 pub mod scalar;
 mod substitution;
+pub mod target;
 mod types;
 mod verify;
 
@@ -25,5 +26,6 @@ pub use op::{Attr, BinaryOp, CompareDir, DotDims, Literal, Op, ReduceKind, Unary
 pub use parse::{parse_module, ParseError};
 pub use print::{fmt_f64, print_function, print_module, ValueNames};
 pub use substitution::Substitution;
+pub use target::{GpuLimits, MmaShape, Platform, Target, TARGETS};
 pub use types::TensorType;
 pub use verify::{verify_function, verify_module, VerifyError};

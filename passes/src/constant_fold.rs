@@ -2,7 +2,8 @@
 //! (and `select` on a constant condition becomes the chosen operand). Arithmetic follows the
 //! interpreter: floats in f32 rounded to their dtype, integers in wrapping i32.
 
-use crate::{Pass, PassError, Target};
+use crate::{Pass, PassError};
+use g4c_ir::Target;
 use g4c_ir::{scalar, BinaryOp, CompareDir, DType, Literal, Module, Op, Substitution, UnaryOp, ValueId};
 use std::collections::HashMap;
 

@@ -2,7 +2,8 @@
 //! attributes and result type) is replaced by it. The frontend emits, per layer, the same constants
 //! and the same mask and RoPE broadcasts; this pass keeps one of each. Dead copies are left to `dce`.
 
-use crate::{Pass, PassError, Target};
+use crate::{Pass, PassError};
+use g4c_ir::Target;
 use g4c_ir::{Module, Substitution, ValueId};
 use std::collections::HashMap;
 

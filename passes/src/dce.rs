@@ -1,7 +1,8 @@
 //! Dead-code elimination: drops instructions whose results nothing reads. IR ops have no side
 //! effects, so liveness flows back from the function results alone.
 
-use crate::{Pass, PassError, Target};
+use crate::{Pass, PassError};
+use g4c_ir::Target;
 use g4c_ir::Module;
 
 pub struct Dce;

@@ -17,7 +17,8 @@
 //! stream adds f32 norm outputs it stays f32 too; matmuls, their activations and the KV caches use C.
 //! On a target whose compute type is f32 nothing changes.
 
-use crate::{Pass, PassError, Target};
+use crate::{Pass, PassError};
+use g4c_ir::Target;
 use g4c_ir::{DType, Function, Instr, Literal, Module, Op, ParamRole, Substitution, TensorType, UnaryOp, ValueId};
 use std::collections::HashMap;
 

@@ -3,7 +3,8 @@
 //! gather becomes a `host_gather` parameter that the runtime fills with the rows a call needs.
 //! Tables that are also read otherwise (the tied embedding, also the LM head) stay on the device.
 
-use crate::{Pass, PassError, Target};
+use crate::{Pass, PassError};
+use g4c_ir::Target;
 use g4c_ir::{Module, Op, Param, ParamRole, Substitution, ValueId};
 use std::collections::{HashMap, HashSet};
 

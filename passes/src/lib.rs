@@ -1,4 +1,4 @@
-//! Target descriptions and IR-to-IR passes. Each pass is a small named type implementing `Pass`;
+//! IR-to-IR passes. Each pass is a small named type implementing `Pass`;
 //! `Pipeline::for_target` lists, in order, what a target runs. The module is verified after every pass.
 
 mod constant_fold;
@@ -8,7 +8,6 @@ mod dtype_legalize;
 mod host_tables;
 mod pass;
 mod report;
-pub mod target;
 mod weight_dtype;
 mod weight_layout;
 
@@ -19,6 +18,5 @@ pub use dtype_legalize::DtypeLegalize;
 pub use host_tables::HostTables;
 pub use pass::{Pass, PassError, Pipeline};
 pub use report::compile_report;
-pub use target::{Platform, Target, TARGETS};
 pub use weight_dtype::WeightDtype;
 pub use weight_layout::WeightLayout;

@@ -1,6 +1,6 @@
 //! The pass trait and the ordered pipeline each target runs.
 
-use crate::target::Target;
+use g4c_ir::Target;
 use crate::{ConstantFold, Cse, Dce, DtypeLegalize, HostTables, WeightDtype, WeightLayout};
 use g4c_ir::{verify_module, Module};
 

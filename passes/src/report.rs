@@ -1,6 +1,6 @@
 //! The compile report: facts about a module after its target's pipeline, read off the IR itself.
 
-use crate::Target;
+use g4c_ir::Target;
 use g4c_ir::{Function, Module, Op, ParamRole};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;

@@ -10,7 +10,8 @@
 //! On `cpu`, which computes in f32, this turns the per-call bf16 → f32 conversion of every matrix
 //! into one conversion at load.
 
-use crate::{Pass, PassError, Target};
+use crate::{Pass, PassError};
+use g4c_ir::Target;
 use g4c_ir::{DType, Function, Module, Op, Substitution, ValueId};
 use std::collections::HashMap;
 

@@ -5,7 +5,8 @@
 //! `Target::weights_in_major` (XLA's CPU backend otherwise re-lays out every `[out, in]` matrix
 //! inside every call: 7.5 GB per decoded token on E2B).
 
-use crate::{Pass, PassError, Target};
+use crate::{Pass, PassError};
+use g4c_ir::Target;
 use g4c_ir::{Module, Op, ParamRole, ValueId};
 use std::collections::HashSet;
 

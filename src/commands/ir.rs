@@ -2,7 +2,8 @@ use super::ShapeArgs;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use g4c_frontend::Model;
-use g4c_passes::{Pipeline, Target};
+use g4c_ir::Target;
+use g4c_passes::Pipeline;
 use std::path::PathBuf;
 
 #[derive(Args)]

@@ -5,7 +5,8 @@
 use anyhow::{bail, Result};
 use g4c_frontend::{Checkpoint, Gemma4Config, Model, Shapes, TextTokenizer};
 use g4c_ir::Module;
-use g4c_passes::{Pipeline, Target};
+use g4c_ir::Target;
+use g4c_passes::Pipeline;
 use g4c_runtime::artifact::{is_artifact, Artifact, ShapeInfo};
 use std::path::Path;
 

@@ -6,7 +6,7 @@ use crate::ui::ui;
 use anyhow::{bail, Result};
 use g4c_codegen::stablehlo::Lowered;
 use g4c_ir::Module;
-use g4c_passes::Target;
+use g4c_ir::Target;
 use g4c_runtime::cache::{Environment, ExecutableCache, Miss};
 use g4c_runtime::pjrt::{find_cpu_plugin, Api, Client};
 use g4c_runtime::{lower_module, CompileEvent, Compiler, EntryExecutable, PjrtExecutor, Provenance};

@@ -2,7 +2,7 @@ use super::model_source::Opened;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use g4c_frontend::{Shapes, TextTokenizer};
-use g4c_passes::Target;
+use g4c_ir::Target;
 use g4c_runtime::{generate, GenerateOptions, Generation, InterpExecutor, Interpreter, ModelShape, SamplingParams};
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -1,6 +1,6 @@
 use anyhow::Result;
 use clap::Args;
-use g4c_passes::TARGETS;
+use g4c_ir::TARGETS;
 
 #[derive(Args)]
 pub struct TargetsArgs {
@@ -15,18 +15,21 @@ pub fn run(args: TargetsArgs) -> Result<()> {
         return super::write_stdout(&format!("{}\n", serde_json::Value::Array(all)));
     }
     let mut out = format!(
-        "{:<9} {:<5} {:>5} {:>10} {:>10} {:>9} {:>10}  {:<7} {}\n",
-        "target", "kind", "sm", "smem/blk", "opt-in", "memory", "bandwidth", "compute", "math dtypes"
+        "{:<9} {:<5} {:>5} {:>4} {:>10} {:>10} {:>8} {:>9} {:>10}  {:<7} {}\n",
+        "target", "kind", "sm", "SMs", "smem/blk", "opt-in", "L2", "memory", "bandwidth", "compute", "math dtypes"
     );
-    let kib = |b: Option<u32>| b.map_or("-".into(), |b| format!("{} KiB", b / 1024));
     for t in TARGETS {
+        let gpu = t.gpu.as_ref();
+        let kib = |f: fn(&g4c_ir::GpuLimits) -> u32| gpu.map_or("-".into(), |g| format!("{} KiB", f(g) / 1024));
         out += &format!(
-            "{:<9} {:<5} {:>5} {:>10} {:>10} {:>9} {:>10}  {:<7} {}\n",
+            "{:<9} {:<5} {:>5} {:>4} {:>10} {:>10} {:>8} {:>9} {:>10}  {:<7} {}\n",
             t.name,
             t.platform.name(),
-            t.compute_capability.map_or("-".into(), |(a, b)| format!("{a}.{b}")),
-            kib(t.smem_per_block),
-            kib(t.smem_per_block_optin),
+            gpu.map_or("-".into(), |g| format!("{}.{}", g.compute_capability.0, g.compute_capability.1)),
+            gpu.map_or("-".into(), |g| g.sm_count.to_string()),
+            kib(|g| g.smem_per_block),
+            kib(|g| g.smem_per_block_optin),
+            gpu.map_or("-".into(), |g| format!("{} MiB", g.l2_bytes >> 20)),
             t.memory_bytes.map_or("host".into(), |b| format!("{:.0} GiB", b as f64 / (1u64 << 30) as f64)),
             t.bandwidth_bytes_per_s.map_or("measured".into(), |b| format!("{} GB/s", b / 1_000_000_000)),
             t.compute_dtype.name(),

@@ -93,7 +93,7 @@ pub fn run_transformed(
 
 /// Logits along the golden's tokens (teacher forced) after `target`'s pipeline.
 pub fn forced_logits(backend: Backend, dir: &Path, target: &str, case: &GoldenCase) -> Vec<Vec<f32>> {
-    let target = g4c_passes::Target::by_name(target).unwrap();
+    let target = g4c_ir::Target::by_name(target).unwrap();
     let opts = GenerateOptions {
         max_new_tokens: case.generated_ids.len(),
         ignore_eos: true,
