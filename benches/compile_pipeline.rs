@@ -7,7 +7,6 @@ use g4c_frontend::synth::Preset;
 use g4c_frontend::Shapes;
 use g4c_ir::Target;
 use g4c_passes::Pipeline;
-use g4c_runtime::lower_module;
 use std::time::{Duration, Instant};
 
 const RUNS: usize = 3;
@@ -56,6 +55,6 @@ fn main() {
         let text = g4c_ir::print_module(&module);
         row(&format!("{name}: print IR"), time(|| g4c_ir::print_module(&module)));
         row(&format!("{name}: parse IR"), time(|| g4c_ir::parse_module(&text).expect("parses")));
-        row(&format!("{name}: lower to StableHLO"), time(|| lower_module(&module).expect("lowers")));
+        row(&format!("{name}: lower to StableHLO"), time(|| g4c_driver::stablehlo_programs(&module).expect("lowers")));
     }
 }

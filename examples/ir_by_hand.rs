@@ -4,10 +4,11 @@
 //!     cargo run --example ir_by_hand
 
 use g4c_ir::{
-    parse_module, print_module, verify_module, BinaryOp, DType, FunctionBuilder, Module, ReduceKind, TensorType,
-    UnaryOp,
+    parse_module, print_module, verify_module, BinaryOp, DType, FunctionBuilder, Module, ReduceKind, ResultRole,
+    TensorType, UnaryOp,
 };
 use g4c_runtime::{Interpreter, Tensor, WeightDecl, WeightStore};
+use std::sync::Arc;
 
 struct NoWeights;
 
@@ -28,7 +29,7 @@ fn main() {
     let inv = b.unary(UnaryOp::Rsqrt, shifted);
     let inv = b.broadcast(inv, &[1, 4], &[0]);
     let y = b.binary(BinaryOp::Mul, x, inv);
-    let f = b.finish(vec![("y", y)]);
+    let f = b.finish(vec![("y", y, ResultRole::Output)]);
     module.functions.push(f);
 
     let text = print_module(&module);
@@ -36,7 +37,7 @@ fn main() {
     let parsed = parse_module(&text).expect("the printed text parses");
     verify_module(&parsed).expect("and verifies");
 
-    let mut interp = Interpreter::new(&parsed, &NoWeights);
+    let mut interp = Interpreter::new(Arc::new(parsed), Arc::new(NoWeights));
     let out = interp.call("rms_norm", vec![Tensor::f32([1, 4], vec![1.0, 2.0, 3.0, 4.0])]).expect("runs");
     println!("rms_norm([1, 2, 3, 4]) = {:?}", out[0].as_f32().unwrap());
 }

@@ -2,6 +2,9 @@
 //! (unless `--quiet`), details (with `-v`). Progress bars are drawn only when stderr is a terminal, so
 //! piped and logged runs stay clean.
 
+use g4c_driver::Feedback;
+use g4c_runtime::backend::pjrt::{CompileEvent, Provenance};
+use g4c_runtime::cache::Miss;
 use g4c_runtime::{Progress, Unit};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::sync::{Mutex, OnceLock};
@@ -44,6 +47,36 @@ impl Ui {
     pub fn progress(&self) -> Bars {
         Bars { hidden: self.quiet, bar: Mutex::new(None) }
     }
+
+    /// Tells the user what happened to an entry point's executable: corrupt cache entries and
+    /// executables that could not be cached always, a compile for another environment as a note,
+    /// the rest with `-v`.
+    pub fn compile_event(&self, event: &CompileEvent) {
+        for corrupt in &event.corrupt {
+            self.warn(&format!("{corrupt}; compiling @{} again", event.entry));
+        }
+        if let Some(error) = &event.not_stored {
+            self.warn(&format!("@{} was compiled but not cached: {error}", event.entry));
+        }
+        match &event.provenance {
+            Provenance::Loaded(path) => {
+                self.detail(&format!("@{}: loaded from {} in {:.2} s", event.entry, path.display(), event.seconds))
+            }
+            Provenance::Compiled(miss @ Miss::OtherEnvironment(_), _) => {
+                self.note(&format!("@{}: {miss}; compiled for this one in {:.1} s", event.entry, event.seconds))
+            }
+            Provenance::Compiled(miss, _) => {
+                self.detail(&format!("@{}: {miss}; compiled in {:.1} s", event.entry, event.seconds))
+            }
+        }
+    }
+}
+
+/// Runs `f` with the driver's feedback drawn by this UI: progress bars and compile events.
+pub fn with_feedback<T>(f: impl FnOnce(&Feedback) -> T) -> T {
+    let bars = ui().progress();
+    let on_compile = |e: &CompileEvent| ui().compile_event(e);
+    f(&Feedback { progress: &bars, on_compile: &on_compile })
 }
 
 /// Progress bars on stderr (indicatif hides them when stderr is not a terminal).

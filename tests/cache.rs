@@ -93,7 +93,7 @@ fn verify_removes_a_damaged_entry_and_fails() {
 fn a_different_plugin_binary_rebuilds_instead_of_loading() {
     let cache = tempfile::tempdir().unwrap();
     let plugins = tempfile::tempdir().unwrap();
-    let original = g4c_runtime::pjrt::find_cpu_plugin().expect("PJRT CPU plugin (run scripts/setup)");
+    let original = g4c_runtime::backend::pjrt::find_cpu_plugin().expect("PJRT CPU plugin (run scripts/setup)");
     let copy = plugins.path().join("plugin.so");
     std::fs::copy(&original, &copy).unwrap();
     let flag = ["--plugin", copy.to_str().unwrap()];

@@ -16,7 +16,7 @@ fn run(sig: &str, body: &str, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, String
     let text = format!("module @m {{\n  func @f{sig} {{\n{body}\n  }}\n}}\n");
     let m = parse_module(&text).map_err(|e| e.to_string())?;
     verify_module(&m).map_err(|e| e.to_string())?;
-    let mut interp = Interpreter::new(&m, &NoWeights);
+    let mut interp = Interpreter::new(std::sync::Arc::new(m), std::sync::Arc::new(NoWeights));
     interp.call("f", inputs).map_err(|e| e.to_string())
 }
 

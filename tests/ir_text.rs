@@ -88,7 +88,7 @@ module @ring {
     let m = parse_module(text).unwrap();
     verify_module(&m).unwrap();
     let store = Table(vec![("w", Tensor::f32([3], vec![1.0, 10.0, 100.0]))]);
-    let mut interp = Interpreter::new(&m, &store);
+    let mut interp = Interpreter::new(std::sync::Arc::new(m), std::sync::Arc::new(store));
     let out =
         interp.call("step", vec![Tensor::i32([1, 2], vec![4, 5]), Tensor::i32([1, 3], vec![-1, -1, -1])]).unwrap();
     // Position 4 goes to slot 1 and 5 to slot 2; slot 0 stays empty (-1).
@@ -140,7 +140,7 @@ fn emission_passes_and_lowering_are_deterministic() {
         let mut m = Preset::Tiny.declared_module(&shapes).unwrap();
         let target = g4c_ir::Target::by_name("cpu").unwrap();
         g4c_passes::Pipeline::for_target(target).run_all(&mut m, target).unwrap();
-        let mlir: Vec<String> = g4c_runtime::lower_module(&m).unwrap().into_iter().map(|l| l.mlir).collect();
+        let mlir: Vec<String> = g4c_driver::stablehlo_programs(&m).unwrap().into_iter().map(|p| p.text).collect();
         (print_module(&m), mlir)
     };
     let first = lowered();

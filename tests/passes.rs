@@ -4,8 +4,8 @@
 
 use crate::common::{assert_matches_golden, golden_cases, golden_dir, run_transformed, Backend};
 use g4c_frontend::{Model, Shapes};
-use g4c_ir::{parse_module, print_module, Module};
 use g4c_ir::Target;
+use g4c_ir::{parse_module, print_module, Module};
 use g4c_passes::{ConstantFold, Cse, Dce, Pass, Pipeline};
 
 type Transform = Box<dyn Fn(&mut Module)>;

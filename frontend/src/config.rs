@@ -6,20 +6,7 @@ use crate::error::{io_error, FrontendError, Result};
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum AttentionKind {
-    Sliding,
-    Full,
-}
-
-impl AttentionKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            AttentionKind::Sliding => "sliding",
-            AttentionKind::Full => "full",
-        }
-    }
-}
+pub use g4c_ir::AttentionKind;
 
 /// RoPE of one attention kind. `partial_rotary_factor < 1` is transformers' "proportional" RoPE:
 /// the first `int(f * head_dim / 2)` frequency pairs rotate, the rest pass through.

@@ -16,11 +16,13 @@ pub use tokenizer::TextTokenizer;
 pub use weights::{bind_weights, expected_tensors, ExpectedTensor};
 
 use std::path::Path;
+use std::sync::Arc;
 
 /// A checkpoint directory opened and checked against its config.
 pub struct Model {
     pub config: Gemma4Config,
-    pub checkpoint: Checkpoint,
+    /// Shared with whatever runs the model (executors read weights from it).
+    pub checkpoint: Arc<Checkpoint>,
     pub weights: Vec<g4c_ir::WeightDecl>,
 }
 
@@ -29,7 +31,7 @@ impl Model {
         let config = Gemma4Config::from_dir(dir)?;
         let checkpoint = Checkpoint::open(dir)?;
         let weights = bind_weights(&config, &checkpoint)?;
-        Ok(Model { config, checkpoint, weights })
+        Ok(Model { config, checkpoint: Arc::new(checkpoint), weights })
     }
 
     pub fn module(&self, shapes: &Shapes) -> Result<g4c_ir::Module> {

@@ -4,7 +4,7 @@
 
 use crate::{
     infer_type, BinaryOp, CompareDir, DType, DotDims, FuncResult, Function, Instr, Literal, Op, Param, ParamRole,
-    ReduceKind, TensorType, UnaryOp, ValueId, WeightDecl,
+    ReduceKind, ResultRole, TensorType, UnaryOp, ValueId, WeightDecl,
 };
 use std::collections::HashSet;
 
@@ -27,17 +27,13 @@ impl<'w> FunctionBuilder<'w> {
         self.func.ty(v).shape.clone()
     }
 
-    /// A per-call input parameter.
+    /// A per-call input parameter without a model role.
     pub fn input(&mut self, name: &str, ty: TensorType) -> ValueId {
         self.param(name, ty, ParamRole::Input)
     }
 
-    /// A state parameter, filled with `init` before the first call.
-    pub fn state(&mut self, name: &str, ty: TensorType, init: f64) -> ValueId {
-        self.param(name, ty, ParamRole::State { init })
-    }
-
-    fn param(&mut self, name: &str, ty: TensorType, role: ParamRole) -> ValueId {
+    /// A parameter carrying `role` (`abi`).
+    pub fn param(&mut self, name: &str, ty: TensorType, role: ParamRole) -> ValueId {
         assert!(self.names.insert(name.to_string()), "duplicate parameter name {name}");
         let value = self.func.new_value(ty, Some(name.to_string()));
         self.func.params.push(Param { value, role });
@@ -72,9 +68,10 @@ impl<'w> FunctionBuilder<'w> {
         result
     }
 
-    pub fn finish(mut self, results: Vec<(&str, ValueId)>) -> Function {
+    /// The function, returning `results` in order (a `NextState` result is named like its state).
+    pub fn finish(mut self, results: Vec<(&str, ValueId, ResultRole)>) -> Function {
         self.func.results =
-            results.into_iter().map(|(name, value)| FuncResult { name: name.to_string(), value }).collect();
+            results.into_iter().map(|(name, value, role)| FuncResult { name: name.to_string(), value, role }).collect();
         self.func
     }
 

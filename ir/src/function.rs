@@ -1,6 +1,6 @@
 //! Functions (entry points) and modules (a set of entry points over shared weights).
 
-use crate::{Op, TensorType};
+use crate::{Op, ParamRole, ResultRole, TensorType};
 
 /// An SSA value of one function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -19,20 +19,6 @@ pub struct ValueData {
     pub name: Option<String>,
 }
 
-/// What a function parameter carries between calls.
-#[derive(Clone, Debug, PartialEq)]
-pub enum ParamRole {
-    /// A per-call input (token ids, positions).
-    Input,
-    /// State owned by the caller and threaded through calls: a result of the same name returns its
-    /// next value. Before the first call every element holds `init` (e.g. `-1` for "empty slot").
-    State { init: f64 },
-    /// Rows of weight `table` selected by the integer input parameter `indices`, gathered by the
-    /// caller on the host: a table too large for device memory that a call reads only a few rows of
-    /// (E2B's 4.7 GB per-layer-embedding table).
-    HostGather { table: String, indices: String },
-}
-
 #[derive(Clone, Debug, PartialEq)]
 pub struct Param {
     pub value: ValueId,
@@ -45,11 +31,13 @@ pub struct Instr {
     pub op: Op,
 }
 
-/// A named function result. A result named like a `State` parameter is that state's next value.
+/// A named function result. A `NextState` result is named like the state parameter it is the next
+/// value of.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FuncResult {
     pub name: String,
     pub value: ValueId,
+    pub role: ResultRole,
 }
 
 #[derive(Clone, Debug, PartialEq, Default)]
@@ -98,11 +86,6 @@ impl Function {
             crate::Op::Weight { name } => Some((i.result, name.as_str())),
             _ => None,
         })
-    }
-
-    /// State parameters in declaration order.
-    pub fn state_params(&self) -> impl Iterator<Item = &Param> {
-        self.params.iter().filter(|p| matches!(p.role, ParamRole::State { .. }))
     }
 }
 

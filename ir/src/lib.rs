@@ -2,9 +2,11 @@
 //!
 //! A [`Module`] holds named checkpoint weights and entry-point [`Function`]s (`prefill`, `decode`).
 //! State that outlives a call (KV caches and the absolute position stored in every cache slot) is
-//! explicit: a `state` parameter in, a result of the same name out. The text form round-trips
+//! explicit: a state parameter in, a result of the same name out; every parameter and result has a
+//! role (`abi`) that says what it carries. The text form round-trips
 //! exactly (`print_module(parse_module(t)?) == t` for printed `t`), so tests can be written as text.
 
+pub mod abi;
 mod builder;
 mod dtype;
 mod function;
@@ -18,9 +20,10 @@ pub mod target;
 mod types;
 mod verify;
 
+pub use abi::{AttentionKind, CallArg, EntryKind, KvPart, ParamRole, ResultRole};
 pub use builder::{common_shape, FunctionBuilder};
 pub use dtype::DType;
-pub use function::{FuncResult, Function, Instr, Module, Param, ParamRole, ValueData, ValueId, WeightDecl};
+pub use function::{FuncResult, Function, Instr, Module, Param, ValueData, ValueId, WeightDecl};
 pub use infer::infer_type;
 pub use op::{Attr, BinaryOp, CompareDir, DotDims, Literal, Op, ReduceKind, UnaryOp};
 pub use parse::{parse_module, ParseError};

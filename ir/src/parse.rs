@@ -1,6 +1,8 @@
 //! Parser for the text form printed by `print`. Errors carry `line:column`.
 
-use crate::{Attr, DType, FuncResult, Function, Instr, Module, Op, Param, ParamRole, TensorType, ValueId, WeightDecl};
+use crate::{
+    Attr, DType, FuncResult, Function, Instr, Module, Op, Param, ParamRole, ResultRole, TensorType, ValueId, WeightDecl,
+};
 use std::collections::HashMap;
 use std::fmt;
 
@@ -371,31 +373,7 @@ impl Parser {
                 };
                 self.expect_punct(':')?;
                 let ty = self.tensor_type()?;
-                let role = match self.peek() {
-                    Tok::Word(w) if w == "state" => {
-                        self.next();
-                        self.expect_punct('(')?;
-                        let init = self.number()?;
-                        self.expect_punct(')')?;
-                        ParamRole::State { init }
-                    }
-                    Tok::Word(w) if w == "host_gather" => {
-                        self.next();
-                        self.expect_punct('(')?;
-                        let table = self.symbol()?;
-                        self.expect_punct(',')?;
-                        let indices = match self.next() {
-                            Tok::Value(v) => v,
-                            other => {
-                                self.i -= 1;
-                                return self.err(format!("expected the `%indices` parameter, found {other}"));
-                            }
-                        };
-                        self.expect_punct(')')?;
-                        ParamRole::HostGather { table, indices }
-                    }
-                    _ => ParamRole::Input,
-                };
+                let role = self.param_role(&scope)?;
                 let value = self.define(&mut f, &mut scope, &name, ty)?;
                 f.params.push(Param { value, role });
                 if self.eat_punct(')') {
@@ -414,7 +392,17 @@ impl Parser {
             loop {
                 let name = self.word()?;
                 self.expect_punct(':')?;
-                result_sig.push((name, self.tensor_type()?));
+                let ty = self.tensor_type()?;
+                let role = match self.peek() {
+                    Tok::Word(w) if w == "logits" => {
+                        self.next();
+                        ResultRole::Logits
+                    }
+                    // A result named like a state parameter is that state's next value.
+                    _ if f.param(&name).is_some_and(|p| p.role.is_state()) => ResultRole::NextState,
+                    _ => ResultRole::Output,
+                };
+                result_sig.push((name, ty, role));
                 if self.eat_punct(')') {
                     break;
                 }
@@ -478,14 +466,14 @@ impl Parser {
                             ),
                         );
                     }
-                    for ((name, ty), value) in result_sig.iter().zip(&values) {
+                    for ((name, ty, role), value) in result_sig.iter().zip(&values) {
                         if f.ty(*value) != ty {
                             return self.err_at(
                                 return_at,
                                 format!("result `{name}` is declared {ty} but returns {}", f.ty(*value)),
                             );
                         }
-                        f.results.push(FuncResult { name: name.clone(), value: *value });
+                        f.results.push(FuncResult { name: name.clone(), value: *value, role: *role });
                     }
                     self.expect_punct('}')?;
                     return Ok(f);
@@ -496,6 +484,48 @@ impl Parser {
                 }
             }
         }
+    }
+
+    /// The role written after a parameter's type (`Input` when none is).
+    fn param_role(&mut self, scope: &HashMap<String, ValueId>) -> Result<ParamRole, ParseError> {
+        let Tok::Word(word) = self.peek().clone() else { return Ok(ParamRole::Input) };
+        let at = self.i;
+        let role = match word.as_str() {
+            "token_ids" => ParamRole::TokenIds,
+            "positions" => ParamRole::Positions,
+            "last_index" => ParamRole::LastIndex,
+            "kv_cache" | "slot_positions" | "host_gather" | "state" => {
+                self.next();
+                self.expect_punct('(')?;
+                let role = match word.as_str() {
+                    "kv_cache" => {
+                        let layer = self.usize()?;
+                        self.expect_punct(',')?;
+                        let part = self.word()?.parse().or_else(|e| self.err_at(at, e))?;
+                        ParamRole::KvCache { layer, part }
+                    }
+                    "slot_positions" => ParamRole::SlotPositions(self.word()?.parse().or_else(|e| self.err_at(at, e))?),
+                    "host_gather" => {
+                        let table = self.symbol()?;
+                        self.expect_punct(',')?;
+                        let indices = match self.next() {
+                            Tok::Value(v) => self.lookup(scope, &v)?,
+                            other => {
+                                self.i -= 1;
+                                return self.err(format!("expected the `%indices` parameter, found {other}"));
+                            }
+                        };
+                        ParamRole::HostGather { table, indices }
+                    }
+                    _ => ParamRole::State { init: self.number()? },
+                };
+                self.expect_punct(')')?;
+                return Ok(role);
+            }
+            _ => return Ok(ParamRole::Input),
+        };
+        self.next();
+        Ok(role)
     }
 
     fn define(

@@ -5,21 +5,22 @@
 //!   weight @embed_tokens : bf16[512,64] = "model.language_model.embed_tokens.weight"
 //!
 //!   func @decode(
-//!     %ids: i32[1,1],
-//!     %cache.l0.pos: i32[1,8] state(-1),
+//!     %ids: i32[1,1] token_ids,
+//!     %pos: i32[1,1] positions,
+//!     %cache.sliding.pos: i32[1,8] slot_positions(sliding),
 //!     %ple.rows: bf16[1,1,80] host_gather(@embed_tokens_per_layer, %ids)
 //!   ) -> (
-//!     logits: f32[1,512],
-//!     cache.l0.pos: i32[1,8]
+//!     logits: f32[1,512] logits,
+//!     cache.sliding.pos: i32[1,8]
 //!   ) {
 //!     %0 = weight @embed_tokens : bf16[512,64]
 //!     %1 = dot_general %a, %0 {lhs_batch = [], rhs_batch = [], lhs_contract = [2], rhs_contract = [1]} : f32[1,1,512]
-//!     return %1, %cache.l0.pos.new
+//!     return %1, %cache.sliding.pos.next
 //!   }
 //! }
 //! ```
 
-use crate::{Attr, Function, Module, ParamRole, ValueId};
+use crate::{Attr, Function, Module, ParamRole, ResultRole, ValueId};
 use std::fmt::Write;
 
 /// The printed name of every value: its own name, or a number in definition order.
@@ -81,14 +82,24 @@ fn print_function_into(out: &mut String, f: &Function) {
         write!(out, "    {}: {}", names.get(p.value), f.ty(p.value)).unwrap();
         match &p.role {
             ParamRole::Input => {}
+            ParamRole::TokenIds => out.push_str(" token_ids"),
+            ParamRole::Positions => out.push_str(" positions"),
+            ParamRole::LastIndex => out.push_str(" last_index"),
+            ParamRole::KvCache { layer, part } => write!(out, " kv_cache({layer}, {})", part.name()).unwrap(),
+            ParamRole::SlotPositions(kind) => write!(out, " slot_positions({})", kind.name()).unwrap(),
+            ParamRole::HostGather { table, indices } => {
+                write!(out, " host_gather(@{table}, {})", names.get(*indices)).unwrap()
+            }
             ParamRole::State { init } => write!(out, " state({})", fmt_f64(*init)).unwrap(),
-            ParamRole::HostGather { table, indices } => write!(out, " host_gather(@{table}, %{indices})").unwrap(),
         }
         out.push_str(if i + 1 < f.params.len() { ",\n" } else { "\n" });
     }
     out.push_str("  ) -> (\n");
     for (i, r) in f.results.iter().enumerate() {
         write!(out, "    {}: {}", r.name, f.ty(r.value)).unwrap();
+        if r.role == ResultRole::Logits {
+            out.push_str(" logits");
+        }
         out.push_str(if i + 1 < f.results.len() { ",\n" } else { "\n" });
     }
     out.push_str("  ) {\n");

@@ -1,7 +1,7 @@
 //! The verifier: every operand defined before use, every result type equal to what its op implies,
 //! weights declared once with the type functions read them at, and state threaded through results.
 
-use crate::{infer_type, print::ValueNames, Function, Module, ParamRole, ValueId};
+use crate::{abi::check_param_type, infer_type, print::ValueNames, Function, Module, ParamRole, ResultRole, ValueId};
 use std::collections::HashSet;
 use std::fmt;
 
@@ -98,43 +98,74 @@ fn check_function(m: &Module, f: &Function) -> Vec<String> {
             problems.push(format!("@{}: result `{}` is never defined", f.name, r.name));
         }
     }
-    for p in &f.params {
-        let ParamRole::HostGather { table, indices } = &p.role else { continue };
-        let pname = f.param_name(p);
-        let Some(decl) = m.weight(table) else {
-            problems.push(format!("@{}: %{pname} gathers from @{table}, which is not declared", f.name));
-            continue;
-        };
-        let Some(idx) = f.param(indices).filter(|i| i.role == ParamRole::Input) else {
-            problems.push(format!("@{}: %{pname} gathers with %{indices}, which is not an input parameter", f.name));
-            continue;
-        };
-        let idx_ty = f.ty(idx.value);
-        let mut shape = idx_ty.shape.clone();
-        shape.extend_from_slice(decl.ty.shape.get(1..).unwrap_or(&[]));
-        // Rows may arrive in another float type than the table's: the caller converts them.
-        let got = f.ty(p.value);
-        let dtype_ok = got.dtype == decl.ty.dtype || (got.dtype.is_float() && decl.ty.dtype.is_float());
-        if !idx_ty.dtype.is_int() || got.shape != shape || !dtype_ok {
-            let expected = decl.ty.with_shape(shape);
-            problems.push(format!(
-                "@{}: %{pname} must be {expected} (rows of @{table} at %{indices}), found {got}",
-                f.name
-            ));
+    problems.extend(check_abi(m, f, &names));
+    problems
+}
+
+/// Roles (`abi`): each model role at most once and of its type, host gathers over declared tables
+/// with integer indices, every state returned as a `NextState` result of its type, and the converse.
+fn check_abi(m: &Module, f: &Function, names: &ValueNames) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (i, p) in f.params.iter().enumerate() {
+        let pname = names.get(p.value);
+        let singleton = !matches!(p.role, ParamRole::Input | ParamRole::State { .. } | ParamRole::HostGather { .. });
+        if singleton && f.params[..i].iter().any(|q| q.role == p.role) {
+            problems.push(format!("@{}: {pname} has the role of an earlier parameter", f.name));
+        }
+        if let Err(e) = check_param_type(&p.role, f.ty(p.value)) {
+            problems.push(format!("@{}: {pname} {e}", f.name));
+        }
+        if let ParamRole::HostGather { table, indices } = &p.role {
+            let Some(decl) = m.weight(table) else {
+                problems.push(format!("@{}: {pname} gathers from @{table}, which is not declared", f.name));
+                continue;
+            };
+            let index_param = f.params.iter().find(|q| q.value == *indices);
+            let Some(idx) = index_param.filter(|q| q.role.is_input()) else {
+                let what = names.get(*indices);
+                problems.push(format!("@{}: {pname} gathers with {what}, which is not an input parameter", f.name));
+                continue;
+            };
+            let idx_ty = f.ty(idx.value);
+            let mut shape = idx_ty.shape.clone();
+            shape.extend_from_slice(decl.ty.shape.get(1..).unwrap_or(&[]));
+            // Rows may arrive in another float type than the table's: the caller converts them.
+            let got = f.ty(p.value);
+            let dtype_ok = got.dtype == decl.ty.dtype || (got.dtype.is_float() && decl.ty.dtype.is_float());
+            if !idx_ty.dtype.is_int() || got.shape != shape || !dtype_ok {
+                let expected = decl.ty.with_shape(shape);
+                problems.push(format!(
+                    "@{}: {pname} must be {expected} (rows of @{table} at {}), found {got}",
+                    f.name,
+                    names.get(*indices)
+                ));
+            }
+        }
+        if p.role.is_state() {
+            let name = f.param_name(p);
+            match f.results.iter().find(|r| r.name == name) {
+                None => problems.push(format!("@{}: state {pname} has no result of the same name", f.name)),
+                Some(r) if r.role != ResultRole::NextState => {
+                    problems.push(format!("@{}: result `{name}` of state {pname} is not its next state", f.name))
+                }
+                Some(r) if f.ty(r.value) != f.ty(p.value) => problems.push(format!(
+                    "@{}: state {pname} is {} but its result is {}",
+                    f.name,
+                    f.ty(p.value),
+                    f.ty(r.value)
+                )),
+                _ => {}
+            }
         }
     }
-    for p in f.params.iter().filter(|p| matches!(p.role, ParamRole::State { .. })) {
-        let pname = f.param_name(p);
-        match f.result(pname) {
-            None => problems.push(format!("@{}: state %{pname} has no result of the same name", f.name)),
-            Some(r) if f.ty(r.value) != f.ty(p.value) => problems.push(format!(
-                "@{}: state %{pname} is {} but its result is {}",
-                f.name,
-                f.ty(p.value),
-                f.ty(r.value)
-            )),
-            _ => {}
+    for r in &f.results {
+        let state = f.param(&r.name).filter(|p| p.role.is_state());
+        if r.role == ResultRole::NextState && state.is_none() {
+            problems.push(format!("@{}: result `{}` is a next state, but no state has its name", f.name, r.name));
         }
+    }
+    if f.results.iter().filter(|r| r.role == ResultRole::Logits).count() > 1 {
+        problems.push(format!("@{}: more than one result is `logits`", f.name));
     }
     problems
 }

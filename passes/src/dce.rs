@@ -2,8 +2,8 @@
 //! effects, so liveness flows back from the function results alone.
 
 use crate::{Pass, PassError};
-use g4c_ir::Target;
 use g4c_ir::Module;
+use g4c_ir::Target;
 
 pub struct Dce;
 

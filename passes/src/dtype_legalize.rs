@@ -19,7 +19,9 @@
 
 use crate::{Pass, PassError};
 use g4c_ir::Target;
-use g4c_ir::{DType, Function, Instr, Literal, Module, Op, ParamRole, Substitution, TensorType, UnaryOp, ValueId};
+use g4c_ir::{
+    DType, Function, Instr, Literal, Module, Op, ParamRole, ResultRole, Substitution, TensorType, UnaryOp, ValueId,
+};
 use std::collections::HashMap;
 
 pub struct DtypeLegalize;
@@ -56,9 +58,8 @@ fn legalize(f: &mut Function, c: DType) {
     for p in &f.params {
         let dtype = f.values[p.value.index()].ty.dtype;
         let retype = match p.role {
-            ParamRole::State { .. } => dtype == DType::F32,
             ParamRole::HostGather { .. } => dtype.is_float(),
-            ParamRole::Input => false,
+            ref role => role.is_state() && dtype == DType::F32,
         };
         if retype {
             f.values[p.value.index()].ty.dtype = c;
@@ -145,7 +146,8 @@ fn legalize(f: &mut Function, c: DType) {
     let results = f.results.clone();
     for (i, r) in results.iter().enumerate() {
         let v = replace.get(r.value);
-        let want = match f.param(&r.name) {
+        let state = f.param(&r.name).filter(|_| r.role == ResultRole::NextState);
+        let want = match state {
             Some(p) => f.values[p.value.index()].ty.dtype,
             None if f.values[v.index()].ty.dtype.is_float() => DType::F32,
             None => f.values[v.index()].ty.dtype,

@@ -32,12 +32,8 @@ impl Pass for HostTables {
                 let param = match added.get(&(name.clone(), indices)) {
                     Some(&p) => p,
                     None => {
-                        let indices_name = f.value_name(indices).expect("an input parameter").to_string();
                         let value = f.new_value(f.ty(rows).clone(), Some(format!("{name}.rows")));
-                        f.params.push(Param {
-                            value,
-                            role: ParamRole::HostGather { table: name.clone(), indices: indices_name },
-                        });
+                        f.params.push(Param { value, role: ParamRole::HostGather { table: name.clone(), indices } });
                         added.insert((name.clone(), indices), value);
                         value
                     }
@@ -58,8 +54,7 @@ impl Pass for HostTables {
 fn host_tables(module: &Module) -> HashSet<String> {
     let mut ok: HashMap<String, bool> = HashMap::new();
     for f in &module.functions {
-        let inputs: HashSet<ValueId> =
-            f.params.iter().filter(|p| p.role == ParamRole::Input).map(|p| p.value).collect();
+        let inputs: HashSet<ValueId> = f.params.iter().filter(|p| p.role.is_input()).map(|p| p.value).collect();
         for (v, name) in f.weight_reads() {
             ok.entry(name.to_string()).or_insert(true);
             let returned = f.results.iter().any(|r| r.value == v);

@@ -1,7 +1,7 @@
 //! The pass trait and the ordered pipeline each target runs.
 
-use g4c_ir::Target;
 use crate::{ConstantFold, Cse, Dce, DtypeLegalize, HostTables, WeightDtype, WeightLayout};
+use g4c_ir::Target;
 use g4c_ir::{verify_module, Module};
 
 #[derive(Debug, thiserror::Error)]

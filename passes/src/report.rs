@@ -28,7 +28,7 @@ pub fn compile_report(module: &Module, target: &Target, passes: &[&str]) -> Valu
         .collect();
     let host_weight_bytes: u64 =
         module.weights.iter().filter(|w| host.contains(w.name.as_str())).map(|w| w.ty.byte_size()).sum();
-    let (kv_layers, kv_bytes_per_token) = module.function("decode").map(kv_facts).unwrap_or((0, 0));
+    let (kv_layers, kv_bytes_per_token) = module.decode().map(kv_facts).unwrap_or((0, 0));
     json!({
         "target": target.to_json(),
         "passes": passes,
@@ -45,32 +45,25 @@ fn entry_json(f: &Function) -> Value {
     let inputs: Vec<Value> = f
         .params
         .iter()
-        .map(|p| {
-            json!({"name": f.param_name(p), "type": f.ty(p.value).to_string(),
-                   "state": matches!(p.role, ParamRole::State { .. })})
-        })
+        .map(|p| json!({"name": f.param_name(p), "type": f.ty(p.value).to_string(), "state": p.role.is_state()}))
         .collect();
     let outputs: Vec<Value> =
         f.results.iter().map(|r| json!({"name": r.name, "type": f.ty(r.value).to_string()})).collect();
     json!({"name": f.name, "inputs": inputs, "outputs": outputs})
 }
 
-/// Layers with K/V cache state (`cache.l{L}.k`), and the bytes one token adds to all of them:
+/// Layers with K/V cache state (`kv_cache` roles), and the bytes one token adds to all of them:
 /// a K and a V row of `Hkv × d` elements per layer, in the caches' element type.
 fn kv_facts(decode: &Function) -> (usize, u64) {
-    let mut layers = 0;
+    let mut layers = BTreeSet::new();
     let mut bytes = 0;
-    for p in decode.state_params() {
-        let name = decode.param_name(p);
-        if name.starts_with("cache.l") && (name.ends_with(".k") || name.ends_with(".v")) {
+    for p in &decode.params {
+        if let ParamRole::KvCache { layer, .. } = p.role {
             let ty = decode.ty(p.value);
             // [B, Hkv, S, d]: one token is Hkv × d elements.
-            let per_token = (ty.shape[1] * ty.shape[3]) as u64 * ty.dtype.bits() / 8;
-            bytes += per_token;
-            if name.ends_with(".k") {
-                layers += 1;
-            }
+            bytes += (ty.shape[1] * ty.shape[3]) as u64 * ty.dtype.bits() / 8;
+            layers.insert(layer);
         }
     }
-    (layers, bytes)
+    (layers.len(), bytes)
 }

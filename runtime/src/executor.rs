@@ -1,65 +1,111 @@
-//! What the generation loop drives: something that runs a module's entry points and keeps the state
-//! (caches and slot positions) between calls, where it lives: in host memory for the interpreter, in
-//! device buffers for PJRT.
+//! What the generation loop drives, whatever the backend: something that runs a module's entry
+//! points on the inputs their ABI names (`g4c_ir::abi`) and keeps the state (caches and slot
+//! positions) between calls, where it lives: in host memory for the interpreter, in device buffers
+//! for PJRT. Executors own what they need and are `Send`, so a server can run one on a worker thread.
 
-use crate::error::{invalid, Result};
-use crate::interp::Interpreter;
+use crate::error::{invalid, Result, RuntimeError};
 use crate::tensor::{convert_float_bytes, Tensor};
 use crate::weights::WeightStore;
-use g4c_ir::{Function, Module, ParamRole, TensorType};
+use g4c_ir::{Function, Module, ParamRole, ResultRole, TensorType};
 use std::collections::HashMap;
 
-pub trait Executor {
+/// The per-call inputs of a model entry point, by role.
+#[derive(Clone, Debug)]
+pub struct StepInputs {
+    /// `token_ids`: `i32[B, T]`.
+    pub ids: Tensor,
+    /// `positions`: `i32[B, T]`, `-1` for padding.
+    pub pos: Tensor,
+    /// `last_index`: `i32[B]`, prefill only.
+    pub last: Option<Tensor>,
+}
+
+pub trait Executor: Send {
     fn module(&self) -> &Module;
-    /// Puts every state parameter back to its initial value (empty caches).
+    /// Puts every state back to its initial value (empty caches).
     fn reset(&mut self) -> Result<()>;
-    /// Runs `function` with the named per-call inputs and the current state, keeps the next state,
-    /// and returns the `logits` result.
-    fn step(&mut self, function: &str, inputs: HashMap<&str, Tensor>) -> Result<Tensor>;
+    /// Runs entry point `entry` on `inputs` and the current state, keeps the next state, and returns
+    /// the logits.
+    fn step(&mut self, entry: &str, inputs: &StepInputs) -> Result<Tensor>;
 }
 
-/// A function's arguments in parameter order: per-call inputs taken from `inputs`, state taken from
-/// `state`, and host-gathered rows read from `store`.
-pub fn gather_args<T>(
-    module: &Module,
-    store: &dyn WeightStore,
-    f: &Function,
-    inputs: HashMap<&str, Tensor>,
-    state: &mut HashMap<String, T>,
-) -> Result<Vec<Arg<T>>> {
-    let mut args = Vec::with_capacity(f.params.len());
-    for p in &f.params {
-        let name = f.param_name(p);
-        let arg = match &p.role {
-            // Cloned, not moved: a host gather may still read the same input (its indices).
-            ParamRole::Input => inputs.get(name).cloned().map(Arg::Input),
-            ParamRole::State { .. } => state.remove(name).map(Arg::State),
-            ParamRole::HostGather { table, indices } => {
-                let Some(ids) = inputs.get(indices.as_str()) else {
-                    return invalid(format!("@{}: %{name} needs input %{indices}", f.name));
-                };
-                let ty = f.ty(p.value).clone();
-                Some(Arg::Rows(ty.clone(), host_rows(module, store, table, ids, &ty)?))
-            }
-        };
-        args.push(
-            arg.ok_or_else(|| crate::RuntimeError::Invalid(format!("@{}: no value for parameter %{name}", f.name)))?,
-        );
-    }
-    Ok(args)
-}
-
+/// One argument of a call, in parameter order, as `bind_args` finds it.
 pub enum Arg<T> {
     Input(Tensor),
+    /// A state's current value, taken out of the executor's state (the call returns the next one).
     State(T),
     /// Rows gathered on the host, as little-endian bytes of the given type.
     Rows(TensorType, Vec<u8>),
 }
 
+/// The arguments of `f` in parameter order, bound by role: per-call inputs from `inputs`, state
+/// taken from `state` (by the name that threads it through calls), host-gathered rows read from
+/// `store`.
+pub fn bind_args<T>(
+    module: &Module,
+    store: &dyn WeightStore,
+    f: &Function,
+    inputs: &StepInputs,
+    state: &mut HashMap<String, T>,
+) -> Result<Vec<Arg<T>>> {
+    let input = |role: &ParamRole| -> Result<&Tensor> {
+        match role {
+            ParamRole::TokenIds => Ok(&inputs.ids),
+            ParamRole::Positions => Ok(&inputs.pos),
+            ParamRole::LastIndex => {
+                inputs.last.as_ref().ok_or_else(|| RuntimeError::Invalid(format!("@{} needs a last index", f.name)))
+            }
+            other => invalid(format!("@{}: an executor cannot supply a parameter of role {other:?}", f.name)),
+        }
+    };
+    let mut args = Vec::with_capacity(f.params.len());
+    for p in &f.params {
+        let name = f.param_name(p);
+        let arg = match &p.role {
+            ParamRole::HostGather { table, indices } => {
+                let index_role = &f.params.iter().find(|q| q.value == *indices).expect("verified").role;
+                let ty = f.ty(p.value).clone();
+                let rows = host_rows(module, store, table, input(index_role)?, &ty)?;
+                Arg::Rows(ty, rows)
+            }
+            role if role.is_state() => Arg::State(
+                state.remove(name).ok_or_else(|| RuntimeError::Invalid(format!("@{}: no state %{name}", f.name)))?,
+            ),
+            role => {
+                let t = input(role)?;
+                if &t.ty != f.ty(p.value) {
+                    return invalid(format!("@{}: %{name} must be {}, got {}", f.name, f.ty(p.value), t.ty));
+                }
+                Arg::Input(t.clone())
+            }
+        };
+        args.push(arg);
+    }
+    Ok(args)
+}
+
+/// Sorts `f`'s outputs: the next value of every state goes back into `state`, the logits are returned.
+pub fn keep_outputs<T>(f: &Function, outputs: Vec<T>, state: &mut HashMap<String, T>) -> Result<Option<T>> {
+    let mut logits = None;
+    for (r, value) in f.results.iter().zip(outputs) {
+        match r.role {
+            ResultRole::Logits => logits = Some(value),
+            ResultRole::NextState => {
+                state.insert(r.name.clone(), value);
+            }
+            ResultRole::Output => {}
+        }
+    }
+    if logits.is_none() {
+        return invalid(format!("@{} returns no logits", f.name));
+    }
+    Ok(logits)
+}
+
 /// Rows of weight `table` at `ids`, copied from the store's bytes (the checkpoint's mmap) and
 /// converted to the element type of `ty` when it differs from the table's.
 fn host_rows(module: &Module, store: &dyn WeightStore, table: &str, ids: &Tensor, ty: &TensorType) -> Result<Vec<u8>> {
-    let decl = module.weight(table).ok_or_else(|| crate::RuntimeError::Invalid(format!("no weight @{table}")))?;
+    let decl = module.weight(table).ok_or_else(|| RuntimeError::Invalid(format!("no weight @{table}")))?;
     let bytes = store.bytes(decl)?;
     let rows = decl.ty.shape[0];
     let row_bytes = bytes.len() / rows.max(1);
@@ -74,59 +120,17 @@ fn host_rows(module: &Module, store: &dyn WeightStore, table: &str, ids: &Tensor
     if ty.dtype == decl.ty.dtype {
         return Ok(out);
     }
-    convert_float_bytes(decl.ty.dtype, ty.dtype, &out).map_err(crate::RuntimeError::Invalid)
+    convert_float_bytes(decl.ty.dtype, ty.dtype, &out).map_err(RuntimeError::Invalid)
 }
 
-/// The state parameters of `f` with their initial contents.
-pub fn initial_state(f: &Function) -> impl Iterator<Item = (String, Tensor)> + '_ {
-    f.params.iter().filter_map(|p| match p.role {
-        ParamRole::State { init } => Some((f.param_name(p).to_string(), Tensor::filled(f.ty(p.value).clone(), init))),
-        _ => None,
-    })
-}
-
-/// The reference interpreter with host-resident state.
-pub struct InterpExecutor<'m> {
-    interp: Interpreter<'m>,
-    state: HashMap<String, Tensor>,
-}
-
-impl<'m> InterpExecutor<'m> {
-    pub fn new(interp: Interpreter<'m>) -> Self {
-        InterpExecutor { interp, state: HashMap::new() }
-    }
-}
-
-impl Executor for InterpExecutor<'_> {
-    fn module(&self) -> &Module {
-        self.interp.module()
-    }
-
-    fn reset(&mut self) -> Result<()> {
-        let Some(decode) = self.interp.module().function("decode") else { return invalid("the module has no @decode") };
-        self.state = initial_state(decode).collect();
-        Ok(())
-    }
-
-    fn step(&mut self, function: &str, inputs: HashMap<&str, Tensor>) -> Result<Tensor> {
-        let module = self.interp.module();
-        let f = module.function(function).ok_or_else(|| crate::RuntimeError::Invalid(format!("no @{function}")))?;
-        let args = gather_args(module, self.interp.store(), f, inputs, &mut self.state)?
-            .into_iter()
-            .map(|a| match a {
-                Arg::Input(t) | Arg::State(t) => Ok(t),
-                Arg::Rows(ty, bytes) => Tensor::from_bytes(ty, &bytes).map_err(crate::RuntimeError::Invalid),
-            })
-            .collect::<Result<_>>()?;
-        let outputs = self.interp.call(function, args)?;
-        let mut logits = None;
-        for (r, value) in f.results.iter().zip(outputs) {
-            if r.name == "logits" {
-                logits = Some(value);
-            } else {
-                self.state.insert(r.name.clone(), value);
-            }
-        }
-        logits.ok_or_else(|| crate::RuntimeError::Invalid(format!("@{function} returns no `logits`")))
-    }
+/// The state of the module's decode entry point, every element at its initial value.
+pub fn initial_state(module: &Module) -> Result<Vec<(String, Tensor)>> {
+    let Some(decode) = module.decode() else { return invalid("the module has no decode entry point") };
+    Ok(decode
+        .state_params()
+        .map(|p| {
+            let init = p.role.initial_value().expect("a state");
+            (decode.param_name(p).to_string(), Tensor::filled(decode.ty(p.value).clone(), init))
+        })
+        .collect())
 }

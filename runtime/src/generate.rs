@@ -1,13 +1,12 @@
-//! The generation loop over the entry-point contract of `g4c_frontend::emit`: chunked, padded prefill
-//! of the prompt, then one decode call per token. Backend-agnostic: anything that can call a module's
-//! functions is an `Executor`.
+//! The generation loop over the entry-point ABI (`g4c_ir::abi`): chunked, padded prefill of the
+//! prompt, then one decode call per token. Backend-agnostic: anything that can call a module's entry
+//! points is an `Executor`.
 
-use crate::error::{invalid, Result};
-use crate::executor::Executor;
+use crate::error::{invalid, Result, RuntimeError};
+use crate::executor::{Executor, StepInputs};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tensor::Tensor;
-use g4c_ir::Module;
-use std::collections::HashMap;
+use g4c_ir::{AttentionKind, Module, ParamRole, ResultRole};
 use std::time::Instant;
 
 #[derive(Clone, Debug, Default)]
@@ -59,11 +58,13 @@ pub struct Timings {
     pub decode_seconds: f64,
 }
 
-/// Static facts about a compiled module that the loop needs.
+/// Static facts about a compiled module that the loop needs, read off its entry points' roles.
 pub struct ModelShape {
     pub batch: usize,
-    /// The prefill entry points (`prefill`, `prefill_{T}`) by tokens per call, shortest first.
+    /// The prefill entry points by tokens per call, shortest first.
     pub prefills: Vec<(usize, String)>,
+    /// The decode entry point.
+    pub decode: String,
     pub vocab: usize,
     /// Highest number of positions a sequence may use.
     pub context: usize,
@@ -71,25 +72,23 @@ pub struct ModelShape {
 
 impl ModelShape {
     pub fn of(module: &Module) -> Result<ModelShape> {
-        let Some(decode) = module.function("decode") else { return invalid("the module lacks a `decode` function") };
-        let mut prefills = vec![];
-        let mut batch = None;
-        for f in module.functions.iter().filter(|f| f.name == "prefill" || f.name.starts_with("prefill_")) {
-            let ids = f.param("ids").map(|p| f.ty(p.value).shape.clone()).unwrap_or_default();
-            let [b, t] = ids[..] else { return invalid(format!("@{}'s `ids` must be i32[B, T]", f.name)) };
-            batch.get_or_insert(b);
-            prefills.push((t, f.name.clone()));
+        let Some(decode) = module.decode() else { return invalid("the module has no decode entry point") };
+        let prefills: Vec<(usize, String)> = module.prefills().into_iter().map(|(t, f)| (t, f.name.clone())).collect();
+        if prefills.is_empty() {
+            return invalid("the module has no prefill entry point");
         }
-        prefills.sort();
-        let Some(batch) = batch else { return invalid("the module lacks a `prefill` function") };
-        let logits = decode.result("logits").map(|r| decode.ty(r.value).shape.clone()).unwrap_or_default();
-        let [_, vocab] = logits[..] else { return invalid("decode's `logits` must be f32[B, V]") };
+        let ids = decode.param_with(&ParamRole::TokenIds).expect("a decode entry point has token ids");
+        let batch = decode.ty(ids.value).shape[0];
+        let logits = decode.result_with(ResultRole::Logits).map(|r| decode.ty(r.value).shape.clone());
+        let Some([_, vocab]) = logits.as_deref().and_then(|s| <[usize; 2]>::try_from(s).ok()) else {
+            return invalid("the decode entry point's logits must be f32[B, V]");
+        };
         // Full-attention slots are never reused, so their count bounds the positions.
         let context = decode
-            .param("cache.full.pos")
+            .param_with(&ParamRole::SlotPositions(AttentionKind::Full))
             .map(|p| decode.ty(p.value).shape[1])
-            .ok_or_else(|| crate::RuntimeError::Invalid("the module has no `cache.full.pos` state".into()))?;
-        Ok(ModelShape { batch, prefills, vocab, context })
+            .ok_or_else(|| RuntimeError::Invalid("the module has no full-attention slot positions".into()))?;
+        Ok(ModelShape { batch, prefills, decode: decode.name.clone(), vocab, context })
     }
 
     /// The prefill calls for a prompt of `len` tokens: the shortest entry point that holds what is
@@ -171,7 +170,7 @@ pub fn generate(
         if gen.generated_ids.len() == opts.max_new_tokens {
             break;
         }
-        logits = logits_row(decode(exec, &[token], position)?);
+        logits = logits_row(decode(exec, &shape, &[token], position)?);
         position += 1;
     }
     gen.timings.decode_seconds = started.elapsed().as_secs_f64();
@@ -198,25 +197,26 @@ pub fn prefill(exec: &mut dyn Executor, shape: &ModelShape, prompts: &[&[u32]]) 
                 pos[row * t + i] = (start + i) as i32;
             }
         }
-        let inputs = HashMap::from([
-            ("ids", Tensor::i32([b, t], ids)),
-            ("pos", Tensor::i32([b, t], pos)),
-            ("last", Tensor::i32([b], vec![n as i32 - 1; b])),
-        ]);
-        logits = Some(exec.step(entry, inputs)?);
+        let inputs = StepInputs {
+            ids: Tensor::i32([b, t], ids),
+            pos: Tensor::i32([b, t], pos),
+            last: Some(Tensor::i32([b], vec![n as i32 - 1; b])),
+        };
+        logits = Some(exec.step(entry, &inputs)?);
         start += n;
     }
-    logits.ok_or_else(|| crate::RuntimeError::Invalid("empty prompt".into()))
+    logits.ok_or_else(|| RuntimeError::Invalid("empty prompt".into()))
 }
 
 /// One decode call: `tokens[b]` at `position` for every sequence of the batch; returns the logits.
-pub fn decode(exec: &mut dyn Executor, tokens: &[u32], position: usize) -> Result<Tensor> {
+pub fn decode(exec: &mut dyn Executor, shape: &ModelShape, tokens: &[u32], position: usize) -> Result<Tensor> {
     let b = tokens.len();
-    let inputs = HashMap::from([
-        ("ids", Tensor::i32([b, 1], tokens.iter().map(|&t| t as i32).collect())),
-        ("pos", Tensor::i32([b, 1], vec![position as i32; b])),
-    ]);
-    exec.step("decode", inputs)
+    let inputs = StepInputs {
+        ids: Tensor::i32([b, 1], tokens.iter().map(|&t| t as i32).collect()),
+        pos: Tensor::i32([b, 1], vec![position as i32; b]),
+        last: None,
+    };
+    exec.step(&shape.decode, &inputs)
 }
 
 /// The logits of sequence 0.
@@ -234,6 +234,7 @@ mod tests {
         let shape = ModelShape {
             batch: 1,
             prefills: vec![(4, "prefill_4".into()), (8, "prefill".into())],
+            decode: "decode".into(),
             vocab: 10,
             context: 64,
         };

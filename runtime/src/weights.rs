@@ -8,7 +8,8 @@ use g4c_frontend::Checkpoint;
 use g4c_ir::{DType, WeightDecl};
 use std::borrow::Cow;
 
-pub trait WeightStore {
+/// Shared by executors that may run on another thread, hence `Send + Sync`.
+pub trait WeightStore: Send + Sync {
     fn bytes(&self, decl: &WeightDecl) -> Result<Cow<'_, [u8]>> {
         Ok(Cow::Owned(self.load(decl)?.to_bytes()))
     }

@@ -1,13 +1,11 @@
-use super::model_source::Opened;
-use crate::ui::ui;
+use crate::ui::{ui, with_feedback};
 use anyhow::{bail, Result};
 use clap::Args;
+use g4c_driver::{ModelSource, Session, SessionOptions};
 use g4c_frontend::Shapes;
 use g4c_runtime::bench::{read_bandwidth, run_once, BenchRun, DecodeTraffic};
-use g4c_runtime::{lower_module, Compiler, Silent};
 use serde_json::json;
 use std::path::PathBuf;
-use std::time::Instant;
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -59,7 +57,9 @@ struct Startup {
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
-    let source = Opened::open(&args.model, args.target.as_deref())?;
+    let options = SessionOptions { target: args.target.clone(), plugin: args.plugin.clone(), ..Default::default() };
+    let session = Session::open(&args.model, options)?;
+    let source = &session.source;
     let lengths: Vec<usize> = args
         .prompt_len
         .split(',')
@@ -86,16 +86,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
             bail!("--prompt-len {prompt_len} plus --gen {} exceeds the context of {context}", args.gen);
         }
         let prefill_len = fixed.as_ref().map_or(prompt_len, |s| s.longest_prefill());
-        let module = source.module(&Shapes { batch: args.batch, prefill_len, context })?;
+        let module = session.module(&Shapes { batch: args.batch, prefill_len, context })?;
         ui().note(&format!("prompt length {prompt_len}: measuring startup"));
-        let (mut exec, ready) = super::pjrt::executor(&source, &module, args.plugin.clone())?;
-        let (cold_compile, warm_load) = compile_times(&source, &module, args.plugin.clone())?;
+        let mut ready = with_feedback(|feedback| session.executor(module.clone(), feedback))?;
+        let (cold_compile, warm_load) = session.compile_times(&module)?;
         let startup = Startup { cold_compile, warm_load, weights: ready.weights_seconds };
         ui().note(&format!("prompt length {prompt_len}: {} timed runs", args.reps));
-        run_once(&mut exec, prompt_len, args.gen, 0)?; // warm-up
-        let runs: Vec<BenchRun> = (0..args.reps)
-            .map(|r| run_once(&mut exec, prompt_len, args.gen, r as u64 + 1))
-            .collect::<Result<_, _>>()?;
+        let exec = ready.executor.as_mut();
+        run_once(exec, prompt_len, args.gen, 0)?; // warm-up
+        let runs: Vec<BenchRun> =
+            (0..args.reps).map(|r| run_once(exec, prompt_len, args.gen, r as u64 + 1)).collect::<Result<_, _>>()?;
         if roofline.is_none() {
             roofline = DecodeTraffic::of(&module);
         }
@@ -111,7 +111,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             (read_bandwidth(1 << 30, 5), "measured (1 GiB read, all cores)")
         }
     };
-    let report = Report { args: &args, source: &source, rows, traffic, bandwidth, bandwidth_source, peak };
+    let report = Report { args: &args, source, rows, traffic, bandwidth, bandwidth_source, peak };
     if args.json {
         super::write_stdout(&format!("{}\n", report.json()))
     } else {
@@ -119,28 +119,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
 }
 
-/// Seconds to get every executable by compiling with no cache (a cold start), and by loading from the
-/// caches a run reads (a warm start: the artifact's executables, then the user's cache, which the
-/// executor just filled).
-fn compile_times(source: &Opened, module: &g4c_ir::Module, plugin: Option<PathBuf>) -> Result<(f64, f64)> {
-    let client = super::pjrt::open_client(plugin)?;
-    let lowered = lower_module(module)?;
-    let started = Instant::now();
-    Compiler::new(&client, source.target.name, &source.label, None)?.all(lowered.clone(), &Silent)?;
-    let cold = started.elapsed().as_secs_f64();
-    let started = Instant::now();
-    let artifact_executables = source.artifact().map(|a| a.executables_dir());
-    let warm = super::pjrt::cached_compiler(&client, source.target.name, &source.label, artifact_executables)?;
-    let (_, events) = warm.all(lowered, &Silent)?;
-    if events.iter().any(|e| e.compiled()) {
-        bail!("no cache kept the executables just compiled; cannot measure a warm start");
-    }
-    Ok((cold, started.elapsed().as_secs_f64()))
-}
-
 struct Report<'a> {
     args: &'a BenchArgs,
-    source: &'a Opened,
+    source: &'a ModelSource,
     rows: Vec<(usize, Vec<BenchRun>, Startup)>,
     traffic: DecodeTraffic,
     bandwidth: f64,

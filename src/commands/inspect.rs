@@ -119,7 +119,7 @@ fn describe(path: &str, m: &Manifest) -> String {
                 !e.donated.iter().any(|d| d.ends_with(&format!("-> {name}")))
             })
             .collect();
-        let _ = writeln!(s, "@{}  {}  {}", e.name, e.stablehlo, e.executable.as_deref().unwrap_or("(no executable)"));
+        let _ = writeln!(s, "@{}  {}  {}", e.name, e.program, e.executable.as_deref().unwrap_or("(no executable)"));
         let _ =
             writeln!(s, "    inputs   {} + {} state buffers + {weights} weights", per_call.join(", "), donated.len());
         let _ =

@@ -3,7 +3,6 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use g4c_frontend::Model;
 use g4c_ir::Target;
-use g4c_passes::Pipeline;
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -34,13 +33,11 @@ pub enum EntryArg {
 
 pub fn run(args: IrArgs) -> Result<()> {
     let model = Model::open(&args.model_dir)?;
-    let mut module = model.module(&args.shapes.shapes())?;
-    g4c_ir::verify_module(&module)?;
+    let mut module = g4c_driver::emit(&model, &args.shapes.shapes(), &[])?;
     if let Some(name) = &args.target {
         let target = Target::by_name(name).map_err(anyhow::Error::msg)?;
-        let pipeline = Pipeline::for_target(target);
         let mut dumps = Vec::new();
-        pipeline.run(&mut module, target, args.after.as_deref(), &mut |stage, m| {
+        g4c_driver::run_passes(&mut module, target, args.after.as_deref(), &mut |stage, m| {
             if args.dump_dir.is_some() {
                 dumps.push((format!("{:02}-{stage}.g4c", dumps.len()), g4c_ir::print_module(m)));
             }

@@ -3,8 +3,6 @@ pub mod cache;
 pub mod compile;
 pub mod inspect;
 pub mod ir;
-pub mod model_source;
-pub mod pjrt;
 pub mod run;
 pub mod synth;
 pub mod targets;

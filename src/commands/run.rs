@@ -1,9 +1,10 @@
-use super::model_source::Opened;
+use crate::ui::with_feedback;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
+use g4c_driver::{BackendKind, Session, SessionOptions};
 use g4c_frontend::{Shapes, TextTokenizer};
 use g4c_ir::Target;
-use g4c_runtime::{generate, GenerateOptions, Generation, InterpExecutor, Interpreter, ModelShape, SamplingParams};
+use g4c_runtime::{generate, GenerateOptions, Generation, ModelShape, SamplingParams};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -78,16 +79,23 @@ pub enum Backend {
 }
 
 impl Backend {
-    fn name(self) -> &'static str {
+    pub fn kind(self) -> BackendKind {
         match self {
-            Backend::Interp => "interp",
-            Backend::Pjrt => "pjrt",
+            Backend::Interp => BackendKind::Interp,
+            Backend::Pjrt => BackendKind::Pjrt,
         }
     }
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
-    let source = Opened::open(&args.model_dir, args.target.as_deref())?;
+    let options = SessionOptions {
+        backend: args.backend.kind(),
+        target: args.target.clone(),
+        plugin: args.plugin.clone(),
+        use_cache: true,
+    };
+    let session = Session::open(&args.model_dir, options)?;
+    let source = &session.source;
     let config = &source.config;
     let tokenizer = source.tokenizer.as_ref();
     let prompt = match (&args.prompt_ids, &args.prompt) {
@@ -134,7 +142,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
     };
     let batch = fixed.as_ref().map_or(1, |s| s.batch);
-    let module = source.module(&Shapes { batch, prefill_len, context })?;
+    let module = session.module(&Shapes { batch, prefill_len, context })?;
     if !(args.temperature >= 0.0 && args.temperature.is_finite()) {
         bail!("--temperature: expected a number >= 0, found {}", args.temperature);
     }
@@ -159,22 +167,14 @@ pub fn run(args: RunArgs) -> Result<()> {
     };
 
     let mut printer = StreamPrinter { tokenizer, enabled: !args.json, ids: vec![], printed: String::new() };
-    let (generation, ready) = match args.backend {
-        Backend::Interp => {
-            let mut exec = InterpExecutor::new(Interpreter::new(&module, source.weights()));
-            (generate(&mut exec, &prompt, &opts, &mut |t| printer.push(t))?, None)
-        }
-        Backend::Pjrt => {
-            let (mut exec, ready) = super::pjrt::executor(&source, &module, args.plugin.clone())?;
-            (generate(&mut exec, &prompt, &opts, &mut |t| printer.push(t))?, Some(ready))
-        }
-    };
+    let mut ready = with_feedback(|feedback| session.executor(module.clone(), feedback))?;
+    let generation = generate(ready.executor.as_mut(), &prompt, &opts, &mut |t| printer.push(t))?;
     printer.finish();
     if args.stats {
-        if let Some(ready) = ready {
+        if let Some(compiled) = &ready.compiled {
             eprintln!(
                 "stats: compile: {}; weights {:.2} s; ready to run after {:.2} s",
-                ready.compiled.describe(),
+                compiled.describe(),
                 ready.weights_seconds,
                 ready.total_seconds
             );
@@ -195,7 +195,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             "generated_ids": generation.generated_ids,
             "text": text,
             "stop_reason": generation.stop.name(),
-            "backend": args.backend.name(),
+            "backend": args.backend.kind().name(),
         });
         println!("{out}");
     }
@@ -220,7 +220,7 @@ fn print_stats(args: &RunArgs, target: &Target, shape: &ModelShape, g: &Generati
     let calls: Vec<String> = shape.prefill_plan(g.prompt_ids.len()).iter().map(|(_, t, _)| t.to_string()).collect();
     eprintln!(
         "stats: backend {} (target {}), prefill {} tokens (calls of {}) {:.1} ms, decode {decoded} tokens {:.2} tok/s, peak memory {}",
-        args.backend.name(),
+        args.backend.kind().name(),
         target.name,
         g.prompt_ids.len(),
         calls.join(" + "),

@@ -1,13 +1,12 @@
 //! Shared helpers: golden fixtures, running generation through the library and through the binary.
 
+use g4c_driver::{Feedback, Session, SessionOptions};
 use g4c_frontend::{Model, Shapes};
-use g4c_runtime::{
-    generate, lower_module, Compiler, Executor, GenerateOptions, Generation, InterpExecutor, Interpreter, PjrtExecutor,
-    Silent,
-};
+use g4c_runtime::{generate, GenerateOptions, Generation};
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::Arc;
 
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -61,11 +60,7 @@ pub fn golden_cases(model: &str) -> Vec<GoldenCase> {
         .collect()
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
-    Interp,
-    Pjrt,
-}
+pub use g4c_driver::BackendKind as Backend;
 
 /// Greedy generation, EOS ignored. `prefill_len` defaults to the prompt length.
 pub fn run_generate(
@@ -107,7 +102,7 @@ pub fn forced_logits(backend: Backend, dir: &Path, target: &str, case: &GoldenCa
 }
 
 /// Opens `dir`, emits the module for the prompt (one prefill call unless `prefill_len` says
-/// otherwise), applies `transform`, and generates with `opts` on `backend`.
+/// otherwise), applies `transform`, and generates with `opts` on `backend` (compiling, with no cache).
 fn generate_on(
     backend: Backend,
     dir: &Path,
@@ -116,38 +111,20 @@ fn generate_on(
     opts: &GenerateOptions,
     transform: &dyn Fn(&mut g4c_ir::Module),
 ) -> Generation {
+    let options = SessionOptions { backend, use_cache: false, ..Default::default() };
+    let session = Session::open(dir, options).unwrap_or_else(|e| panic!("{e}"));
     let model = Model::open(dir).unwrap_or_else(|e| panic!("{e}"));
     let context = prompt.len() + opts.max_new_tokens;
     let shapes = Shapes { batch: 1, prefill_len: prefill_len.unwrap_or(prompt.len()), context };
-    let mut module = model.module(&shapes).unwrap();
+    let mut module = g4c_driver::emit(&model, &shapes, &[]).unwrap();
     transform(&mut module);
     g4c_ir::verify_module(&module).unwrap();
-    let mut exec: Box<dyn Executor> = match backend {
-        Backend::Interp => Box::new(InterpExecutor::new(Interpreter::new(&module, &model.checkpoint))),
-        Backend::Pjrt => {
-            let client = pjrt_client();
-            // No cache: the library tests compile what they run.
-            let compiler = Compiler::new(&client, "cpu", "test", None).unwrap_or_else(|e| panic!("{e}"));
-            let lowered = lower_module(&module).unwrap_or_else(|e| panic!("{e}"));
-            let (executables, _) = compiler.all(lowered, &Silent).unwrap_or_else(|e| panic!("{e}"));
-            drop(compiler);
-            let exec = PjrtExecutor::new(&module, &model.checkpoint, client, executables, &Silent);
-            Box::new(exec.unwrap_or_else(|e| panic!("{e}")))
-        }
-    };
-    generate(exec.as_mut(), prompt, opts, &mut |_| {}).unwrap_or_else(|e| panic!("{e}"))
+    let mut ready = session.executor(Arc::new(module), &Feedback::silent()).unwrap_or_else(|e| panic!("{e}"));
+    generate(ready.executor.as_mut(), prompt, opts, &mut |_| {}).unwrap_or_else(|e| panic!("{e}"))
 }
 
 pub fn interp_generate(dir: &Path, prompt: &[u32], new_tokens: usize, prefill_len: Option<usize>) -> Generation {
     run_generate(Backend::Interp, dir, prompt, new_tokens, prefill_len)
-}
-
-/// A client on the PJRT CPU plugin that scripts/setup installs. Its absence is a failure, not a
-/// skip: every machine that runs the tests has run scripts/setup.
-pub fn pjrt_client() -> g4c_runtime::pjrt::Client {
-    use g4c_runtime::pjrt::{find_cpu_plugin, Api, Client};
-    let path = find_cpu_plugin().expect("PJRT CPU plugin not found: run scripts/setup (or set G4C_PJRT_PLUGIN)");
-    Client::new(Api::load(&path).unwrap_or_else(|e| panic!("{e}"))).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Tokens exact; logits within 1e-3 of the largest golden |logit| (gemma4.md §9), or within twice

@@ -1,16 +1,17 @@
 //! Lowers one IR entry point to a StableHLO module whose `@main` XLA compiles, built with melior in
 //! generic op form (MLIR 22 has no StableHLO dialect; PJRT's compiler is the semantic verifier).
 //!
-//! Signature of `@main`: the entry point's parameters in order, then one argument per weight it
-//! reads (in order of first use), so the runtime uploads weights once and passes them every call.
-//! Results are the entry point's results. A state parameter is donated to the result of the same
-//! name (`tf.aliasing_output`), so caches are updated in place.
+//! Signature of `@main`: the entry point's call arguments (`Function::call_args`: its parameters in
+//! order, then one argument per weight it reads, in order of first use), so the runtime uploads
+//! weights once and passes them every call. Results are the entry point's results. Each state
+//! parameter is donated to its next value (`Function::donations`, as `tf.aliasing_output`), so
+//! caches are updated in place.
 
 mod text;
 
 use crate::CodegenError;
 use g4c_ir::{
-    BinaryOp, CompareDir, DType, Function, Literal, Module, Op, ParamRole, ReduceKind, TensorType, UnaryOp, ValueId,
+    BinaryOp, CallArg, CompareDir, DType, Function, Literal, Module, Op, ReduceKind, TensorType, UnaryOp, ValueId,
 };
 use melior::ir::attribute::{ArrayAttribute, DictionaryAttribute, StringAttribute, TypeAttribute};
 use melior::ir::block::BlockLike;
@@ -21,35 +22,17 @@ use melior::Context;
 use std::collections::HashMap;
 use text::{dense_attr, i64_array, int_list, tensor_type};
 
-/// One argument of `@main`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Input {
-    Param(String),
-    Weight(String),
-}
-
-/// A lowered entry point: the module text and how to call it.
-#[derive(Clone, Debug)]
-pub struct Lowered {
-    pub entry: String,
-    /// Generic-form MLIR text of the module.
-    pub mlir: String,
-    pub inputs: Vec<Input>,
-    pub outputs: Vec<String>,
-    /// `(input index, output index)` pairs whose buffers alias.
-    pub donated: Vec<(usize, usize)>,
-}
-
 type LResult<T> = Result<T, String>;
 
-pub fn lower_entry(module: &Module, entry: &str) -> Result<Lowered, CodegenError> {
+/// The StableHLO module (generic-form MLIR text) of entry point `entry`.
+pub fn lower_entry(module: &Module, entry: &str) -> Result<String, CodegenError> {
     let f = module
         .function(entry)
         .ok_or_else(|| CodegenError::Lowering { function: entry.to_string(), message: "no such function".into() })?;
     lower_function(module, f).map_err(|message| CodegenError::Lowering { function: f.name.clone(), message })
 }
 
-fn lower_function(module: &Module, f: &Function) -> LResult<Lowered> {
+fn lower_function(module: &Module, f: &Function) -> LResult<String> {
     let ctx = Context::new();
     ctx.set_allow_unregistered_dialects(true);
     let loc = Location::unknown(&ctx);
@@ -57,28 +40,18 @@ fn lower_function(module: &Module, f: &Function) -> LResult<Lowered> {
         Type::parse(&ctx, &tensor_type(t)).ok_or_else(|| format!("MLIR rejected type {}", tensor_type(t)))
     };
 
-    // Inputs: parameters, then weights in order of first use.
-    let mut inputs: Vec<Input> = f.params.iter().map(|p| Input::Param(f.param_name(p).to_string())).collect();
-    let mut input_types: Vec<TensorType> = f.params.iter().map(|p| f.ty(p.value).clone()).collect();
+    let mut input_types: Vec<TensorType> = vec![];
     let mut weight_arg: HashMap<&str, usize> = HashMap::new();
-    for instr in &f.body {
-        if let Op::Weight { name } = &instr.op {
-            if !weight_arg.contains_key(name.as_str()) {
-                let decl = module.weight(name).ok_or_else(|| format!("no weight @{name}"))?;
-                weight_arg.insert(name, inputs.len());
-                inputs.push(Input::Weight(name.clone()));
-                input_types.push(decl.ty.clone());
+    for (i, arg) in f.call_args().into_iter().enumerate() {
+        input_types.push(match arg {
+            CallArg::Param(p) => f.ty(f.params[p].value).clone(),
+            CallArg::Weight(name) => {
+                weight_arg.insert(name, i);
+                module.weight(name).ok_or_else(|| format!("no weight @{name}"))?.ty.clone()
             }
-        }
+        });
     }
-    let outputs: Vec<String> = f.results.iter().map(|r| r.name.clone()).collect();
-    let donated: Vec<(usize, usize)> = f
-        .params
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| matches!(p.role, ParamRole::State { .. }))
-        .filter_map(|(i, p)| outputs.iter().position(|o| o == f.param_name(p)).map(|j| (i, j)))
-        .collect();
+    let donated = f.donations();
 
     let arg_types: Vec<Type> = input_types.iter().map(ty).collect::<LResult<_>>()?;
     let result_types: Vec<Type> = f.results.iter().map(|r| ty(f.ty(r.value))).collect::<LResult<_>>()?;
@@ -103,7 +76,7 @@ fn lower_function(module: &Module, f: &Function) -> LResult<Lowered> {
     let region = Region::new();
     region.append_block(block);
 
-    let arg_attrs: Vec<Attribute> = (0..inputs.len())
+    let arg_attrs: Vec<Attribute> = (0..input_types.len())
         .map(|i| {
             let entries: Vec<(Identifier, Attribute)> = donated
                 .iter()
@@ -130,11 +103,10 @@ fn lower_function(module: &Module, f: &Function) -> LResult<Lowered> {
     if !mlir_module.as_operation().verify() {
         return Err("the generated module does not verify".into());
     }
-    let mlir = mlir_module
+    mlir_module
         .as_operation()
         .to_string_with_flags(OperationPrintingFlags::new().print_generic_operation_form())
-        .map_err(|e| e.to_string())?;
-    Ok(Lowered { entry: f.name.clone(), mlir, inputs, outputs, donated })
+        .map_err(|e| e.to_string())
 }
 
 fn parse_attr<'c>(ctx: &'c Context, text: &str) -> LResult<Attribute<'c>> {

@@ -1,16 +1,18 @@
 //! Emits the IR of a Gemma 4 text decoder: the `prefill` and `decode` entry points over one set of
 //! weights and one set of cache state.
 //!
-//! Entry-point contract (every backend honours it):
-//! - `prefill(ids: i32[B,T], pos: i32[B,T], last: i32[B], state...) -> (logits: f32[B,V], state...)`
-//!   runs T tokens per sequence at absolute positions `pos` (`-1` marks padding) and returns the
-//!   logits of token `last[b]` of each sequence. A module may also have `prefill_{T}` entry points
-//!   for shorter lengths T (same state shapes), so that short prompts are not padded to the longest.
-//! - `decode(ids: i32[B,1], pos: i32[B,1], state...) -> (logits: f32[B,V], state...)`.
-//! - State: `cache.l{L}.k` / `cache.l{L}.v: f32[B, Hkv, S, d]` for every KV-owning layer L, and
-//!   `cache.{sliding,full}.pos: i32[B, S]`, the absolute position held by each slot (`-1` = empty).
-//!   Full layers hold `S = context` slots; sliding layers are rings of `window + T - 1` slots (capped
-//!   at `context`) so that one prefill call never overwrites a key its own queries still need.
+//! The entry points, in the roles of `g4c_ir::abi` (every backend honours them):
+//! - `prefill(ids: token_ids i32[B,T], pos: positions i32[B,T], last: last_index i32[B], state...)
+//!   -> (logits: f32[B,V], state...)` runs T tokens per sequence at absolute positions `pos` (`-1`
+//!   marks padding) and returns the logits of token `last[b]` of each sequence. A module may also
+//!   have `prefill_{T}` entry points for shorter lengths T (same state shapes), so that short prompts
+//!   are not padded to the longest.
+//! - `decode(ids: token_ids i32[B,1], pos: positions i32[B,1], state...) -> (logits: f32[B,V], state...)`.
+//! - State: `cache.l{L}.k` / `cache.l{L}.v: f32[B, Hkv, S, d]` (`kv_cache(L, k|v)`) for every
+//!   KV-owning layer L, and `cache.{sliding,full}.pos: i32[B, S]` (`slot_positions(kind)`), the
+//!   absolute position held by each slot (`-1` = empty). Full layers hold `S = context` slots; sliding
+//!   layers are rings of `window + T - 1` slots (capped at `context`) so that one prefill call never
+//!   overwrites a key its own queries still need.
 
 mod attention;
 mod layer;
@@ -19,7 +21,9 @@ mod nn;
 use crate::config::{AttentionKind, Gemma4Config};
 use crate::error::{FrontendError, Result};
 use attention::{ring_slots, rope_tables, visibility, RopeTables};
-use g4c_ir::{BinaryOp, DType, FunctionBuilder, Module, TensorType, ValueId, WeightDecl};
+use g4c_ir::{
+    BinaryOp, DType, FunctionBuilder, KvPart, Module, ParamRole, ResultRole, TensorType, ValueId, WeightDecl,
+};
 use nn::Graph;
 use std::collections::HashMap;
 
@@ -120,9 +124,10 @@ fn emit_entry(cfg: &Gemma4Config, weights: &[WeightDecl], shapes: &Shapes, entry
         Entry::Decode => 1,
     };
     let mut g = Graph::new(FunctionBuilder::new(entry.name(shapes), weights));
-    let ids = g.b.input("ids", TensorType::new(DType::I32, [b, t]));
-    let pos = g.b.input("pos", TensorType::new(DType::I32, [b, t]));
-    let last = matches!(entry, Entry::Prefill(_)).then(|| g.b.input("last", TensorType::new(DType::I32, [b])));
+    let ids = g.b.param("ids", TensorType::new(DType::I32, [b, t]), ParamRole::TokenIds);
+    let pos = g.b.param("pos", TensorType::new(DType::I32, [b, t]), ParamRole::Positions);
+    let last = matches!(entry, Entry::Prefill(_))
+        .then(|| g.b.param("last", TensorType::new(DType::I32, [b]), ParamRole::LastIndex));
     let mut cx = StepContext::declare_state(&mut g, cfg, shapes, pos);
 
     // Embedding scaled by √D. transformers rounds the scale to the dtype the model runs in (39.25 for
@@ -161,9 +166,8 @@ fn emit_entry(cfg: &Gemma4Config, weights: &[WeightDecl], shapes: &Shapes, entry
     }
     let logits = g.b.name(logits, "logits");
 
-    let mut results = vec![("logits".to_string(), logits)];
-    results.extend(cx.state_results);
-    let results = results.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+    let mut results = vec![("logits", logits, ResultRole::Logits)];
+    results.extend(cx.state_results.iter().map(|(n, v)| (n.as_str(), *v, ResultRole::NextState)));
     g.b.finish(results)
 }
 
@@ -233,13 +237,13 @@ impl StepContext {
         let mut kinds = HashMap::new();
         let mut state_results = Vec::new();
         let mut caches = HashMap::new();
-        for kind in [AttentionKind::Sliding, AttentionKind::Full] {
+        for kind in AttentionKind::ALL {
             if !cfg.kv_layers().any(|l| cfg.layers[l].kind == kind) {
                 continue;
             }
             let cap = shapes.cache_len(cfg, kind);
             let name = format!("cache.{}.pos", kind.name());
-            let stored = g.b.state(&name, TensorType::new(DType::I32, [b, cap]), -1.0);
+            let stored = g.b.param(&name, TensorType::new(DType::I32, [b, cap]), ParamRole::SlotPositions(kind));
             let slots = ring_slots(g, pos, cap);
             let slots = g.b.name(slots, &format!("{}.slots", kind.name()));
             let stored = g.b.update_slots(stored, slots, pos, 1);
@@ -253,8 +257,10 @@ impl StepContext {
             let spec = &cfg.layers[l];
             let ty =
                 TensorType::new(DType::F32, [b, spec.num_kv_heads, shapes.cache_len(cfg, spec.kind), spec.head_dim]);
-            let k = g.b.state(&format!("cache.l{l}.k"), ty.clone(), 0.0);
-            let v = g.b.state(&format!("cache.l{l}.v"), ty, 0.0);
+            let [k, v] = [KvPart::Key, KvPart::Value].map(|part| {
+                let name = format!("cache.l{l}.{}", part.name());
+                g.b.param(&name, ty.clone(), ParamRole::KvCache { layer: l, part })
+            });
             caches.insert(l, (k, v));
         }
         StepContext { pos, pos_f32, kinds, rope: HashMap::new(), caches, ple: None, state_results }
@@ -267,7 +273,7 @@ impl StepContext {
         let pos = pick_rows(g, self.pos, rows);
         let mut kinds = self.kinds;
         // In a fixed order: the IR must not depend on hash order (cache keys hash its lowering).
-        for kind in [AttentionKind::Sliding, AttentionKind::Full] {
+        for kind in AttentionKind::ALL {
             if let Some(k) = kinds.remove(&kind) {
                 let window = (kind == AttentionKind::Sliding).then_some(cfg.sliding_window);
                 let visible = visibility(g, pos, k.stored, window);

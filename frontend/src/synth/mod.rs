@@ -7,11 +7,11 @@ mod tokenizer;
 
 pub use tokenizer::tokenizer_json;
 
-use g4c_util::atomic::{AtomicDir, AtomicFile};
-use g4c_util::safetensors_writer::{write_safetensors, Filler, TensorSpec};
 use crate::config::Gemma4Config;
 use crate::error::{io_error, FrontendError, Result};
 use crate::weights::expected_tensors;
+use g4c_util::atomic::{AtomicDir, AtomicFile};
+use g4c_util::safetensors_writer::{write_safetensors, Filler, TensorSpec};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal, Uniform};

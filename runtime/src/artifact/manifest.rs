@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// Bumped whenever the layout of an artifact directory changes incompatibly.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Manifest {
@@ -13,6 +13,8 @@ pub struct Manifest {
     pub created_unix: u64,
     /// The target's name and properties (`g4c targets --json`).
     pub target: Value,
+    /// The backend whose programs and executables the artifact holds (`pjrt`).
+    pub backend: String,
     pub model: ModelInfo,
     pub shapes: ShapeInfo,
     /// The pass pipeline the module went through, in order.
@@ -65,9 +67,9 @@ impl ShapeInfo {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct EntryInfo {
     pub name: String,
-    /// The StableHLO file, relative to the artifact.
-    pub stablehlo: String,
-    /// `name: type` of every `@main` argument in order (parameters, then weights).
+    /// The program the backend compiles (PJRT: StableHLO), relative to the artifact.
+    pub program: String,
+    /// `name: type` of every argument in call order (parameters, then weights).
     pub inputs: Vec<String>,
     pub outputs: Vec<String>,
     /// Arguments whose buffers the call takes over and returns updated (`input -> output`).

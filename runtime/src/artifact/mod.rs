@@ -3,7 +3,7 @@
 //! ```text
 //! manifest.json          what it is (Manifest)
 //! module.g4c             the IR after the target's passes, weights bound to weights.safetensors
-//! stablehlo/<entry>.mlir each entry point lowered
+//! stablehlo/<entry>.mlir each entry point's program, in a folder the backend names (PJRT: StableHLO)
 //! weights.safetensors    every weight in the dtype and layout the target uses
 //! executables/*.g4cx     serialized executables (cache-entry format), when a plugin was present
 //! config.json            the checkpoint's config; tokenizer.json when it had one
@@ -17,13 +17,29 @@ pub use manifest::{EntryInfo, Manifest, ModelInfo, ShapeInfo, WeightsInfo, FORMA
 pub use open::Artifact;
 pub use write::{check_output_dir, write_artifact, ArtifactSource};
 
+/// Where a backend's programs go in an artifact, and what they are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProgramFormat {
+    /// The backend that compiles them (the manifest's `backend`).
+    pub backend: &'static str,
+    /// The folder holding one program per entry point.
+    pub dir: &'static str,
+    pub extension: &'static str,
+}
+
+impl ProgramFormat {
+    /// The program file of `entry`, relative to the artifact.
+    pub fn file(&self, entry: &str) -> String {
+        format!("{}/{entry}.{}", self.dir, self.extension)
+    }
+}
+
 use std::path::Path;
 
 /// File names inside an artifact.
 pub mod files {
     pub const MANIFEST: &str = "manifest.json";
     pub const MODULE: &str = "module.g4c";
-    pub const STABLEHLO: &str = "stablehlo";
     pub const WEIGHTS: &str = "weights.safetensors";
     pub const EXECUTABLES: &str = "executables";
     pub const CONFIG: &str = "config.json";

@@ -2,18 +2,19 @@
 
 use super::files;
 use super::manifest::{Manifest, FORMAT_VERSION};
+use crate::backend::Program;
 use crate::error::{Result, RuntimeError};
-use g4c_codegen::stablehlo::Lowered;
 use g4c_frontend::Checkpoint;
 use g4c_ir::Module;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub struct Artifact {
     pub dir: PathBuf,
     pub manifest: Manifest,
     pub module: Module,
     /// `weights.safetensors`, mapped; its tensors are already in the dtype and layout the IR declares.
-    pub weights: Checkpoint,
+    pub weights: Arc<Checkpoint>,
 }
 
 fn bad(dir: &Path, message: impl std::fmt::Display) -> RuntimeError {
@@ -38,7 +39,7 @@ impl Artifact {
                 ),
             ));
         }
-        let weights = Checkpoint::open_file(&weights_path).map_err(|e| bad(dir, e))?;
+        let weights = Arc::new(Checkpoint::open_file(&weights_path).map_err(|e| bad(dir, e))?);
         Ok(Artifact { dir: dir.to_path_buf(), manifest, module, weights })
     }
 
@@ -65,20 +66,20 @@ impl Artifact {
         self.dir.join(files::EXECUTABLES)
     }
 
-    /// Checks that the IR, lowered by this g4c, is the StableHLO the artifact recorded: a mismatch
+    /// Checks that the IR, lowered by this g4c, gives the programs the artifact recorded: a mismatch
     /// means a damaged artifact or a g4c whose lowering changed.
-    pub fn check_lowering(&self, lowered: &[Lowered]) -> Result<()> {
-        for l in lowered {
-            let entry = self.manifest.entries.iter().find(|e| e.name == l.entry);
-            let Some(entry) = entry else { return Err(bad(&self.dir, format!("the manifest lists no @{}", l.entry))) };
-            let recorded = std::fs::read_to_string(self.dir.join(&entry.stablehlo))
-                .map_err(|e| bad(&self.dir, format!("{}: {e}", entry.stablehlo)))?;
-            if recorded != l.mlir {
+    pub fn check_programs(&self, programs: &[Program]) -> Result<()> {
+        for p in programs {
+            let entry = self.manifest.entries.iter().find(|e| e.name == p.entry);
+            let Some(entry) = entry else { return Err(bad(&self.dir, format!("the manifest lists no @{}", p.entry))) };
+            let recorded = std::fs::read_to_string(self.dir.join(&entry.program))
+                .map_err(|e| bad(&self.dir, format!("{}: {e}", entry.program)))?;
+            if recorded != p.text {
                 return Err(bad(
                     &self.dir,
                     format!(
                         "{} differs from the lowering of {} (damaged, or from another g4c version)",
-                        entry.stablehlo,
+                        entry.program,
                         files::MODULE
                     ),
                 ));

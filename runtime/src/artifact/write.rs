@@ -2,14 +2,14 @@
 //! came from. The directory is assembled under a temporary name and renamed into place at the end.
 
 use super::manifest::{EntryInfo, Manifest, ModelInfo, ShapeInfo, WeightsInfo, FORMAT_VERSION};
-use super::{files, is_artifact};
+use super::{files, is_artifact, ProgramFormat};
+use crate::backend::Program;
 use crate::error::{Result, RuntimeError};
 use crate::progress::{Progress, Unit};
 use crate::weights::WeightStore;
-use g4c_codegen::stablehlo::{Input, Lowered};
+use g4c_ir::{CallArg, DType, Module, ParamRole, WeightDecl};
 use g4c_util::atomic::{AtomicDir, AtomicFile};
 use g4c_util::safetensors_writer::{write_safetensors, TensorSpec};
-use g4c_ir::{DType, Module, ParamRole, WeightDecl};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -23,8 +23,9 @@ pub struct ArtifactSource<'a> {
     pub store: &'a dyn WeightStore,
     /// The checkpoint directory (its `config.json` and `tokenizer.json` are copied).
     pub model_dir: &'a Path,
-    /// Every entry point, lowered.
-    pub lowered: &'a [Lowered],
+    /// Every entry point's program, and where the backend keeps them.
+    pub programs: &'a [Program],
+    pub format: ProgramFormat,
     /// Cache files of compiled executables, by entry point (may be empty).
     pub executables: Vec<(String, PathBuf)>,
     pub executables_environment: Option<Value>,
@@ -67,13 +68,13 @@ pub fn write_artifact(out: &Path, src: &ArtifactSource, progress: &dyn Progress)
     }
     write_file(&root.join(files::MODULE), g4c_ir::print_module(&module).as_bytes())?;
 
-    std::fs::create_dir_all(root.join(files::STABLEHLO)).map_err(io(&root))?;
+    std::fs::create_dir_all(root.join(src.format.dir)).map_err(io(&root))?;
     std::fs::create_dir_all(root.join(files::EXECUTABLES)).map_err(io(&root))?;
     let mut entries = vec![];
-    for l in src.lowered {
-        let stablehlo = format!("{}/{}.mlir", files::STABLEHLO, l.entry);
-        write_file(&root.join(&stablehlo), l.mlir.as_bytes())?;
-        let executable = match src.executables.iter().find(|(e, _)| *e == l.entry) {
+    for p in src.programs {
+        let program = src.format.file(&p.entry);
+        write_file(&root.join(&program), p.text.as_bytes())?;
+        let executable = match src.executables.iter().find(|(e, _)| *e == p.entry) {
             Some((_, cache_file)) => {
                 let name = cache_file.file_name().expect("cache files have names").to_string_lossy();
                 let rel = format!("{}/{name}", files::EXECUTABLES);
@@ -82,7 +83,7 @@ pub fn write_artifact(out: &Path, src: &ArtifactSource, progress: &dyn Progress)
             }
             None => None,
         };
-        entries.push(entry_info(&module, l, stablehlo, executable));
+        entries.push(entry_info(&module, &p.entry, program, executable));
     }
 
     for name in [files::CONFIG, files::TOKENIZER] {
@@ -102,6 +103,7 @@ pub fn write_artifact(out: &Path, src: &ArtifactSource, progress: &dyn Progress)
         g4c_version: crate::cache::G4C_VERSION.into(),
         created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         target: src.target.clone(),
+        backend: src.format.backend.into(),
         model: ModelInfo { source: src.model_dir.display().to_string(), config, weights },
         shapes: src.shapes.clone(),
         passes: src.passes.clone(),
@@ -129,19 +131,19 @@ fn used_weights(module: &Module) -> BTreeSet<String> {
     used
 }
 
-fn entry_info(module: &Module, l: &Lowered, stablehlo: String, executable: Option<String>) -> EntryInfo {
-    let f = module.function(&l.entry).expect("lowered from this module");
-    let inputs: Vec<String> = l
-        .inputs
-        .iter()
-        .map(|i| match i {
-            Input::Param(name) => format!("{name}: {}", f.ty(f.param(name).expect("a parameter").value)),
-            Input::Weight(name) => format!("@{name}: {}", module.weight(name).expect("a weight").ty),
+fn entry_info(module: &Module, entry: &str, program: String, executable: Option<String>) -> EntryInfo {
+    let f = module.function(entry).expect("lowered from this module");
+    let inputs: Vec<String> = f
+        .call_args()
+        .into_iter()
+        .map(|a| match a {
+            CallArg::Param(i) => format!("{}: {}", f.param_name(&f.params[i]), f.ty(f.params[i].value)),
+            CallArg::Weight(name) => format!("@{name}: {}", module.weight(name).expect("a weight").ty),
         })
         .collect();
     let outputs = f.results.iter().map(|r| format!("{}: {}", r.name, f.ty(r.value))).collect();
-    let donated = l.donated.iter().map(|&(i, o)| format!("{} -> {}", inputs[i], l.outputs[o])).collect();
-    EntryInfo { name: l.entry.clone(), stablehlo, inputs, outputs, donated, executable }
+    let donated = f.donations().into_iter().map(|(i, o)| format!("{} -> {}", inputs[i], f.results[o].name)).collect();
+    EntryInfo { name: entry.to_string(), program, inputs, outputs, donated, executable }
 }
 
 /// Streams every weight, converted and laid out as declared, into one safetensors file and hashes it.

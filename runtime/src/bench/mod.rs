@@ -55,7 +55,7 @@ pub fn run_once(exec: &mut dyn Executor, prompt_len: usize, gen: usize, seed: u6
     let started = Instant::now();
     let decode_steps = gen.saturating_sub(1);
     for step in 0..decode_steps {
-        logits = decode(exec, &next, prompt_len + step)?;
+        logits = decode(exec, &shape, &next, prompt_len + step)?;
         next = greedy(&logits, shape.batch);
     }
     let decode_seconds = started.elapsed().as_secs_f64();

@@ -13,7 +13,7 @@ pub struct DecodeTraffic {
 
 impl DecodeTraffic {
     pub fn of(module: &Module) -> Option<DecodeTraffic> {
-        let decode = module.function("decode")?;
+        let decode = module.decode()?;
         let mut t = DecodeTraffic::default();
         let mut seen = std::collections::BTreeSet::new();
         for (_, name) in decode.weight_reads() {
@@ -24,9 +24,9 @@ impl DecodeTraffic {
         for p in &decode.params {
             let bytes = decode.ty(p.value).byte_size();
             match p.role {
-                ParamRole::State { .. } => t.state_bytes += bytes,
                 ParamRole::HostGather { .. } => t.host_row_bytes += bytes,
-                ParamRole::Input => {}
+                ref role if role.is_state() => t.state_bytes += bytes,
+                _ => {}
             }
         }
         Some(t)

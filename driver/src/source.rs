@@ -1,20 +1,21 @@
-//! What `run` and `bench` execute: a checkpoint directory (emitted and put through the target's
-//! pipeline for the shapes asked for) or a compiled artifact (shapes, target and passes fixed when it
-//! was compiled).
+//! What `run`, `bench` and a server execute: a checkpoint directory (emitted and put through the
+//! target's pipeline for the shapes asked for) or a compiled artifact (shapes, target and passes fixed
+//! when it was compiled).
 
+use crate::compile::{emit, run_passes};
 use anyhow::{bail, Result};
-use g4c_frontend::{Checkpoint, Gemma4Config, Model, Shapes, TextTokenizer};
-use g4c_ir::Module;
-use g4c_ir::Target;
-use g4c_passes::Pipeline;
+use g4c_frontend::{Gemma4Config, Model, Shapes, TextTokenizer};
+use g4c_ir::{Module, Target};
 use g4c_runtime::artifact::{is_artifact, Artifact, ShapeInfo};
+use g4c_runtime::WeightStore;
 use std::path::Path;
+use std::sync::Arc;
 
-pub struct Opened {
+pub struct ModelSource {
     pub config: Gemma4Config,
     pub tokenizer: Option<TextTokenizer>,
     pub target: &'static Target,
-    /// Names the model in cache listings.
+    /// Names the model in messages and cache listings.
     pub label: String,
     kind: Kind,
 }
@@ -24,17 +25,17 @@ enum Kind {
     Artifact(Box<Artifact>),
 }
 
-impl Opened {
+impl ModelSource {
     /// Opens `path`; `target` is the `--target` flag (default `cpu` for checkpoints; an artifact
     /// refuses any target but its own).
-    pub fn open(path: &Path, target: Option<&str>) -> Result<Opened> {
+    pub fn open(path: &Path, target: Option<&str>) -> Result<ModelSource> {
         let label = path.display().to_string();
         let config = Gemma4Config::from_dir(path)?;
         let tokenizer = TextTokenizer::open(path, config.bos_token_id)?;
         if !is_artifact(path) {
             let target = Target::by_name(target.unwrap_or("cpu")).map_err(anyhow::Error::msg)?;
             let model = Model::open(path)?;
-            return Ok(Opened { config, tokenizer, target, label, kind: Kind::Checkpoint(Box::new(model)) });
+            return Ok(ModelSource { config, tokenizer, target, label, kind: Kind::Checkpoint(Box::new(model)) });
         }
         let artifact = Artifact::open(path)?;
         let compiled_for = artifact.manifest.target_name().to_string();
@@ -44,7 +45,7 @@ impl Opened {
             );
         }
         let target = Target::by_name(&compiled_for).map_err(anyhow::Error::msg)?;
-        Ok(Opened { config, tokenizer, target, label, kind: Kind::Artifact(Box::new(artifact)) })
+        Ok(ModelSource { config, tokenizer, target, label, kind: Kind::Artifact(Box::new(artifact)) })
     }
 
     /// An artifact's shapes (a checkpoint has none until asked).
@@ -72,13 +73,12 @@ impl Opened {
     }
 
     /// The module after the target's passes, for `shapes` (an artifact only has its own).
-    pub fn module(&self, shapes: &Shapes) -> Result<Module> {
+    pub fn module(&self, shapes: &Shapes) -> Result<Arc<Module>> {
         match &self.kind {
             Kind::Checkpoint(model) => {
-                let mut module = model.module(shapes)?;
-                g4c_ir::verify_module(&module)?;
-                Pipeline::for_target(self.target).run_all(&mut module, self.target)?;
-                Ok(module)
+                let mut module = emit(model, shapes, &[])?;
+                run_passes(&mut module, self.target, None, &mut |_, _| {})?;
+                Ok(Arc::new(module))
             }
             Kind::Artifact(a) => {
                 let s = &a.manifest.shapes;
@@ -94,16 +94,16 @@ impl Opened {
                         shapes.context
                     );
                 }
-                Ok(a.module.clone())
+                Ok(Arc::new(a.module.clone()))
             }
         }
     }
 
     /// The weights: the checkpoint (converted at load as the IR declares) or the artifact's own.
-    pub fn weights(&self) -> &Checkpoint {
+    pub fn weights(&self) -> Arc<dyn WeightStore> {
         match &self.kind {
-            Kind::Checkpoint(model) => &model.checkpoint,
-            Kind::Artifact(a) => &a.weights,
+            Kind::Checkpoint(model) => model.checkpoint.clone(),
+            Kind::Artifact(a) => a.weights.clone(),
         }
     }
 }

@@ -2,9 +2,7 @@
 //! plugins; ../shared/docs/toolchain.md). Every argument struct is zeroed with its `struct_size` set,
 //! so one binary works with plugins of newer minor API versions too.
 
-#[allow(clippy::all)]
-mod sys;
-
+use super::sys;
 use crate::error::{Result, RuntimeError};
 use g4c_ir::DType;
 use std::ffi::c_void;

@@ -2,37 +2,41 @@
 //! floats are rounded to their dtype after every op). It is the oracle later passes and backends are
 //! checked against, so it favours obviously-correct code over speed.
 
+mod executor;
 mod kernels;
+
+pub use executor::InterpExecutor;
 
 use crate::error::{invalid, Result, RuntimeError};
 use crate::tensor::Tensor;
 use crate::weights::WeightStore;
 use g4c_ir::{Function, Module, Op, TensorType, ValueId, ValueNames};
 use std::collections::HashMap;
+use std::sync::Arc;
 
-pub struct Interpreter<'m> {
-    module: &'m Module,
-    store: &'m dyn WeightStore,
+pub struct Interpreter {
+    module: Arc<Module>,
+    store: Arc<dyn WeightStore>,
     /// Weights loaded so far; they stay resident across calls.
     loaded: HashMap<String, Tensor>,
 }
 
-impl<'m> Interpreter<'m> {
-    pub fn new(module: &'m Module, store: &'m dyn WeightStore) -> Self {
+impl Interpreter {
+    pub fn new(module: Arc<Module>, store: Arc<dyn WeightStore>) -> Self {
         Interpreter { module, store, loaded: HashMap::new() }
     }
 
-    pub fn module(&self) -> &'m Module {
-        self.module
+    pub fn module(&self) -> &Arc<Module> {
+        &self.module
     }
 
-    pub fn store(&self) -> &'m dyn WeightStore {
-        self.store
+    pub fn store(&self) -> &dyn WeightStore {
+        self.store.as_ref()
     }
 
     /// Runs `function` on `inputs` (in parameter order) and returns its results in order.
     pub fn call(&mut self, function: &str, inputs: Vec<Tensor>) -> Result<Vec<Tensor>> {
-        let module = self.module;
+        let module = self.module.clone();
         let Some(f) = module.function(function) else {
             return invalid(format!("the module has no function @{function}"));
         };

@@ -1,18 +1,17 @@
 //! Turns lowered entry points into loaded executables: from the first cache that holds a valid entry
 //! for this program and environment, else by compiling with the plugin and storing the result.
 
+use super::{environment, Client, Executable, COMPILE_OPTIONS};
+use crate::backend::Program;
 use crate::cache::{Environment, ExecutableCache, Lookup, Miss, ProgramKey};
 use crate::error::Result;
-use crate::pjrt::{Client, Executable};
 use crate::progress::{Progress, Unit};
-use g4c_codegen::stablehlo::{lower_entry, Lowered};
-use g4c_ir::Module;
 use std::path::PathBuf;
 use std::time::Instant;
 
-/// An entry point, lowered, with its loaded executable.
+/// An entry point with its loaded executable.
 pub struct EntryExecutable {
-    pub lowered: Lowered,
+    pub entry: String,
     pub executable: Executable,
 }
 
@@ -51,15 +50,6 @@ impl CompileEvent {
     }
 }
 
-/// Every function of `module` lowered to StableHLO.
-pub fn lower_module(module: &Module) -> Result<Vec<Lowered>> {
-    module
-        .functions
-        .iter()
-        .map(|f| lower_entry(module, &f.name).map_err(|e| crate::RuntimeError::Invalid(e.to_string())))
-        .collect()
-}
-
 pub struct Compiler<'c> {
     client: &'c Client,
     env: Environment,
@@ -76,7 +66,7 @@ impl<'c> Compiler<'c> {
     pub fn new(client: &'c Client, target: &str, label: &str, store: Option<ExecutableCache>) -> Result<Self> {
         Ok(Compiler {
             client,
-            env: Environment::of(client)?,
+            env: environment(client)?,
             target: target.into(),
             read_only: vec![],
             store,
@@ -94,18 +84,18 @@ impl<'c> Compiler<'c> {
         &self.env
     }
 
-    /// The executable of every lowered entry point, in order.
+    /// The executable of every entry point's program, in order.
     pub fn all(
         &self,
-        lowered: Vec<Lowered>,
+        programs: &[Program],
         progress: &dyn Progress,
     ) -> Result<(Vec<EntryExecutable>, Vec<CompileEvent>)> {
         let mut executables = vec![];
         let mut events = vec![];
-        progress.begin("compiling", lowered.len() as u64, Unit::Items);
-        for l in lowered {
-            let (executable, event) = self.executable(&l)?;
-            executables.push(EntryExecutable { lowered: l, executable });
+        progress.begin("compiling", programs.len() as u64, Unit::Items);
+        for p in programs {
+            let (executable, event) = self.executable(p)?;
+            executables.push(EntryExecutable { entry: p.entry.clone(), executable });
             events.push(event);
             progress.advance(1);
         }
@@ -113,9 +103,9 @@ impl<'c> Compiler<'c> {
         Ok((executables, events))
     }
 
-    pub fn executable(&self, lowered: &Lowered) -> Result<(Executable, CompileEvent)> {
+    pub fn executable(&self, p: &Program) -> Result<(Executable, CompileEvent)> {
         let started = Instant::now();
-        let program = ProgramKey::new(&self.target, &lowered.entry, &lowered.mlir);
+        let program = ProgramKey::new(&self.target, &p.entry, &COMPILE_OPTIONS, &p.text);
         let mut corrupt = vec![];
         let mut miss = Miss::Absent;
         for cache in self.read_only.iter().chain(&self.store) {
@@ -124,7 +114,7 @@ impl<'c> Compiler<'c> {
                     Ok(executable) => {
                         let provenance = Provenance::Loaded(path);
                         let seconds = started.elapsed().as_secs_f64();
-                        let entry = lowered.entry.clone();
+                        let entry = p.entry.clone();
                         let event = CompileEvent { entry, provenance, seconds, corrupt, not_stored: None };
                         return Ok((executable, event));
                     }
@@ -138,12 +128,12 @@ impl<'c> Compiler<'c> {
         if let Some(first) = corrupt.first() {
             miss = first.clone();
         }
-        let executable = self.client.compile(lowered.mlir.as_bytes())?;
+        let executable = self.client.compile(p.text.as_bytes())?;
         let mut not_stored = None;
         let stored = match &self.store {
             Some(cache) => {
                 let meta = serde_json::json!({
-                    "entry": lowered.entry,
+                    "entry": p.entry,
                     "target": self.target,
                     "model": self.label,
                     "created_unix": std::time::SystemTime::now()
@@ -161,7 +151,7 @@ impl<'c> Compiler<'c> {
         };
         let provenance = Provenance::Compiled(miss, stored);
         let event = CompileEvent {
-            entry: lowered.entry.clone(),
+            entry: p.entry.clone(),
             provenance,
             seconds: started.elapsed().as_secs_f64(),
             corrupt,

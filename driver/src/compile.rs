@@ -1,0 +1,128 @@
+//! Ahead-of-time compilation: a checkpoint's module emitted, put through the target's pipeline,
+//! lowered, compiled where the target's plugin is present, and written as an artifact.
+
+use crate::pjrt::{check_platform, executables, open_client, Caches, CompileSummary};
+use crate::{stablehlo_programs, Feedback};
+use anyhow::{Context, Result};
+use g4c_frontend::{emit_module_with_prefills, Model, Shapes};
+use g4c_ir::{Module, Platform, Target};
+use g4c_passes::{compile_report, Pipeline};
+use g4c_runtime::artifact::{check_output_dir, write_artifact, ArtifactSource, Manifest, ShapeInfo};
+use g4c_runtime::backend::pjrt::{find_cpu_plugin, Compiler, PROGRAM_FORMAT};
+use g4c_runtime::Program;
+use std::path::{Path, PathBuf};
+
+/// The checkpoint's module for `shapes` (the longest prefill) with one more prefill entry point per
+/// length in `shorter`, verified.
+pub fn emit(model: &Model, shapes: &Shapes, shorter: &[usize]) -> Result<Module> {
+    let module = emit_module_with_prefills(&model.config, model.weights.clone(), shapes, shorter)?;
+    g4c_ir::verify_module(&module)?;
+    Ok(module)
+}
+
+/// Runs `target`'s pipeline on `module`, verifying after every pass; `observe` sees the module
+/// before the first pass (`"input"`) and after each; stops after `stop_after` when given.
+pub fn run_passes(
+    module: &mut Module,
+    target: &Target,
+    stop_after: Option<&str>,
+    observe: &mut dyn FnMut(&str, &Module),
+) -> Result<Pipeline> {
+    let pipeline = Pipeline::for_target(target);
+    pipeline.run(module, target, stop_after, observe)?;
+    Ok(pipeline)
+}
+
+/// What `g4c compile` is asked to do.
+pub struct CompileRequest<'a> {
+    pub model_dir: &'a Path,
+    pub target: &'static Target,
+    /// Batch, context, and the longest prefill length.
+    pub shapes: Shapes,
+    /// Every prefill length, increasing (the last is `shapes.prefill_len`).
+    pub prefill_lens: Vec<usize>,
+    /// The PJRT plugin that compiles the executables (default for `cpu`: the CPU plugin; other
+    /// targets compile only with one given).
+    pub plugin: Option<PathBuf>,
+    /// Also compile every entry point with the PJRT CPU plugin (for other targets: a check).
+    pub check_on_cpu: bool,
+    /// Write an artifact here.
+    pub out: Option<&'a Path>,
+}
+
+/// What `g4c compile` did.
+pub struct Compiled {
+    pub module: Module,
+    pub programs: Vec<Program>,
+    /// The compile report (`compile_report`).
+    pub report: serde_json::Value,
+    /// How the executables were obtained; `None` when no plugin for the target's platform was here.
+    pub executables: Option<CompileSummary>,
+    pub artifact: Option<Manifest>,
+}
+
+pub fn compile(req: &CompileRequest, feedback: &Feedback) -> Result<Compiled> {
+    let target = req.target;
+    if let Some(out) = req.out {
+        check_output_dir(out)?;
+    }
+    let model = Model::open(req.model_dir)?;
+    let (_, shorter) = req.prefill_lens.split_last().context("at least one prefill length")?;
+    let mut module = emit(&model, &req.shapes, shorter)?;
+    let pipeline = run_passes(&mut module, target, None, &mut |_, _| {})?;
+    let programs = stablehlo_programs(&module)?;
+    if req.check_on_cpu && target.platform != Platform::Cpu {
+        let client = open_client(None)?;
+        let compiler = Compiler::new(&client, target.name, "check", None)?;
+        for p in &programs {
+            compiler.executable(p).with_context(|| format!("the CPU plugin rejected @{}", p.entry))?;
+        }
+    }
+    let label = req.model_dir.display().to_string();
+    let plugin = req.plugin.clone().or_else(|| (target.platform == Platform::Cpu).then(find_cpu_plugin).flatten());
+    let executables = match plugin {
+        Some(path) => {
+            let client = open_client(Some(path))?;
+            check_platform(&client, target, "compiling for")?;
+            let caches = Caches::User { artifact: None };
+            Some(executables(&client, &programs, target, &label, &caches, feedback)?.1)
+        }
+        None => None,
+    };
+    let report = compile_report(&module, target, &pipeline.names());
+    let artifact = match req.out {
+        Some(out) => {
+            let (files, environment) = match &executables {
+                Some(summary) => (
+                    summary
+                        .events
+                        .iter()
+                        .filter_map(|e| e.cache_file().map(|f| (e.entry.clone(), f.clone())))
+                        .collect(),
+                    Some(summary.environment.to_json()),
+                ),
+                None => (vec![], None),
+            };
+            let source = ArtifactSource {
+                module: &module,
+                store: model.checkpoint.as_ref(),
+                model_dir: req.model_dir,
+                programs: &programs,
+                format: PROGRAM_FORMAT,
+                executables: files,
+                executables_environment: environment,
+                target: target.to_json(),
+                passes: pipeline.names().iter().map(|p| p.to_string()).collect(),
+                report: report.clone(),
+                shapes: ShapeInfo {
+                    batch: req.shapes.batch,
+                    prefill_lens: req.prefill_lens.clone(),
+                    context: req.shapes.context,
+                },
+            };
+            Some(write_artifact(out, &source, feedback.progress)?)
+        }
+        None => None,
+    };
+    Ok(Compiled { module, programs, report, executables, artifact })
+}

@@ -1,0 +1,44 @@
+//! The reference interpreter as an executor: state in host memory.
+
+use super::Interpreter;
+use crate::error::{Result, RuntimeError};
+use crate::executor::{bind_args, initial_state, keep_outputs, Arg, Executor, StepInputs};
+use crate::tensor::Tensor;
+use g4c_ir::Module;
+use std::collections::HashMap;
+
+pub struct InterpExecutor {
+    interp: Interpreter,
+    state: HashMap<String, Tensor>,
+}
+
+impl InterpExecutor {
+    pub fn new(interp: Interpreter) -> Self {
+        InterpExecutor { interp, state: HashMap::new() }
+    }
+}
+
+impl Executor for InterpExecutor {
+    fn module(&self) -> &Module {
+        self.interp.module()
+    }
+
+    fn reset(&mut self) -> Result<()> {
+        self.state = initial_state(self.interp.module())?.into_iter().collect();
+        Ok(())
+    }
+
+    fn step(&mut self, entry: &str, inputs: &StepInputs) -> Result<Tensor> {
+        let module = self.interp.module().clone();
+        let f = module.function(entry).ok_or_else(|| RuntimeError::Invalid(format!("no @{entry}")))?;
+        let args = bind_args(&module, self.interp.store(), f, inputs, &mut self.state)?
+            .into_iter()
+            .map(|a| match a {
+                Arg::Input(t) | Arg::State(t) => Ok(t),
+                Arg::Rows(ty, bytes) => Tensor::from_bytes(ty, &bytes).map_err(RuntimeError::Invalid),
+            })
+            .collect::<Result<_>>()?;
+        let outputs = self.interp.call(entry, args)?;
+        Ok(keep_outputs(f, outputs, &mut self.state)?.expect("checked"))
+    }
+}

@@ -1,0 +1,109 @@
+//! Runs a module through a PJRT plugin: every entry point's executable (compiled or loaded by a
+//! `Compiler`), weights uploaded once in their stored dtype, state kept in device buffers that each
+//! call donates and gets back updated in place. Arguments go in the order of `Function::call_args`,
+//! the order codegen gives `@main`.
+
+use super::{Buffer, Client, EntryExecutable, Executable};
+use crate::error::{Result, RuntimeError};
+use crate::executor::{bind_args, initial_state, keep_outputs, Arg, Executor, StepInputs};
+use crate::progress::{Progress, Unit};
+use crate::tensor::Tensor;
+use crate::weights::WeightStore;
+use g4c_ir::{CallArg, Module, ResultRole};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+pub struct PjrtExecutor {
+    module: Arc<Module>,
+    /// Kept for tables gathered on the host (`host_gather` parameters).
+    store: Arc<dyn WeightStore>,
+    executables: HashMap<String, Executable>,
+    weights: HashMap<String, Buffer>,
+    state: HashMap<String, Buffer>,
+    /// Declared last so it is dropped last: executables and buffers must go before their client.
+    client: Client,
+}
+
+impl PjrtExecutor {
+    /// Takes the executable of every entry point of `module` and uploads the weights they read.
+    pub fn new(
+        module: Arc<Module>,
+        store: Arc<dyn WeightStore>,
+        client: Client,
+        executables: Vec<EntryExecutable>,
+        progress: &dyn Progress,
+    ) -> Result<Self> {
+        let mut uploads: Vec<&str> = vec![];
+        for e in &executables {
+            let f = module.function(&e.entry).ok_or_else(|| RuntimeError::Invalid(format!("no @{}", e.entry)))?;
+            for arg in f.call_args() {
+                if let CallArg::Weight(name) = arg {
+                    if !uploads.contains(&name) {
+                        uploads.push(name);
+                    }
+                }
+            }
+        }
+        let decls: Vec<_> = uploads
+            .iter()
+            .map(|name| module.weight(name).ok_or_else(|| RuntimeError::Invalid(format!("no weight @{name}"))))
+            .collect::<Result<_>>()?;
+        progress.begin("uploading weights", decls.iter().map(|d| d.ty.byte_size()).sum(), Unit::Bytes);
+        let mut weights = HashMap::new();
+        let mut scratch = Vec::new();
+        for decl in decls {
+            let bytes = store.bytes_in(decl, &mut scratch)?;
+            weights.insert(decl.name.clone(), client.buffer(decl.ty.dtype, &decl.ty.shape, bytes)?);
+            store.release(decl);
+            progress.advance(decl.ty.byte_size());
+        }
+        progress.end();
+        let executables = executables.into_iter().map(|e| (e.entry, e.executable)).collect();
+        Ok(PjrtExecutor { module, store, executables, weights, state: HashMap::new(), client })
+    }
+
+    fn upload(&self, t: &Tensor) -> Result<Buffer> {
+        self.client.buffer(t.ty.dtype, &t.ty.shape, &t.to_bytes())
+    }
+}
+
+impl Executor for PjrtExecutor {
+    fn module(&self) -> &Module {
+        &self.module
+    }
+
+    fn reset(&mut self) -> Result<()> {
+        let state = initial_state(&self.module)?;
+        self.state = state.iter().map(|(n, t)| Ok((n.clone(), self.upload(t)?))).collect::<Result<_>>()?;
+        Ok(())
+    }
+
+    fn step(&mut self, entry: &str, inputs: &StepInputs) -> Result<Tensor> {
+        let module = self.module.clone();
+        let f = module.function(entry).ok_or_else(|| RuntimeError::Invalid(format!("no @{entry}")))?;
+        let executable = &self.executables[entry];
+        // Parameters (inputs uploaded now, state buffers handed over), then the resident weights.
+        let params: Vec<Buffer> = bind_args(&module, self.store.as_ref(), f, inputs, &mut self.state)?
+            .into_iter()
+            .map(|a| match a {
+                Arg::Input(t) => self.upload(&t),
+                Arg::State(b) => Ok(b),
+                Arg::Rows(ty, bytes) => self.client.buffer(ty.dtype, &ty.shape, &bytes),
+            })
+            .collect::<Result<_>>()?;
+        let args: Vec<&Buffer> = f
+            .call_args()
+            .into_iter()
+            .map(|a| match a {
+                CallArg::Param(i) => &params[i],
+                CallArg::Weight(name) => &self.weights[name],
+            })
+            .collect();
+        let outputs = executable.execute(&args)?;
+        drop(args);
+        drop(params); // donated state buffers are consumed by the call
+        let logits = keep_outputs(f, outputs, &mut self.state)?.expect("checked");
+        let ty = f.ty(f.result_with(ResultRole::Logits).expect("checked").value).clone();
+        Tensor::from_bytes(ty, &logits.to_host()?).map_err(RuntimeError::Pjrt)
+    }
+}
