@@ -50,7 +50,7 @@ fn e2b_report(target: &str) -> serde_json::Value {
     let mut m = Preset::E2b.declared_module(&Shapes { batch: 1, prefill_len: 128, context: 4096 }).unwrap();
     let target = Target::by_name(target).unwrap();
     let pipeline = Pipeline::for_target(target);
-    pipeline.run_all(&mut m, target).unwrap();
+    pipeline.run_all(&mut m).unwrap();
     compile_report(&m, target, &pipeline.names())
 }
 

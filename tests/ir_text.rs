@@ -139,7 +139,7 @@ fn emission_passes_and_lowering_are_deterministic() {
     let lowered = || {
         let mut m = Preset::Tiny.declared_module(&shapes).unwrap();
         let target = g4c_ir::Target::by_name("cpu").unwrap();
-        g4c_passes::Pipeline::for_target(target).run_all(&mut m, target).unwrap();
+        g4c_passes::Pipeline::for_target(target).run_all(&mut m).unwrap();
         let mlir: Vec<String> = g4c_driver::stablehlo_programs(&m).unwrap().into_iter().map(|p| p.text).collect();
         (print_module(&m), mlir)
     };

@@ -6,7 +6,7 @@ use crate::{stablehlo_programs, Feedback};
 use anyhow::{Context, Result};
 use g4c_frontend::{emit_module_with_prefills, Model, Shapes};
 use g4c_ir::{Module, Platform, Target};
-use g4c_passes::{compile_report, Pipeline};
+use g4c_passes::{compile_report, PassTiming, Pipeline};
 use g4c_runtime::artifact::{check_output_dir, write_artifact, ArtifactSource, Manifest, ShapeInfo};
 use g4c_runtime::backend::pjrt::{find_cpu_plugin, Compiler, PROGRAM_FORMAT};
 use g4c_runtime::Program;
@@ -21,16 +21,17 @@ pub fn emit(model: &Model, shapes: &Shapes, shorter: &[usize]) -> Result<Module>
 }
 
 /// Runs `target`'s pipeline on `module`, verifying after every pass; `observe` sees the module
-/// before the first pass (`"input"`) and after each; stops after `stop_after` when given.
+/// before the first pass (`"input"`) and after each; stops after `stop_after` when given. Returns
+/// the pipeline and each pass's time.
 pub fn run_passes(
     module: &mut Module,
-    target: &Target,
+    target: &'static Target,
     stop_after: Option<&str>,
     observe: &mut dyn FnMut(&str, &Module),
-) -> Result<Pipeline> {
+) -> Result<(Pipeline, Vec<PassTiming>)> {
     let pipeline = Pipeline::for_target(target);
-    pipeline.run(module, target, stop_after, observe)?;
-    Ok(pipeline)
+    let timings = pipeline.run(module, stop_after, observe)?;
+    Ok((pipeline, timings))
 }
 
 /// What `g4c compile` is asked to do.
@@ -69,7 +70,7 @@ pub fn compile(req: &CompileRequest, feedback: &Feedback) -> Result<Compiled> {
     let model = Model::open(req.model_dir)?;
     let (_, shorter) = req.prefill_lens.split_last().context("at least one prefill length")?;
     let mut module = emit(&model, &req.shapes, shorter)?;
-    let pipeline = run_passes(&mut module, target, None, &mut |_, _| {})?;
+    let (pipeline, _) = run_passes(&mut module, target, None, &mut |_, _| {})?;
     let programs = stablehlo_programs(&module)?;
     if req.check_on_cpu && target.platform != Platform::Cpu {
         let client = open_client(None)?;

@@ -15,7 +15,7 @@
 //!
 //! So norm statistics, softmax, RoPE angles and the softcap run in f32, and since the residual
 //! stream adds f32 norm outputs it stays f32 too; matmuls, their activations and the KV caches use C.
-//! On a target whose compute type is f32 nothing changes.
+//! Targets whose compute type is f32 do not run it.
 
 use crate::{Pass, PassError};
 use g4c_ir::Target;
@@ -31,11 +31,13 @@ impl Pass for DtypeLegalize {
         "dtype-legalize"
     }
 
+    /// Targets that compute in f32 have nothing to legalize.
+    fn is_enabled(&self, target: &Target) -> bool {
+        target.compute_dtype != DType::F32
+    }
+
     fn run(&self, module: &mut Module, target: &Target) -> Result<(), PassError> {
         let c = target.compute_dtype;
-        if c == DType::F32 {
-            return Ok(());
-        }
         for f in &mut module.functions {
             legalize(f, c);
         }

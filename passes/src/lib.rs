@@ -1,5 +1,6 @@
 //! IR-to-IR passes. Each pass is a small named type implementing `Pass`;
-//! `Pipeline::for_target` lists, in order, what a target runs. The module is verified after every pass.
+//! `Pipeline::for_target` lists, in order, the passes enabled for a target. The module is verified
+//! after every pass.
 
 mod constant_fold;
 mod cse;
@@ -16,7 +17,7 @@ pub use cse::Cse;
 pub use dce::Dce;
 pub use dtype_legalize::DtypeLegalize;
 pub use host_tables::HostTables;
-pub use pass::{Pass, PassError, Pipeline};
+pub use pass::{all_passes, pass_by_name, Pass, PassError, PassTiming, Pipeline};
 pub use report::compile_report;
 pub use weight_dtype::WeightDtype;
 pub use weight_layout::WeightLayout;

@@ -1,8 +1,10 @@
-//! The pass trait and the ordered pipeline each target runs.
+//! The pass trait and the pipeline each target runs, built as rustc builds its MIR phases: every pass
+//! in one ordered list, each saying whether it is enabled for a target, so a target's pipeline holds
+//! exactly the passes that do something there.
 
 use crate::{ConstantFold, Cse, Dce, DtypeLegalize, HostTables, WeightDtype, WeightLayout};
-use g4c_ir::Target;
-use g4c_ir::{verify_module, Module};
+use g4c_ir::{verify_module, Module, Target};
+use std::time::Instant;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PassError {
@@ -10,35 +12,65 @@ pub enum PassError {
     Failed { pass: &'static str, message: String },
     #[error("pass `{pass}` produced invalid IR: {error}")]
     Invalid { pass: &'static str, error: g4c_ir::VerifyError },
-    #[error("no pass named `{0}` in the pipeline (expected one of {1})")]
+    #[error("no pass named `{0}` (expected one of {1})")]
     UnknownPass(String, String),
+    #[error("pass `{pass}` does not run for target {target} (its pipeline: {pipeline})")]
+    NotInPipeline { pass: String, target: &'static str, pipeline: String },
 }
 
-/// An IR-to-IR transformation that preserves what the module computes (up to f32 rounding).
+/// An IR-to-IR transformation that preserves what the module computes (up to the target's rounding).
 pub trait Pass {
-    /// Name used by `g4c ir --after` and in dump file names.
+    /// Name used by `g4c ir --after`, in dump file names and in filetest headers.
     fn name(&self) -> &'static str;
+    /// Whether `target`'s pipeline runs this pass (a pass with nothing to do there is left out).
+    fn is_enabled(&self, _target: &Target) -> bool {
+        true
+    }
     fn run(&self, module: &mut Module, target: &Target) -> Result<(), PassError>;
+}
+
+/// Every pass, in the order pipelines run them.
+pub fn all_passes() -> Vec<Box<dyn Pass>> {
+    vec![
+        Box::new(HostTables),
+        Box::new(DtypeLegalize),
+        Box::new(WeightDtype),
+        Box::new(WeightLayout),
+        Box::new(ConstantFold),
+        Box::new(Cse),
+        Box::new(Dce),
+    ]
+}
+
+/// The pass named `name`, enabled for some targets or not.
+pub fn pass_by_name(name: &str) -> Result<Box<dyn Pass>, PassError> {
+    all_passes().into_iter().find(|p| p.name() == name).ok_or_else(|| {
+        let names: Vec<&str> = all_passes().iter().map(|p| p.name()).collect();
+        PassError::UnknownPass(name.to_string(), names.join(", "))
+    })
+}
+
+/// How long one pass took, and the verification after it.
+#[derive(Clone, Copy, Debug)]
+pub struct PassTiming {
+    pub pass: &'static str,
+    pub seconds: f64,
+    pub verify_seconds: f64,
 }
 
 /// The passes a target runs, in order.
 pub struct Pipeline {
+    target: &'static Target,
     passes: Vec<Box<dyn Pass>>,
 }
 
 impl Pipeline {
-    pub fn for_target(_target: &Target) -> Pipeline {
-        Pipeline {
-            passes: vec![
-                Box::new(HostTables),
-                Box::new(DtypeLegalize),
-                Box::new(WeightDtype),
-                Box::new(WeightLayout),
-                Box::new(ConstantFold),
-                Box::new(Cse),
-                Box::new(Dce),
-            ],
-        }
+    pub fn for_target(target: &'static Target) -> Pipeline {
+        Pipeline { target, passes: all_passes().into_iter().filter(|p| p.is_enabled(target)).collect() }
+    }
+
+    pub fn target(&self) -> &'static Target {
+        self.target
     }
 
     pub fn passes(&self) -> impl Iterator<Item = &dyn Pass> {
@@ -50,8 +82,8 @@ impl Pipeline {
     }
 
     /// Runs every pass, verifying the module after each.
-    pub fn run_all(&self, module: &mut Module, target: &Target) -> Result<(), PassError> {
-        self.run(module, target, None, &mut |_, _| {})
+    pub fn run_all(&self, module: &mut Module) -> Result<Vec<PassTiming>, PassError> {
+        self.run(module, None, &mut |_, _| {})
     }
 
     /// Runs every pass, verifying the module after each, and shows `observe` the module before the
@@ -59,24 +91,33 @@ impl Pipeline {
     pub fn run(
         &self,
         module: &mut Module,
-        target: &Target,
         stop_after: Option<&str>,
         observe: &mut dyn FnMut(&str, &Module),
-    ) -> Result<(), PassError> {
+    ) -> Result<Vec<PassTiming>, PassError> {
         if let Some(name) = stop_after {
+            pass_by_name(name)?;
             if !self.passes.iter().any(|p| p.name() == name) {
-                return Err(PassError::UnknownPass(name.to_string(), self.names().join(", ")));
+                return Err(PassError::NotInPipeline {
+                    pass: name.to_string(),
+                    target: self.target.name,
+                    pipeline: self.names().join(", "),
+                });
             }
         }
         observe("input", module);
+        let mut timings = vec![];
         for pass in &self.passes {
-            pass.run(module, target)?;
+            let started = Instant::now();
+            pass.run(module, self.target)?;
+            let ran = started.elapsed().as_secs_f64();
             verify_module(module).map_err(|error| PassError::Invalid { pass: pass.name(), error })?;
+            let verify_seconds = started.elapsed().as_secs_f64() - ran;
+            timings.push(PassTiming { pass: pass.name(), seconds: ran, verify_seconds });
             observe(pass.name(), module);
             if stop_after == Some(pass.name()) {
                 break;
             }
         }
-        Ok(())
+        Ok(timings)
     }
 }

@@ -1,7 +1,7 @@
 //! Stores matmul weights in the layout the target's matmuls read best. A rank-2 weight that is only
 //! ever the right operand of `dot_general` contracting its dimension 1 (an HF linear weight
 //! `[out, in]`, computing `x · Wᵀ`) is declared transposed, `[in, out]`, contracting dimension 0;
-//! the loader transposes it once. Values do not change. Runs on targets with
+//! the loader transposes it once. Values do not change. Enabled on targets with
 //! `Target::weights_in_major` (XLA's CPU backend otherwise re-lays out every `[out, in]` matrix
 //! inside every call: 7.5 GB per decoded token on E2B).
 
@@ -17,10 +17,11 @@ impl Pass for WeightLayout {
         "weight-layout"
     }
 
-    fn run(&self, module: &mut Module, target: &Target) -> Result<(), PassError> {
-        if !target.weights_in_major {
-            return Ok(());
-        }
+    fn is_enabled(&self, target: &Target) -> bool {
+        target.weights_in_major
+    }
+
+    fn run(&self, module: &mut Module, _: &Target) -> Result<(), PassError> {
         let candidates: HashSet<String> = module
             .weights
             .iter()

@@ -23,6 +23,9 @@ pub struct IrArgs {
     /// With --target: write the IR before the first pass and after every pass into DIR
     #[arg(long, value_name = "DIR", requires = "target")]
     pub dump_dir: Option<PathBuf>,
+    /// With --target: print each pass's time (and the verification after it) to stderr
+    #[arg(long, requires = "target")]
+    pub timings: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -37,11 +40,18 @@ pub fn run(args: IrArgs) -> Result<()> {
     if let Some(name) = &args.target {
         let target = Target::by_name(name).map_err(anyhow::Error::msg)?;
         let mut dumps = Vec::new();
-        g4c_driver::run_passes(&mut module, target, args.after.as_deref(), &mut |stage, m| {
+        let (_, timings) = g4c_driver::run_passes(&mut module, target, args.after.as_deref(), &mut |stage, m| {
             if args.dump_dir.is_some() {
                 dumps.push((format!("{:02}-{stage}.g4c", dumps.len()), g4c_ir::print_module(m)));
             }
         })?;
+        if args.timings {
+            for t in &timings {
+                eprintln!("{:<16} {:>9.2} ms   verify {:>8.2} ms", t.pass, t.seconds * 1e3, t.verify_seconds * 1e3);
+            }
+            let total: f64 = timings.iter().map(|t| t.seconds + t.verify_seconds).sum();
+            eprintln!("{:<16} {:>9.2} ms   (passes and verification)", "total", total * 1e3);
+        }
         if let Some(dir) = &args.dump_dir {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
             for (file, text) in dumps {

@@ -96,7 +96,7 @@ pub fn forced_logits(backend: Backend, dir: &Path, target: &str, case: &GoldenCa
         ..Default::default()
     };
     let pipeline = |m: &mut g4c_ir::Module| {
-        g4c_passes::Pipeline::for_target(target).run_all(m, target).unwrap();
+        g4c_passes::Pipeline::for_target(target).run_all(m).unwrap();
     };
     generate_on(backend, dir, &case.prompt_ids, None, &opts, &pipeline).logits
 }
