@@ -82,7 +82,7 @@ impl<'w> FunctionBuilder<'w> {
     }
 
     pub fn splat(&mut self, value: f64, ty: TensorType) -> ValueId {
-        self.op(Op::Constant(Literal::Splat(value)), Some(ty))
+        self.op(Op::Constant { literal: Literal::Splat(value) }, Some(ty))
     }
 
     pub fn scalar(&mut self, value: f64, dtype: DType) -> ValueId {
@@ -90,7 +90,7 @@ impl<'w> FunctionBuilder<'w> {
     }
 
     pub fn dense(&mut self, values: Vec<f64>, ty: TensorType) -> ValueId {
-        self.op(Op::Constant(Literal::Dense(values)), Some(ty))
+        self.op(Op::Constant { literal: Literal::Dense(values) }, Some(ty))
     }
 
     pub fn iota(&mut self, dim: usize, ty: TensorType) -> ValueId {
@@ -98,15 +98,15 @@ impl<'w> FunctionBuilder<'w> {
     }
 
     pub fn unary(&mut self, u: UnaryOp, x: ValueId) -> ValueId {
-        self.op(Op::Unary(u, x), None)
+        self.op(Op::Unary { op: u, x }, None)
     }
 
     pub fn binary(&mut self, b: BinaryOp, x: ValueId, y: ValueId) -> ValueId {
-        self.op(Op::Binary(b, x, y), None)
+        self.op(Op::Binary { op: b, lhs: x, rhs: y }, None)
     }
 
     pub fn compare(&mut self, dir: CompareDir, x: ValueId, y: ValueId) -> ValueId {
-        self.op(Op::Compare(dir, x, y), None)
+        self.op(Op::Compare { lhs: x, rhs: y, dir }, None)
     }
 
     pub fn select(&mut self, cond: ValueId, on_true: ValueId, on_false: ValueId) -> ValueId {
@@ -118,7 +118,7 @@ impl<'w> FunctionBuilder<'w> {
             return x;
         }
         let ty = self.ty(x).with_dtype(dtype);
-        self.op(Op::Convert(x), Some(ty))
+        self.op(Op::Convert { x }, Some(ty))
     }
 
     pub fn reduce(&mut self, kind: ReduceKind, x: ValueId, axes: &[usize]) -> ValueId {
@@ -130,7 +130,7 @@ impl<'w> FunctionBuilder<'w> {
             return x;
         }
         let ty = self.ty(x).with_shape(shape);
-        self.op(Op::Reshape(x), Some(ty))
+        self.op(Op::Reshape { x }, Some(ty))
     }
 
     pub fn transpose(&mut self, x: ValueId, perm: &[usize]) -> ValueId {

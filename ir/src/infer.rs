@@ -16,7 +16,7 @@ pub fn infer_type(
         || declared.cloned().ok_or_else(|| format!("`{}` needs an explicit result type", op.mnemonic()));
     match op {
         Op::Weight { name } => weight(name).ok_or_else(|| format!("no weight named @{name}")),
-        Op::Constant(lit) => {
+        Op::Constant { literal: lit } => {
             let ty = need_declared()?;
             if let Literal::Dense(vs) = lit {
                 if vs.len() != ty.numel() {
@@ -35,19 +35,25 @@ pub fn infer_type(
             }
             Ok(ty)
         }
-        Op::Unary(u, _) => {
+        Op::Unary { op: u, .. } => {
             let x = operand(0);
             let ok = match u {
                 UnaryOp::Not => x.dtype == DType::Bool,
                 UnaryOp::Neg | UnaryOp::Abs => x.dtype != DType::Bool,
-                _ => x.dtype.is_float(),
+                UnaryOp::Exp
+                | UnaryOp::Log
+                | UnaryOp::Tanh
+                | UnaryOp::Sqrt
+                | UnaryOp::Rsqrt
+                | UnaryOp::Sin
+                | UnaryOp::Cos => x.dtype.is_float(),
             };
             if !ok {
                 return Err(format!("`{u}` does not accept {x}"));
             }
             Ok(x)
         }
-        Op::Binary(b, _, _) => {
+        Op::Binary { op: b, .. } => {
             let (a, c) = (operand(0), operand(1));
             if a != c {
                 return Err(format!("`{b}` operands differ: {a} vs {c}"));
@@ -55,14 +61,20 @@ pub fn infer_type(
             let ok = match b {
                 BinaryOp::And | BinaryOp::Or => a.dtype == DType::Bool || a.dtype.is_int(),
                 BinaryOp::Pow => a.dtype.is_float(),
-                _ => a.dtype != DType::Bool,
+                BinaryOp::Add
+                | BinaryOp::Sub
+                | BinaryOp::Mul
+                | BinaryOp::Div
+                | BinaryOp::Max
+                | BinaryOp::Min
+                | BinaryOp::Rem => a.dtype != DType::Bool,
             };
             if !ok {
                 return Err(format!("`{b}` does not accept {a}"));
             }
             Ok(a)
         }
-        Op::Compare(dir, _, _) => {
+        Op::Compare { dir, .. } => {
             let (a, c) = (operand(0), operand(1));
             if a != c {
                 return Err(format!("`compare {dir}` operands differ: {a} vs {c}"));
@@ -79,7 +91,7 @@ pub fn infer_type(
             }
             Ok(t)
         }
-        Op::Convert(_) => {
+        Op::Convert { .. } => {
             let (x, ty) = (operand(0), need_declared()?);
             if x.shape != ty.shape {
                 return Err(format!("convert changes shape: {x} to {ty}"));
@@ -98,7 +110,7 @@ pub fn infer_type(
             let shape = (0..x.rank()).filter(|d| !axes.contains(d)).map(|d| x.shape[d]).collect::<Vec<_>>();
             Ok(x.with_shape(shape))
         }
-        Op::Reshape(_) => {
+        Op::Reshape { .. } => {
             let (x, ty) = (operand(0), need_declared()?);
             if x.numel() != ty.numel() || x.dtype != ty.dtype {
                 return Err(format!("reshape {x} to {ty} changes the element count or type"));

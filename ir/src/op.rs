@@ -1,11 +1,22 @@
-//! The operations of the IR. Each op yields exactly one tensor value.
+//! The operations of the IR, defined once in the table at the end of this file. Each op yields
+//! exactly one tensor value.
 //!
 //! Semantics follow StableHLO where an equivalent exists (so codegen is a direct mapping):
 //! elementwise ops take operands of identical type (broadcasts are explicit), `dot_general`
 //! names its batch and contracting dimensions, `broadcast` is `broadcast_in_dim`.
+//!
+//! The table (`ops!`, as Cranelift's meta and MLIR's ODS generate from declarations) gives each op its
+//! fields, and from them the `Op` enum, mnemonics, operand lists, operand mapping, attributes and
+//! parsing are generated, with no wildcard arm. Adding an op is a table row plus, in their own
+//! files, its type rule (`infer.rs`), interpreter kernel (`g4c-runtime`), dtype policy
+//! (`dtype-legalize`) and lowering (`g4c-codegen`): each of those matches on `Op` exhaustively, so
+//! forgetting one fails to compile. A field is one of `operand`, `operands` (variadic, last),
+//! `symbol` (`@name`), `family(T)` (the mnemonic names a `T`, e.g. `add` a `BinaryOp`) or `attr(T)`
+//! (`T: OpAttr`).
 
 use crate::ValueId;
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::str::FromStr;
 
 macro_rules! named_enum {
@@ -29,6 +40,20 @@ macro_rules! named_enum {
             type Err = ();
             fn from_str(s: &str) -> Result<Self, ()> {
                 $name::ALL.iter().copied().find(|v| v.name() == s).ok_or(())
+            }
+        }
+
+        impl OpAttr for $name {
+            fn write(&self, key: &'static str, out: &mut Vec<(&'static str, Attr)>) {
+                out.push((key, Attr::Word(self.name().into())));
+            }
+
+            fn read(key: &'static str, attrs: &mut AttrReader) -> Result<Self, String> {
+                let word = attrs.word(key)?;
+                word.parse().map_err(|_| {
+                    let known: Vec<&str> = $name::ALL.iter().map(|v| v.name()).collect();
+                    format!("attribute `{key}`: unknown `{word}` (expected one of {})", known.join(", "))
+                })
             }
         }
     };
@@ -70,84 +95,103 @@ pub struct DotDims {
     pub rhs_contract: Vec<usize>,
 }
 
+impl OpAttr for DotDims {
+    fn write(&self, _: &'static str, out: &mut Vec<(&'static str, Attr)>) {
+        out.push(("lhs_batch", Attr::Ints(self.lhs_batch.clone())));
+        out.push(("rhs_batch", Attr::Ints(self.rhs_batch.clone())));
+        out.push(("lhs_contract", Attr::Ints(self.lhs_contract.clone())));
+        out.push(("rhs_contract", Attr::Ints(self.rhs_contract.clone())));
+    }
+
+    fn read(_: &'static str, attrs: &mut AttrReader) -> Result<Self, String> {
+        Ok(DotDims {
+            lhs_batch: attrs.ints("lhs_batch")?,
+            rhs_batch: attrs.ints("rhs_batch")?,
+            lhs_contract: attrs.ints("lhs_contract")?,
+            rhs_contract: attrs.ints("rhs_contract")?,
+        })
+    }
+}
+
 /// Literal tensor contents: one value broadcast to the whole type (`Splat`) or one value per element
 /// in row-major order (`Dense`). Values are kept as f64, which holds every f32, bf16, f16, i32 and
-/// bool exactly, so the text form round-trips.
-#[derive(Clone, Debug, PartialEq)]
+/// bool exactly, so the text form round-trips. Literals are equal when their bits are: `0.0` and
+/// `-0.0` differ, a NaN equals itself, so equal ops (CSE) compute the same bits.
+#[derive(Clone, Debug)]
 pub enum Literal {
     Splat(f64),
     Dense(Vec<f64>),
 }
 
-#[derive(Clone, Debug, PartialEq)]
-pub enum Op {
-    /// A checkpoint tensor declared at module level (`weight @name`).
-    Weight {
-        name: String,
-    },
-    Constant(Literal),
-    /// `iota` along `dim` of the result type: element value = its index along `dim`.
-    Iota {
-        dim: usize,
-    },
-    Unary(UnaryOp, ValueId),
-    Binary(BinaryOp, ValueId, ValueId),
-    Compare(CompareDir, ValueId, ValueId),
-    Select {
-        cond: ValueId,
-        on_true: ValueId,
-        on_false: ValueId,
-    },
-    /// Element type conversion to the result type's dtype (round to nearest even for floats).
-    Convert(ValueId),
-    /// Reduces `axes` away (they disappear from the shape).
-    Reduce {
-        kind: ReduceKind,
-        input: ValueId,
-        axes: Vec<usize>,
-    },
-    Reshape(ValueId),
-    /// Result dim `i` is input dim `perm[i]`.
-    Transpose {
-        input: ValueId,
-        perm: Vec<usize>,
-    },
-    /// `broadcast_in_dim`: input dim `i` maps to result dim `dims[i]` (size equal or 1).
-    Broadcast {
-        input: ValueId,
-        dims: Vec<usize>,
-    },
-    /// Static slice `[start, limit)` per dimension, stride 1.
-    Slice {
-        input: ValueId,
-        start: Vec<usize>,
-        limit: Vec<usize>,
-    },
-    Concat {
-        inputs: Vec<ValueId>,
-        axis: usize,
-    },
-    DotGeneral {
-        lhs: ValueId,
-        rhs: ValueId,
-        dims: DotDims,
-    },
-    /// Rows of `table` (along axis 0) selected by integer `indices`:
-    /// `[N, r...]` gathered by `[i...]` gives `[i..., r...]`. Out-of-range indices are an error.
-    Gather {
-        table: ValueId,
-        indices: ValueId,
-    },
-    /// Writes cache slots: `operand` is `[B, ..., S (at axis), ...]`, `slots` is `i32[B, T]`,
-    /// `updates` equals `operand` with `S` replaced by `T`. For every `(b, t)` with
-    /// `0 <= slots[b,t] < S`, slice `t` of `updates[b]` along `axis` is stored at slot `slots[b,t]`;
-    /// negative slots (padding tokens) write nothing. Slots within one row must be distinct.
-    UpdateSlots {
-        operand: ValueId,
-        slots: ValueId,
-        updates: ValueId,
-        axis: usize,
-    },
+impl Literal {
+    /// Whether it is a splat, and its values.
+    fn parts(&self) -> (bool, &[f64]) {
+        match self {
+            Literal::Splat(v) => (true, std::slice::from_ref(v)),
+            Literal::Dense(vs) => (false, vs),
+        }
+    }
+}
+
+impl PartialEq for Literal {
+    fn eq(&self, other: &Literal) -> bool {
+        let ((splat, a), (other_splat, b)) = (self.parts(), other.parts());
+        splat == other_splat && a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    }
+}
+
+impl Eq for Literal {}
+
+impl Hash for Literal {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        let (splat, values) = self.parts();
+        splat.hash(state);
+        values.iter().for_each(|v| v.to_bits().hash(state));
+    }
+}
+
+impl OpAttr for Literal {
+    fn write(&self, _: &'static str, out: &mut Vec<(&'static str, Attr)>) {
+        match self {
+            Literal::Splat(v) => out.push(("value", Attr::Float(*v))),
+            Literal::Dense(vs) => out.push(("values", Attr::Floats(vs.clone()))),
+        }
+    }
+
+    fn read(_: &'static str, attrs: &mut AttrReader) -> Result<Self, String> {
+        if attrs.has("value") {
+            Ok(Literal::Splat(attrs.float("value")?))
+        } else {
+            Ok(Literal::Dense(attrs.floats("values")?))
+        }
+    }
+}
+
+/// An attribute field of an op: how it is written as named text-form attributes and read back.
+pub trait OpAttr: Sized {
+    /// Appends the attribute(s) of this value; `key` is the field's name.
+    fn write(&self, key: &'static str, out: &mut Vec<(&'static str, Attr)>);
+    fn read(key: &'static str, attrs: &mut AttrReader) -> Result<Self, String>;
+}
+
+impl OpAttr for usize {
+    fn write(&self, key: &'static str, out: &mut Vec<(&'static str, Attr)>) {
+        out.push((key, Attr::Int(*self)));
+    }
+
+    fn read(key: &'static str, attrs: &mut AttrReader) -> Result<Self, String> {
+        attrs.int(key)
+    }
+}
+
+impl OpAttr for Vec<usize> {
+    fn write(&self, key: &'static str, out: &mut Vec<(&'static str, Attr)>) {
+        out.push((key, Attr::Ints(self.clone())));
+    }
+
+    fn read(key: &'static str, attrs: &mut AttrReader) -> Result<Self, String> {
+        attrs.ints(key)
+    }
 }
 
 /// An attribute value in the text form.
@@ -160,228 +204,14 @@ pub enum Attr {
     Word(String),
 }
 
-impl Op {
-    /// The op's mnemonic in the text form.
-    pub fn mnemonic(&self) -> &'static str {
-        match self {
-            Op::Weight { .. } => "weight",
-            Op::Constant(_) => "constant",
-            Op::Iota { .. } => "iota",
-            Op::Unary(u, _) => u.name(),
-            Op::Binary(b, _, _) => b.name(),
-            Op::Compare(..) => "compare",
-            Op::Select { .. } => "select",
-            Op::Convert(_) => "convert",
-            Op::Reduce { .. } => "reduce",
-            Op::Reshape(_) => "reshape",
-            Op::Transpose { .. } => "transpose",
-            Op::Broadcast { .. } => "broadcast",
-            Op::Slice { .. } => "slice",
-            Op::Concat { .. } => "concat",
-            Op::DotGeneral { .. } => "dot_general",
-            Op::Gather { .. } => "gather",
-            Op::UpdateSlots { .. } => "update_slots",
-        }
-    }
-
-    pub fn operands(&self) -> Vec<ValueId> {
-        match self {
-            Op::Weight { .. } | Op::Constant(_) | Op::Iota { .. } => vec![],
-            Op::Unary(_, x) | Op::Convert(x) | Op::Reshape(x) => vec![*x],
-            Op::Binary(_, a, b) | Op::Compare(_, a, b) => vec![*a, *b],
-            Op::Select { cond, on_true, on_false } => vec![*cond, *on_true, *on_false],
-            Op::Reduce { input, .. }
-            | Op::Transpose { input, .. }
-            | Op::Broadcast { input, .. }
-            | Op::Slice { input, .. } => vec![*input],
-            Op::Concat { inputs, .. } => inputs.clone(),
-            Op::DotGeneral { lhs, rhs, .. } => vec![*lhs, *rhs],
-            Op::Gather { table, indices } => vec![*table, *indices],
-            Op::UpdateSlots { operand, slots, updates, .. } => vec![*operand, *slots, *updates],
-        }
-    }
-
-    /// Rewrites every operand through `f` (used by passes that replace values).
-    pub fn map_operands(&mut self, mut f: impl FnMut(ValueId) -> ValueId) {
-        match self {
-            Op::Weight { .. } | Op::Constant(_) | Op::Iota { .. } => {}
-            Op::Unary(_, x) | Op::Convert(x) | Op::Reshape(x) => *x = f(*x),
-            Op::Binary(_, a, b) | Op::Compare(_, a, b) => {
-                *a = f(*a);
-                *b = f(*b);
-            }
-            Op::Select { cond, on_true, on_false } => {
-                *cond = f(*cond);
-                *on_true = f(*on_true);
-                *on_false = f(*on_false);
-            }
-            Op::Reduce { input, .. }
-            | Op::Transpose { input, .. }
-            | Op::Broadcast { input, .. }
-            | Op::Slice { input, .. } => *input = f(*input),
-            Op::Concat { inputs, .. } => inputs.iter_mut().for_each(|x| *x = f(*x)),
-            Op::DotGeneral { lhs, rhs, .. } => {
-                *lhs = f(*lhs);
-                *rhs = f(*rhs);
-            }
-            Op::Gather { table, indices } => {
-                *table = f(*table);
-                *indices = f(*indices);
-            }
-            Op::UpdateSlots { operand, slots, updates, .. } => {
-                *operand = f(*operand);
-                *slots = f(*slots);
-                *updates = f(*updates);
-            }
-        }
-    }
-
-    /// Attributes in the order the text form prints them.
-    pub fn attrs(&self) -> Vec<(&'static str, Attr)> {
-        match self {
-            Op::Constant(Literal::Splat(v)) => vec![("value", Attr::Float(*v))],
-            Op::Constant(Literal::Dense(vs)) => vec![("values", Attr::Floats(vs.clone()))],
-            Op::Iota { dim } => vec![("dim", Attr::Int(*dim))],
-            Op::Compare(dir, ..) => vec![("dir", Attr::Word(dir.name().into()))],
-            Op::Reduce { kind, axes, .. } => {
-                vec![("kind", Attr::Word(kind.name().into())), ("axes", Attr::Ints(axes.clone()))]
-            }
-            Op::Transpose { perm, .. } => vec![("perm", Attr::Ints(perm.clone()))],
-            Op::Broadcast { dims, .. } => vec![("dims", Attr::Ints(dims.clone()))],
-            Op::Slice { start, limit, .. } => {
-                vec![("start", Attr::Ints(start.clone())), ("limit", Attr::Ints(limit.clone()))]
-            }
-            Op::Concat { axis, .. } | Op::UpdateSlots { axis, .. } => vec![("axis", Attr::Int(*axis))],
-            Op::DotGeneral { dims, .. } => vec![
-                ("lhs_batch", Attr::Ints(dims.lhs_batch.clone())),
-                ("rhs_batch", Attr::Ints(dims.rhs_batch.clone())),
-                ("lhs_contract", Attr::Ints(dims.lhs_contract.clone())),
-                ("rhs_contract", Attr::Ints(dims.rhs_contract.clone())),
-            ],
-            _ => vec![],
-        }
-    }
-
-    /// Builds an op from its text-form parts; the inverse of `mnemonic`/`operands`/`attrs`.
-    pub fn from_parts(
-        mnemonic: &str,
-        symbol: Option<String>,
-        operands: Vec<ValueId>,
-        attrs: Vec<(String, Attr)>,
-    ) -> Result<Op, String> {
-        let mut attrs = AttrReader { attrs, op: mnemonic.to_string() };
-        let arity = |n: usize| -> Result<(), String> {
-            if operands.len() == n {
-                Ok(())
-            } else {
-                Err(format!("`{mnemonic}` takes {n} operand(s), found {}", operands.len()))
-            }
-        };
-        if mnemonic != "weight" && symbol.is_some() {
-            return Err(format!("`{mnemonic}` takes no @symbol"));
-        }
-        let op = match mnemonic {
-            "weight" => {
-                arity(0)?;
-                Op::Weight { name: symbol.ok_or("`weight` needs a @name")? }
-            }
-            "constant" => {
-                arity(0)?;
-                if attrs.has("value") {
-                    Op::Constant(Literal::Splat(attrs.float("value")?))
-                } else {
-                    Op::Constant(Literal::Dense(attrs.floats("values")?))
-                }
-            }
-            "iota" => {
-                arity(0)?;
-                Op::Iota { dim: attrs.int("dim")? }
-            }
-            "compare" => {
-                arity(2)?;
-                let dir = attrs.word("dir")?;
-                let dir = dir.parse().map_err(|_| format!("unknown compare direction `{dir}`"))?;
-                Op::Compare(dir, operands[0], operands[1])
-            }
-            "select" => {
-                arity(3)?;
-                Op::Select { cond: operands[0], on_true: operands[1], on_false: operands[2] }
-            }
-            "convert" => {
-                arity(1)?;
-                Op::Convert(operands[0])
-            }
-            "reduce" => {
-                arity(1)?;
-                let kind = attrs.word("kind")?;
-                let kind = kind.parse().map_err(|_| format!("unknown reduce kind `{kind}`"))?;
-                Op::Reduce { kind, input: operands[0], axes: attrs.ints("axes")? }
-            }
-            "reshape" => {
-                arity(1)?;
-                Op::Reshape(operands[0])
-            }
-            "transpose" => {
-                arity(1)?;
-                Op::Transpose { input: operands[0], perm: attrs.ints("perm")? }
-            }
-            "broadcast" => {
-                arity(1)?;
-                Op::Broadcast { input: operands[0], dims: attrs.ints("dims")? }
-            }
-            "slice" => {
-                arity(1)?;
-                Op::Slice { input: operands[0], start: attrs.ints("start")?, limit: attrs.ints("limit")? }
-            }
-            "concat" => Op::Concat { inputs: operands, axis: attrs.int("axis")? },
-            "dot_general" => {
-                arity(2)?;
-                let dims = DotDims {
-                    lhs_batch: attrs.ints("lhs_batch")?,
-                    rhs_batch: attrs.ints("rhs_batch")?,
-                    lhs_contract: attrs.ints("lhs_contract")?,
-                    rhs_contract: attrs.ints("rhs_contract")?,
-                };
-                Op::DotGeneral { lhs: operands[0], rhs: operands[1], dims }
-            }
-            "gather" => {
-                arity(2)?;
-                Op::Gather { table: operands[0], indices: operands[1] }
-            }
-            "update_slots" => {
-                arity(3)?;
-                Op::UpdateSlots {
-                    operand: operands[0],
-                    slots: operands[1],
-                    updates: operands[2],
-                    axis: attrs.int("axis")?,
-                }
-            }
-            other => {
-                if let Ok(u) = other.parse::<UnaryOp>() {
-                    arity(1)?;
-                    Op::Unary(u, operands[0])
-                } else if let Ok(b) = other.parse::<BinaryOp>() {
-                    arity(2)?;
-                    Op::Binary(b, operands[0], operands[1])
-                } else {
-                    return Err(format!("unknown op `{other}`"));
-                }
-            }
-        };
-        attrs.finish()?;
-        Ok(op)
-    }
-}
-
 /// Takes named attributes out of a parsed list, so that leftovers can be reported.
-struct AttrReader {
+pub struct AttrReader {
     attrs: Vec<(String, Attr)>,
     op: String,
 }
 
 impl AttrReader {
-    fn has(&self, key: &str) -> bool {
+    pub fn has(&self, key: &str) -> bool {
         self.attrs.iter().any(|(k, _)| k == key)
     }
 
@@ -394,14 +224,14 @@ impl AttrReader {
         Ok(self.attrs.remove(i).1)
     }
 
-    fn int(&mut self, key: &str) -> Result<usize, String> {
+    pub fn int(&mut self, key: &str) -> Result<usize, String> {
         match self.take(key)? {
             Attr::Int(v) => Ok(v),
             other => Err(format!("attribute `{key}`: expected an integer, found {other:?}")),
         }
     }
 
-    fn float(&mut self, key: &str) -> Result<f64, String> {
+    pub fn float(&mut self, key: &str) -> Result<f64, String> {
         match self.take(key)? {
             Attr::Float(v) => Ok(v),
             Attr::Int(v) => Ok(v as f64),
@@ -409,14 +239,14 @@ impl AttrReader {
         }
     }
 
-    fn ints(&mut self, key: &str) -> Result<Vec<usize>, String> {
+    pub fn ints(&mut self, key: &str) -> Result<Vec<usize>, String> {
         match self.take(key)? {
             Attr::Ints(v) => Ok(v),
             other => Err(format!("attribute `{key}`: expected a list of integers, found {other:?}")),
         }
     }
 
-    fn floats(&mut self, key: &str) -> Result<Vec<f64>, String> {
+    pub fn floats(&mut self, key: &str) -> Result<Vec<f64>, String> {
         match self.take(key)? {
             Attr::Floats(v) => Ok(v),
             Attr::Ints(v) => Ok(v.into_iter().map(|x| x as f64).collect()),
@@ -424,17 +254,247 @@ impl AttrReader {
         }
     }
 
-    fn word(&mut self, key: &str) -> Result<String, String> {
+    pub fn word(&mut self, key: &str) -> Result<String, String> {
         match self.take(key)? {
             Attr::Word(v) => Ok(v),
             other => Err(format!("attribute `{key}`: expected a word, found {other:?}")),
         }
     }
 
-    fn finish(self) -> Result<(), String> {
+    pub fn finish(self) -> Result<(), String> {
         match self.attrs.first() {
             None => Ok(()),
             Some((k, _)) => Err(format!("`{}` has no attribute `{k}`", self.op)),
         }
     }
+}
+
+/// Generates `Op` and everything the text form and passes need from one table of ops (the end of
+/// this file). See the module documentation for the field kinds.
+macro_rules! ops {
+    ($(
+        $(#[$doc:meta])*
+        $variant:ident $mnemonic:tt { $( $field:ident : $kind:ident $( ( $fty:ty ) )? ),* $(,)? }
+    ),* $(,)?) => {
+        #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+        pub enum Op {
+            $( $(#[$doc])* $variant { $( $field: op_field_type!($kind $( ($fty) )?) ),* }, )*
+        }
+
+        impl Op {
+            /// The op's mnemonic in the text form.
+            #[allow(unused_variables)]
+            pub fn mnemonic(&self) -> &'static str {
+                match self {
+                    $( Op::$variant { $( $field ),* } => op_mnemonic!($mnemonic; $( $field: $kind, )*), )*
+                }
+            }
+
+            /// The values the op reads, in order.
+            #[allow(unused_variables)]
+            pub fn operands(&self) -> Vec<ValueId> {
+                let mut out = Vec::new();
+                match self {
+                    $( Op::$variant { $( $field ),* } => { $( op_read_operands!($kind, $field, out); )* } )*
+                }
+                out
+            }
+
+            /// Rewrites every operand through `f` (used by passes that replace values).
+            #[allow(unused_variables)]
+            pub fn map_operands(&mut self, mut f: impl FnMut(ValueId) -> ValueId) {
+                match self {
+                    $( Op::$variant { $( $field ),* } => { $( op_map_operands!($kind, $field, f); )* } )*
+                }
+            }
+
+            /// Attributes in the order the text form prints them.
+            #[allow(unused_variables)]
+            pub fn attrs(&self) -> Vec<(&'static str, Attr)> {
+                let mut out = Vec::new();
+                match self {
+                    $( Op::$variant { $( $field ),* } => { $( op_write_attr!($kind, $field, out); )* } )*
+                }
+                out
+            }
+
+            /// Builds an op from its text-form parts; the inverse of `mnemonic`, `operands` and `attrs`.
+            pub fn from_parts(
+                mnemonic: &str,
+                symbol: Option<String>,
+                operands: Vec<ValueId>,
+                attrs: Vec<(String, Attr)>,
+            ) -> Result<Op, String> {
+                let mut symbol = symbol;
+                let mut reader = AttrReader { attrs, op: mnemonic.to_string() };
+                $(
+                    let row = (|| -> Result<Option<Op>, String> {
+                        op_check_mnemonic!($mnemonic, mnemonic);
+                        $( op_check_family!($kind $( ($fty) )?, mnemonic); )*
+                        let fixed = 0 $( + op_fixed_operands!($kind) )*;
+                        let variadic = false $( || op_variadic!($kind) )*;
+                        if operands.len() < fixed || (!variadic && operands.len() > fixed) {
+                            let at_least = if variadic { "at least " } else { "" };
+                            return Err(format!("`{mnemonic}` takes {at_least}{fixed} operand(s), found {}", operands.len()));
+                        }
+                        if symbol.is_some() && !(false $( || op_symbol!($kind) )*) {
+                            return Err(format!("`{mnemonic}` takes no @symbol"));
+                        }
+                        #[allow(unused_mut, unused_variables)]
+                        let mut operand_iter = operands.iter().copied();
+                        Ok(Some(Op::$variant {
+                            $( $field: op_field_value!(
+                                $kind $( ($fty) )?, $field, mnemonic, operand_iter, symbol, reader
+                            ), )*
+                        }))
+                    })()?;
+                    if let Some(op) = row {
+                        reader.finish()?;
+                        return Ok(op);
+                    }
+                )*
+                Err(format!("unknown op `{mnemonic}`"))
+            }
+        }
+    };
+}
+
+macro_rules! op_field_type {
+    (operand) => { ValueId };
+    (operands) => { Vec<ValueId> };
+    (symbol) => { String };
+    (family($t:ty)) => { $t };
+    (attr($t:ty)) => { $t };
+}
+
+macro_rules! op_mnemonic {
+    ($m:literal; $($rest:tt)*) => { $m };
+    (_; $f:ident: family, $($rest:tt)*) => { $f.name() };
+    (_; $f:ident: $k:ident, $($rest:tt)*) => { op_mnemonic!(_; $($rest)*) };
+}
+
+macro_rules! op_read_operands {
+    (operand, $f:ident, $out:ident) => {
+        $out.push(*$f)
+    };
+    (operands, $f:ident, $out:ident) => {
+        $out.extend($f.iter().copied())
+    };
+    ($k:ident, $f:ident, $out:ident) => {};
+}
+
+macro_rules! op_map_operands {
+    (operand, $f:ident, $map:ident) => {
+        *$f = $map(*$f)
+    };
+    (operands, $f:ident, $map:ident) => {
+        $f.iter_mut().for_each(|x| *x = $map(*x))
+    };
+    ($k:ident, $f:ident, $map:ident) => {};
+}
+
+macro_rules! op_write_attr {
+    (attr, $f:ident, $out:ident) => {
+        OpAttr::write($f, stringify!($f), &mut $out)
+    };
+    ($k:ident, $f:ident, $out:ident) => {};
+}
+
+macro_rules! op_check_mnemonic {
+    (_, $m:ident) => {};
+    ($lit:literal, $m:ident) => {
+        if $m != $lit {
+            return Ok(None);
+        }
+    };
+}
+
+macro_rules! op_check_family {
+    (family($t:ty), $m:ident) => {
+        if $m.parse::<$t>().is_err() {
+            return Ok(None);
+        }
+    };
+    ($k:ident $( ($t:ty) )?, $m:ident) => {};
+}
+
+macro_rules! op_fixed_operands {
+    (operand) => {
+        1
+    };
+    ($k:ident) => {
+        0
+    };
+}
+
+macro_rules! op_variadic {
+    (operands) => {
+        true
+    };
+    ($k:ident) => {
+        false
+    };
+}
+
+macro_rules! op_symbol {
+    (symbol) => {
+        true
+    };
+    ($k:ident) => {
+        false
+    };
+}
+
+macro_rules! op_field_value {
+    (operand, $f:ident, $m:ident, $ops:ident, $sym:ident, $r:ident) => {
+        $ops.next().expect("arity checked")
+    };
+    (operands, $f:ident, $m:ident, $ops:ident, $sym:ident, $r:ident) => {
+        $ops.by_ref().collect()
+    };
+    (symbol, $f:ident, $m:ident, $ops:ident, $sym:ident, $r:ident) => {
+        $sym.take().ok_or_else(|| format!("`{}` needs a @{}", $m, stringify!($f)))?
+    };
+    (family($t:ty), $f:ident, $m:ident, $ops:ident, $sym:ident, $r:ident) => {
+        $m.parse::<$t>().expect("checked")
+    };
+    (attr($t:ty), $f:ident, $m:ident, $ops:ident, $sym:ident, $r:ident) => {
+        <$t as OpAttr>::read(stringify!($f), &mut $r)?
+    };
+}
+
+ops! {
+    /// A checkpoint tensor declared at module level (`weight @name`).
+    Weight "weight" { name: symbol },
+    Constant "constant" { literal: attr(Literal) },
+    /// `iota` along `dim` of the result type: element value = its index along `dim`.
+    Iota "iota" { dim: attr(usize) },
+    /// An elementwise op of one operand, named by its `UnaryOp` (`exp %x`).
+    Unary _ { op: family(UnaryOp), x: operand },
+    /// An elementwise op of two operands of identical type, named by its `BinaryOp` (`add %a, %b`).
+    Binary _ { op: family(BinaryOp), lhs: operand, rhs: operand },
+    /// Elementwise comparison; the result is `bool`.
+    Compare "compare" { lhs: operand, rhs: operand, dir: attr(CompareDir) },
+    Select "select" { cond: operand, on_true: operand, on_false: operand },
+    /// Element type conversion to the result type's dtype (round to nearest even for floats).
+    Convert "convert" { x: operand },
+    /// Reduces `axes` away (they disappear from the shape).
+    Reduce "reduce" { input: operand, kind: attr(ReduceKind), axes: attr(Vec<usize>) },
+    Reshape "reshape" { x: operand },
+    /// Result dim `i` is input dim `perm[i]`.
+    Transpose "transpose" { input: operand, perm: attr(Vec<usize>) },
+    /// `broadcast_in_dim`: input dim `i` maps to result dim `dims[i]` (size equal or 1).
+    Broadcast "broadcast" { input: operand, dims: attr(Vec<usize>) },
+    /// Static slice `[start, limit)` per dimension, stride 1.
+    Slice "slice" { input: operand, start: attr(Vec<usize>), limit: attr(Vec<usize>) },
+    Concat "concat" { inputs: operands, axis: attr(usize) },
+    DotGeneral "dot_general" { lhs: operand, rhs: operand, dims: attr(DotDims) },
+    /// Rows of `table` (along axis 0) selected by integer `indices`:
+    /// `[N, r...]` gathered by `[i...]` gives `[i..., r...]`. Out-of-range indices are an error.
+    Gather "gather" { table: operand, indices: operand },
+    /// Writes cache slots: `operand` is `[B, ..., S (at axis), ...]`, `slots` is `i32[B, T]`,
+    /// `updates` equals `operand` with `S` replaced by `T`. For every `(b, t)` with
+    /// `0 <= slots[b,t] < S`, slice `t` of `updates[b]` along `axis` is stored at slot `slots[b,t]`;
+    /// negative slots (padding tokens) write nothing. Slots within one row must be distinct.
+    UpdateSlots "update_slots" { operand: operand, slots: operand, updates: operand, axis: attr(usize) },
 }

@@ -24,13 +24,15 @@ impl Pass for ConstantFold {
                 let splat = |v: &ValueId| splats.get(v).copied();
                 let dtype_of = |v: &ValueId| f.values[v.index()].ty.dtype;
                 let folded = match &instr.op {
-                    Op::Constant(Literal::Splat(c)) => Some(*c),
+                    Op::Constant { literal: Literal::Splat(c) } => Some(*c),
                     Op::Broadcast { input, .. } => splat(input),
-                    Op::Reshape(x) => splat(x),
-                    Op::Convert(x) => splat(x).map(|c| convert(dtype_of(x), ty.dtype, c)),
-                    Op::Unary(u, x) => splat(x).and_then(|c| unary(*u, ty.dtype, c)),
-                    Op::Binary(b, x, y) => splat(x).zip(splat(y)).and_then(|(p, q)| binary(*b, ty.dtype, p, q)),
-                    Op::Compare(dir, x, y) => splat(x).zip(splat(y)).map(|(p, q)| compare(*dir, p, q)),
+                    Op::Reshape { x } => splat(x),
+                    Op::Convert { x } => splat(x).map(|c| convert(dtype_of(x), ty.dtype, c)),
+                    Op::Unary { op, x } => splat(x).and_then(|c| unary(*op, ty.dtype, c)),
+                    Op::Binary { op, lhs, rhs } => {
+                        splat(lhs).zip(splat(rhs)).and_then(|(p, q)| binary(*op, ty.dtype, p, q))
+                    }
+                    Op::Compare { lhs, rhs, dir } => splat(lhs).zip(splat(rhs)).map(|(p, q)| compare(*dir, p, q)),
                     Op::Select { cond, on_true, on_false } => {
                         if let Some(c) = splat(cond) {
                             replace.insert(instr.result, if c != 0.0 { *on_true } else { *on_false });
@@ -41,7 +43,7 @@ impl Pass for ConstantFold {
                 };
                 if let Some(c) = folded {
                     splats.insert(instr.result, c);
-                    instr.op = Op::Constant(Literal::Splat(c));
+                    instr.op = Op::Constant { literal: Literal::Splat(c) };
                 }
             }
             replace.apply_to_results(&mut f.results);

@@ -4,7 +4,7 @@
 
 use crate::{Pass, PassError};
 use g4c_ir::Target;
-use g4c_ir::{Module, Substitution, ValueId};
+use g4c_ir::{Module, Op, Substitution, TensorType, ValueId};
 use std::collections::HashMap;
 
 pub struct Cse;
@@ -17,11 +17,11 @@ impl Pass for Cse {
     fn run(&self, module: &mut Module, _: &Target) -> Result<(), PassError> {
         for f in &mut module.functions {
             let mut replace = Substitution::default();
-            // Keyed by the op's text-form parts and result type (f64 literals compared by bits).
-            let mut seen: HashMap<String, ValueId> = HashMap::new();
+            // Keyed by the op (literals compared by bits) and its result type.
+            let mut seen: HashMap<(Op, TensorType), ValueId> = HashMap::new();
             for instr in &mut f.body {
                 replace.apply_to_op(&mut instr.op);
-                let key = format!("{:?}|{}", instr.op, f.values[instr.result.index()].ty);
+                let key = (instr.op.clone(), f.values[instr.result.index()].ty.clone());
                 match seen.get(&key) {
                     Some(&earlier) => {
                         replace.insert(instr.result, earlier);

@@ -71,7 +71,7 @@ fn legalize(f: &mut Function, c: DType) {
         .body
         .iter()
         .filter_map(|i| match i.op {
-            Op::Constant(Literal::Splat(v)) => Some((i.result, v)),
+            Op::Constant { literal: Literal::Splat(v) } => Some((i.result, v)),
             _ => None,
         })
         .collect();
@@ -85,12 +85,12 @@ fn legalize(f: &mut Function, c: DType) {
         // The element type this instruction computes in, and the type its float operands need.
         let (compute, operands_to): (Option<DType>, Option<DType>) = match &instr.op {
             // Splat constants take the type of whoever uses them (re-created there, see `cast`).
-            Op::Constant(_) | Op::Iota { .. } | Op::Weight { .. } => (None, None),
+            Op::Constant { .. } | Op::Iota { .. } | Op::Weight { .. } => (None, None),
             Op::DotGeneral { .. } => (Some(c), Some(c)),
             Op::Reduce { .. } => (float_result.then_some(DType::F32), Some(DType::F32)),
-            Op::Unary(u, _) if is_f32_math(*u) => (Some(DType::F32), Some(DType::F32)),
-            Op::Unary(_, x)
-            | Op::Reshape(x)
+            Op::Unary { op, .. } if is_f32_math(*op) => (Some(DType::F32), Some(DType::F32)),
+            Op::Unary { x, .. }
+            | Op::Reshape { x }
             | Op::Transpose { input: x, .. }
             | Op::Broadcast { input: x, .. }
             | Op::Slice { input: x, .. } => (float_result.then(|| ty(f, *x)), None),
@@ -99,7 +99,7 @@ fn legalize(f: &mut Function, c: DType) {
                 let d = ty(f, *operand);
                 (Some(d), Some(d))
             }
-            Op::Convert(x) => {
+            Op::Convert { x } => {
                 // The frontend's converts bring weights, rows and integers into f32 math: floats now
                 // enter as C, integers (positions) still as f32.
                 if float_result && ty(f, *x).is_float() {
@@ -108,7 +108,7 @@ fn legalize(f: &mut Function, c: DType) {
                     (None, None)
                 }
             }
-            Op::Binary(..) | Op::Compare(..) | Op::Select { .. } | Op::Concat { .. } => {
+            Op::Binary { .. } | Op::Compare { .. } | Op::Select { .. } | Op::Concat { .. } => {
                 let floats: Vec<DType> = instr
                     .op
                     .operands()
@@ -134,7 +134,7 @@ fn legalize(f: &mut Function, c: DType) {
             instr.op.map_operands(|v| *casted.get(&v).unwrap_or(&v));
         }
         match (&instr.op, compute) {
-            (Op::Convert(x), Some(d)) if f.values[x.index()].ty.dtype == d => {
+            (Op::Convert { x }, Some(d)) if f.values[x.index()].ty.dtype == d => {
                 // A convert into the type its operand already has: drop it.
                 replace.insert(instr.result, *x);
                 continue;
@@ -159,11 +159,15 @@ fn legalize(f: &mut Function, c: DType) {
     }
 }
 
+/// Transcendental unary ops compute in f32 (their results lose the most in a narrow type); the
+/// others compute in their operand's type.
 fn is_f32_math(u: UnaryOp) -> bool {
-    matches!(
-        u,
-        UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh | UnaryOp::Rsqrt | UnaryOp::Sqrt | UnaryOp::Sin | UnaryOp::Cos
-    )
+    match u {
+        UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh | UnaryOp::Rsqrt | UnaryOp::Sqrt | UnaryOp::Sin | UnaryOp::Cos => {
+            true
+        }
+        UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not => false,
+    }
 }
 
 /// `v` as type `to`: a fresh splat constant for splats, else a `convert` appended to the body.
@@ -173,8 +177,8 @@ fn is_f32_math(u: UnaryOp) -> bool {
 fn cast(f: &mut Function, splats: &HashMap<ValueId, f64>, v: ValueId, to: DType) -> ValueId {
     let ty = TensorType { dtype: to, shape: f.values[v.index()].ty.shape.clone() };
     let op = match splats.get(&v) {
-        Some(&c) => Op::Constant(Literal::Splat(saturate(c, to))),
-        None => Op::Convert(v),
+        Some(&c) => Op::Constant { literal: Literal::Splat(saturate(c, to)) },
+        None => Op::Convert { x: v },
     };
     let result = f.new_value(ty, None);
     f.body.push(Instr { result, op });

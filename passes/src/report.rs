@@ -12,7 +12,7 @@ pub fn compile_report(module: &Module, target: &Target, passes: &[&str]) -> Valu
     let converts: serde_json::Map<String, Value> = module
         .functions
         .iter()
-        .map(|f| (f.name.clone(), json!(f.body.iter().filter(|i| matches!(i.op, Op::Convert(_))).count())))
+        .map(|f| (f.name.clone(), json!(f.body.iter().filter(|i| matches!(i.op, Op::Convert { .. })).count())))
         .collect();
     let read: BTreeSet<&str> = module.functions.iter().flat_map(|f| f.weight_reads().map(|(_, n)| n)).collect();
     let device_weight_bytes: u64 =

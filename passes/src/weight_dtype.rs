@@ -65,7 +65,7 @@ impl Pass for WeightDtype {
                 let new_dtype = match &f.body[i].op {
                     Op::Weight { name } => retyped.get(name).copied(),
                     Op::Gather { table, .. } if changed.contains_key(table) => Some(f.values[table.index()].ty.dtype),
-                    Op::Convert(x) if changed.contains_key(x) => {
+                    Op::Convert { x } if changed.contains_key(x) => {
                         replace.insert(result, *x);
                         None
                     }
@@ -113,7 +113,7 @@ fn widened_to(f: &Function, users: &HashMap<ValueId, Vec<&Op>>, v: ValueId) -> O
     };
     for op in users.get(&v).map(|u| u.as_slice()).unwrap_or(&[]) {
         let ok = match op {
-            Op::Convert(_) => {
+            Op::Convert { .. } => {
                 converted_whole = true;
                 agree(f.ty(result_of(op)?).dtype)
             }
@@ -124,7 +124,9 @@ fn widened_to(f: &Function, users: &HashMap<ValueId, Vec<&Op>>, v: ValueId) -> O
                 }
                 let row_users = users.get(&rows).map(|u| u.as_slice()).unwrap_or(&[]);
                 !row_users.is_empty()
-                    && row_users.iter().all(|u| matches!(u, Op::Convert(_)) && agree(f.ty(result_of(u).unwrap()).dtype))
+                    && row_users
+                        .iter()
+                        .all(|u| matches!(u, Op::Convert { .. }) && agree(f.ty(result_of(u).unwrap()).dtype))
             }
             _ => false,
         };

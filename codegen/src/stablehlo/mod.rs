@@ -192,10 +192,10 @@ impl<'c, 'b> FunctionLowering<'c, 'b> {
         let t = |id: &ValueId| f.ty(*id);
         match op {
             Op::Weight { .. } => unreachable!("weights are function arguments"),
-            Op::Constant(lit) => self.constant(lit, out),
+            Op::Constant { literal } => self.constant(literal, out),
             Op::Iota { dim } => self.emit("stablehlo.iota", &[], &[("iota_dimension", format!("{dim} : i64"))], out),
-            Op::Unary(u, x) => {
-                let name = match u {
+            Op::Unary { op, x } => {
+                let name = match op {
                     UnaryOp::Neg => "stablehlo.negate",
                     UnaryOp::Abs => "stablehlo.abs",
                     UnaryOp::Exp => "stablehlo.exponential",
@@ -209,8 +209,8 @@ impl<'c, 'b> FunctionLowering<'c, 'b> {
                 };
                 self.emit(name, &[v(x)], &[], out)
             }
-            Op::Binary(b, x, y) => self.emit(binary_name(*b), &[v(x), v(y)], &[], out),
-            Op::Compare(dir, x, y) => {
+            Op::Binary { op, lhs, rhs } => self.emit(binary_name(*op), &[v(lhs), v(rhs)], &[], out),
+            Op::Compare { lhs: x, rhs: y, dir } => {
                 let dir = match dir {
                     CompareDir::Eq => "EQ",
                     CompareDir::Ne => "NE",
@@ -237,7 +237,7 @@ impl<'c, 'b> FunctionLowering<'c, 'b> {
             Op::Select { cond, on_true, on_false } => {
                 self.emit("stablehlo.select", &[v(cond), v(on_true), v(on_false)], &[], out)
             }
-            Op::Convert(x) => self.emit("stablehlo.convert", &[v(x)], &[], out),
+            Op::Convert { x } => self.emit("stablehlo.convert", &[v(x)], &[], out),
             Op::Reduce { kind, input, axes } => {
                 let dtype = out.dtype;
                 let init = match (kind, dtype.is_float()) {
@@ -258,7 +258,7 @@ impl<'c, 'b> FunctionLowering<'c, 'b> {
                 })?;
                 self.emit_in(self.block, "stablehlo.reduce", &[v(input), init], &[("dimensions", i64_array(axes))], out, vec![region])
             }
-            Op::Reshape(x) => self.emit("stablehlo.reshape", &[v(x)], &[], out),
+            Op::Reshape { x } => self.emit("stablehlo.reshape", &[v(x)], &[], out),
             Op::Transpose { input, perm } => {
                 self.emit("stablehlo.transpose", &[v(input)], &[("permutation", i64_array(perm))], out)
             }
