@@ -1,6 +1,11 @@
 //! Appends well-typed instructions to a function. Result types come from `infer_type`, so a builder
 //! can only produce IR the verifier accepts; an ill-typed request is a bug in the caller and panics
 //! with the op and the mismatch.
+//!
+//! Every value gets a name as it is built: the ones the caller chooses (`name`, and weights, named
+//! after themselves), and after the last chosen one, `{that name}.{k}` for the k-th value since. A
+//! pass that removes or adds an instruction then changes only those lines of a dump, not the names
+//! of everything after them.
 
 use crate::{
     infer_type, BinaryOp, CompareDir, DType, DotDims, FuncResult, Function, Instr, Literal, Op, Param, ParamRole,
@@ -12,11 +17,21 @@ pub struct FunctionBuilder<'w> {
     func: Function,
     weights: &'w [WeightDecl],
     names: HashSet<String>,
+    /// Values whose names were chosen (parameters, weights, `name`): they keep them.
+    chosen: HashSet<ValueId>,
+    /// The last chosen name and how many values have been named after it since.
+    anchor: Option<(String, usize)>,
 }
 
 impl<'w> FunctionBuilder<'w> {
     pub fn new(name: impl Into<String>, weights: &'w [WeightDecl]) -> Self {
-        FunctionBuilder { func: Function::new(name), weights, names: HashSet::new() }
+        FunctionBuilder {
+            func: Function::new(name),
+            weights,
+            names: HashSet::new(),
+            chosen: HashSet::new(),
+            anchor: None,
+        }
     }
 
     pub fn ty(&self, v: ValueId) -> &TensorType {
@@ -37,11 +52,20 @@ impl<'w> FunctionBuilder<'w> {
         assert!(self.names.insert(name.to_string()), "duplicate parameter name {name}");
         let value = self.func.new_value(ty, Some(name.to_string()));
         self.func.params.push(Param { value, role });
+        self.chosen.insert(value);
         value
     }
 
-    /// Gives `v` a readable name (made unique with a `.N` suffix when taken).
+    /// Names `v` (made unique with a `.N` suffix when taken), and the values built after it after
+    /// it; a value whose name was chosen before (a parameter, a weight, an op the builder elided and
+    /// returned the operand of) keeps it.
     pub fn name(&mut self, v: ValueId, name: &str) -> ValueId {
+        if !self.chosen.insert(v) {
+            return v;
+        }
+        if let Some(auto) = self.func.values[v.index()].name.take() {
+            self.names.remove(&auto);
+        }
         let mut candidate = name.to_string();
         let mut n = 1;
         while self.names.contains(&candidate) || candidate.chars().all(|c| c.is_ascii_digit()) {
@@ -49,8 +73,21 @@ impl<'w> FunctionBuilder<'w> {
             n += 1;
         }
         self.names.insert(candidate.clone());
-        self.func.values[v.index()].name = Some(candidate);
+        self.func.values[v.index()].name = Some(candidate.clone());
+        self.anchor = Some((candidate, 0));
         v
+    }
+
+    /// The next name after the anchor, if there is one yet.
+    fn auto_name(&mut self) -> Option<String> {
+        let (anchor, k) = self.anchor.as_mut()?;
+        loop {
+            *k += 1;
+            let candidate = format!("{anchor}.{k}");
+            if self.names.insert(candidate.clone()) {
+                return Some(candidate);
+            }
+        }
     }
 
     /// Appends `op`; `declared` is required for ops whose result type is not implied by operands.
@@ -63,7 +100,8 @@ impl<'w> FunctionBuilder<'w> {
             declared.as_ref(),
         )
         .unwrap_or_else(|e| panic!("ill-typed `{}` in @{}: {e}", op.mnemonic(), self.func.name));
-        let result = self.func.new_value(ty, None);
+        let name = self.auto_name();
+        let result = self.func.new_value(ty, name);
         self.func.body.push(Instr { result, op });
         result
     }
@@ -77,8 +115,10 @@ impl<'w> FunctionBuilder<'w> {
 
     // ---- one method per op ----
 
+    /// Reads weight `name`; the value is named after it.
     pub fn weight(&mut self, name: &str) -> ValueId {
-        self.op(Op::Weight { name: name.to_string() }, None)
+        let v = self.op(Op::Weight { name: name.to_string() }, None);
+        self.name(v, name)
     }
 
     pub fn splat(&mut self, value: f64, ty: TensorType) -> ValueId {

@@ -13,17 +13,21 @@
 //!     logits: f32[1,512] logits,
 //!     cache.sliding.pos: i32[1,8]
 //!   ) {
-//!     %0 = weight @embed_tokens : bf16[512,64]
-//!     %1 = dot_general %a, %0 {lhs_batch = [], rhs_batch = [], lhs_contract = [2], rhs_contract = [1]} : f32[1,1,512]
-//!     return %1, %cache.sliding.pos.next
+//!     %embed_tokens = weight @embed_tokens : bf16[512,64]
+//!     %embed_tokens.1 = dot_general %h, %embed_tokens {lhs_batch = [], rhs_batch = [], lhs_contract = [2], rhs_contract = [1]} : f32[1,1,512]
+//!     return %embed_tokens.1, %cache.sliding.pos.next
 //!   }
 //! }
 //! ```
 
 use crate::{Attr, Function, Module, ParamRole, ResultRole, ValueId};
+use std::collections::HashSet;
 use std::fmt::Write;
 
-/// The printed name of every value: its own name, or a number in definition order.
+/// The printed name of every value. A named value prints its own name (the frontend names every value
+/// it builds: `FunctionBuilder`); an unnamed one, such as a pass adds, is named after the nearest named
+/// instruction before it (`%l3.q.2`: the second unnamed value after `%l3.q`), or numbered (`%0`)
+/// before the first. So a diff of two dumps shows what changed, not a renumbering.
 pub struct ValueNames(Vec<String>);
 
 impl ValueNames {
@@ -37,12 +41,27 @@ impl ValueNames {
                 None => format!("#{i}"),
             })
             .collect();
-        let mut next = 0;
+        let mut taken: HashSet<String> = f.values.iter().filter_map(|v| v.name.clone()).collect();
+        let mut anchor: Option<&str> = None;
+        let mut k = 0;
         for instr in &f.body {
-            if f.values[instr.result.index()].name.is_none() {
-                names[instr.result.index()] = next.to_string();
-                next += 1;
+            if let Some(name) = &f.values[instr.result.index()].name {
+                anchor = Some(name);
+                k = 0;
+                continue;
             }
+            let name = loop {
+                k += 1;
+                let candidate = match anchor {
+                    Some(a) => format!("{a}.{k}"),
+                    None => (k - 1).to_string(),
+                };
+                if !taken.contains(&candidate) {
+                    break candidate;
+                }
+            };
+            taken.insert(name.clone());
+            names[instr.result.index()] = name;
         }
         ValueNames(names)
     }
@@ -61,8 +80,10 @@ pub fn print_module(m: &Module) -> String {
         let transposed = if w.transposed { " transposed" } else { "" };
         writeln!(out, "  weight @{} : {} = {:?}{transposed}", w.name, w.ty, w.source).unwrap();
     }
-    for f in &m.functions {
-        out.push('\n');
+    for (i, f) in m.functions.iter().enumerate() {
+        if i > 0 || !m.weights.is_empty() {
+            out.push('\n');
+        }
         print_function_into(&mut out, f);
     }
     out.push_str("}\n");

@@ -234,6 +234,7 @@ impl StepContext {
     fn declare_state(g: &mut Graph, cfg: &Gemma4Config, shapes: &Shapes, pos: ValueId) -> StepContext {
         let b = shapes.batch;
         let pos_f32 = g.b.convert(pos, DType::F32);
+        let pos_f32 = g.b.name(pos_f32, "pos.f32");
         let mut kinds = HashMap::new();
         let mut state_results = Vec::new();
         let mut caches = HashMap::new();
@@ -247,6 +248,7 @@ impl StepContext {
             let slots = ring_slots(g, pos, cap);
             let slots = g.b.name(slots, &format!("{}.slots", kind.name()));
             let stored = g.b.update_slots(stored, slots, pos, 1);
+            let stored = g.b.name(stored, &format!("{name}.next"));
             let window = (kind == AttentionKind::Sliding).then_some(cfg.sliding_window);
             let visible = visibility(g, pos, stored, window);
             let visible = g.b.name(visible, &format!("{}.visible", kind.name()));
@@ -298,6 +300,11 @@ impl StepContext {
             return *t;
         }
         let tables = rope_tables(g, self.pos_f32, &cfg.rope(kind).inv_freq(head_dim));
+        let prefix = format!("rope.{}.d{head_dim}", kind.name());
+        let tables = RopeTables {
+            cos: g.b.name(tables.cos, &format!("{prefix}.cos")),
+            sin: g.b.name(tables.sin, &format!("{prefix}.sin")),
+        };
         self.rope.insert((kind, head_dim), tables);
         tables
     }
