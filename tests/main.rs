@@ -7,6 +7,7 @@ mod cache;
 mod cli;
 mod compile;
 mod config;
+mod conformance;
 mod filetests;
 mod frontend_errors;
 mod goldens;

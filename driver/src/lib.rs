@@ -4,6 +4,7 @@
 //! hands back a ready executor, or writes an artifact. Callers only parse flags and print.
 
 mod compile;
+pub mod conformance;
 mod lower;
 pub mod pjrt;
 mod session;

@@ -26,16 +26,67 @@ pub fn binary_f32(op: BinaryOp) -> Option<fn(f32, f32) -> f32> {
         BinaryOp::Sub => |p, q| p - q,
         BinaryOp::Mul => |p, q| p * q,
         BinaryOp::Div => |p, q| p / q,
-        BinaryOp::Max => f32::max,
-        BinaryOp::Min => f32::min,
+        BinaryOp::Max => maximum,
+        BinaryOp::Min => minimum,
         BinaryOp::Pow => f32::powf,
         BinaryOp::Rem => |p, q| p % q,
         BinaryOp::And | BinaryOp::Or => return None,
     })
 }
 
-/// An integer binary op with two's-complement wrapping; division by zero and `pow` are errors.
-pub fn binary_i32(op: BinaryOp, p: i32, q: i32) -> Result<i32, String> {
+/// IEEE 754 `maximum` (as StableHLO's): NaN if either operand is NaN.
+pub fn maximum(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+/// IEEE 754 `minimum`: NaN if either operand is NaN.
+pub fn minimum(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::NAN
+    } else {
+        a.min(b)
+    }
+}
+
+/// An integer binary op of `dtype` with two's-complement wrapping into it; division by zero and
+/// `pow` are errors.
+pub fn binary_int(op: BinaryOp, dtype: DType, p: i32, q: i32) -> Result<i32, String> {
+    binary_i32(op, p, q).map(|r| wrap_int(dtype, r as i64))
+}
+
+/// `neg` and `abs` of an integer of `dtype`, wrapping (`-(-128)` is `-128` in `i8`); `None` for the
+/// float-only ops.
+pub fn unary_int(op: UnaryOp, dtype: DType, v: i32) -> Option<i32> {
+    match op {
+        UnaryOp::Neg => Some(wrap_int(dtype, -(v as i64))),
+        UnaryOp::Abs => Some(wrap_int(dtype, (v as i64).abs())),
+        UnaryOp::Exp
+        | UnaryOp::Log
+        | UnaryOp::Tanh
+        | UnaryOp::Sqrt
+        | UnaryOp::Rsqrt
+        | UnaryOp::Sin
+        | UnaryOp::Cos
+        | UnaryOp::Not => None,
+    }
+}
+
+/// The smallest and largest values of an integer dtype.
+pub fn int_range(dtype: DType) -> (i32, i32) {
+    match dtype {
+        DType::I8 => (i8::MIN as i32, i8::MAX as i32),
+        DType::I4 => (-8, 7),
+        _ => (i32::MIN, i32::MAX),
+    }
+}
+
+/// An integer binary op with two's-complement wrapping in 32 bits; division by zero and `pow` are
+/// errors.
+fn binary_i32(op: BinaryOp, p: i32, q: i32) -> Result<i32, String> {
     Ok(match op {
         BinaryOp::Add => p.wrapping_add(q),
         BinaryOp::Sub => p.wrapping_sub(q),

@@ -1,6 +1,6 @@
 //! Constant folding of splats: an op whose operands are all splat constants becomes a splat constant
 //! (and `select` on a constant condition becomes the chosen operand). Arithmetic follows the
-//! interpreter: floats in f32 rounded to their dtype, integers in wrapping i32.
+//! interpreter: floats in f32 rounded to their dtype, integers wrapping in theirs.
 
 use crate::{Pass, PassError};
 use g4c_ir::Target;
@@ -69,8 +69,7 @@ fn convert(from: DType, to: DType, c: f64) -> f64 {
 fn unary(u: UnaryOp, dtype: DType, c: f64) -> Option<f64> {
     if !dtype.is_float() {
         return match u {
-            UnaryOp::Neg => Some((c as i32).wrapping_neg() as f64),
-            UnaryOp::Abs => Some((c as i32).wrapping_abs() as f64),
+            UnaryOp::Neg | UnaryOp::Abs => scalar::unary_int(u, dtype, c as i32).map(|v| v as f64),
             UnaryOp::Not if dtype == DType::Bool => Some((c == 0.0) as u8 as f64),
             _ => None,
         };
@@ -89,7 +88,7 @@ fn binary(b: BinaryOp, dtype: DType, p: f64, q: f64) -> Option<f64> {
         };
     }
     if !dtype.is_float() {
-        return scalar::binary_i32(b, p as i32, q as i32).ok().map(|r| r as f64);
+        return scalar::binary_int(b, dtype, p as i32, q as i32).ok().map(|r| r as f64);
     }
     Some(round(dtype, scalar::binary_f32(b)?(p as f32, q as f32)))
 }

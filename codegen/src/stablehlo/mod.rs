@@ -244,8 +244,8 @@ impl<'c, 'b> FunctionLowering<'c, 'b> {
                     (ReduceKind::Sum, _) => 0.0,
                     (ReduceKind::Max, true) => f64::NEG_INFINITY,
                     (ReduceKind::Min, true) => f64::INFINITY,
-                    (ReduceKind::Max, false) => i32::MIN as f64,
-                    (ReduceKind::Min, false) => i32::MAX as f64,
+                    (ReduceKind::Max, false) => g4c_ir::scalar::int_range(dtype).0 as f64,
+                    (ReduceKind::Min, false) => g4c_ir::scalar::int_range(dtype).1 as f64,
                 };
                 let init = self.constant(&Literal::Splat(init), &TensorType::scalar(dtype))?;
                 let combine = match kind {

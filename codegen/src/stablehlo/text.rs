@@ -41,11 +41,13 @@ pub fn dense_attr(lit: &Literal, ty: &TensorType) -> String {
         Literal::Dense(vs) => vs.clone(),
     };
     if ty.dtype == DType::Bool {
-        // MLIR stores i1 elements bit-packed, so spell predicates out instead of as raw bytes.
-        let word = |v: f64| if v != 0.0 { "true" } else { "false" };
+        // MLIR stores i1 elements bit-packed, so spell predicates out instead of as raw bytes, in
+        // lists nested as the shape (MLIR takes a flat list only for rank 1).
+        let words: Vec<&str> = values.iter().map(|v| if *v != 0.0 { "true" } else { "false" }).collect();
         let body = match lit {
-            Literal::Splat(v) => word(*v).to_string(),
-            Literal::Dense(_) => format!("[{}]", values.iter().map(|v| word(*v)).collect::<Vec<_>>().join(", ")),
+            Literal::Splat(_) => words[0].to_string(),
+            Literal::Dense(_) if ty.numel() == 0 => String::new(),
+            Literal::Dense(_) => nested(&words, &ty.shape),
         };
         return format!("dense<{body}> : {}", tensor_type(ty));
     }
@@ -57,6 +59,18 @@ pub fn dense_attr(lit: &Literal, ty: &TensorType) -> String {
         }
     }
     format!("dense<\"{hex}\"> : {}", tensor_type(ty))
+}
+
+/// `items` (row-major) as lists nested like `shape`: `[[a, b], [c, d]]` for `[2, 2]`.
+fn nested(items: &[&str], shape: &[usize]) -> String {
+    match shape {
+        [] => items[0].to_string(),
+        [_, rest @ ..] => {
+            let inner: usize = rest.iter().product();
+            let parts: Vec<String> = items.chunks(inner.max(1)).map(|c| nested(c, rest)).collect();
+            format!("[{}]", parts.join(", "))
+        }
+    }
 }
 
 pub fn i64_array(values: &[usize]) -> String {

@@ -59,11 +59,10 @@ pub fn unary(op: UnaryOp, x: &Tensor) -> KResult {
             let Some(f) = scalar::unary_f32(op) else { return Err(format!("`{op}` on floats")) };
             Data::F32(v.iter().map(|&a| round_float(dt, f(a))).collect())
         }
-        Data::I32(v) => match op {
-            UnaryOp::Neg => Data::I32(v.iter().map(|a| a.wrapping_neg()).collect()),
-            UnaryOp::Abs => Data::I32(v.iter().map(|a| a.wrapping_abs()).collect()),
-            _ => return Err(format!("`{op}` on integers")),
-        },
+        Data::I32(v) => {
+            let out: Option<Vec<i32>> = v.iter().map(|&a| scalar::unary_int(op, dt, a)).collect();
+            Data::I32(out.ok_or_else(|| format!("`{op}` on integers"))?.into())
+        }
         Data::Bool(v) => match op {
             UnaryOp::Not => Data::Bool(v.iter().map(|a| !a).collect()),
             _ => return Err(format!("`{op}` on bool")),
@@ -81,7 +80,7 @@ pub fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> KResult {
         }
         (Data::I32(x), Data::I32(y)) => {
             let out: Result<Vec<i32>, String> =
-                x.iter().zip(y.iter()).map(|(&p, &q)| scalar::binary_i32(op, p, q)).collect();
+                x.iter().zip(y.iter()).map(|(&p, &q)| scalar::binary_int(op, dt, p, q)).collect();
             let out = out?;
             Data::I32(out.into())
         }
@@ -166,18 +165,19 @@ pub fn reduce(kind: ReduceKind, x: &Tensor, axes: &[usize], ty: &TensorType) -> 
                 let o = &mut out[out_index(i)];
                 *o = match kind {
                     ReduceKind::Sum => *o + a,
-                    ReduceKind::Max => o.max(a),
-                    ReduceKind::Min => o.min(a),
+                    ReduceKind::Max => scalar::maximum(*o, a),
+                    ReduceKind::Min => scalar::minimum(*o, a),
                 };
             }
             let dt = ty.dtype;
             Ok(Tensor::of_type(ty.clone(), Data::F32(out.into_iter().map(|a| round_float(dt, a)).collect())))
         }
         Data::I32(v) => {
+            let (min, max) = scalar::int_range(ty.dtype);
             let init = match kind {
                 ReduceKind::Sum => 0,
-                ReduceKind::Max => i32::MIN,
-                ReduceKind::Min => i32::MAX,
+                ReduceKind::Max => min,
+                ReduceKind::Min => max,
             };
             let mut out = vec![init; n_out];
             for (i, &a) in v.iter().enumerate() {
@@ -188,7 +188,11 @@ pub fn reduce(kind: ReduceKind, x: &Tensor, axes: &[usize], ty: &TensorType) -> 
                     ReduceKind::Min => (*o).min(a),
                 };
             }
-            Ok(Tensor::of_type(ty.clone(), Data::I32(out.into())))
+            let dt = ty.dtype;
+            Ok(Tensor::of_type(
+                ty.clone(),
+                Data::I32(out.into_iter().map(|a| scalar::wrap_int(dt, a as i64)).collect()),
+            ))
         }
         Data::Bool(_) => Err("reduce on bool".into()),
     }
