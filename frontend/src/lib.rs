@@ -12,7 +12,7 @@ pub use checkpoint::{Checkpoint, TensorBytes};
 pub use config::{AttentionKind, Gemma4Config, LayerSpec, Rope};
 pub use emit::{emit_module, emit_module_with_prefills, Entry, Shapes};
 pub use error::{FrontendError, Result};
-pub use tokenizer::TextTokenizer;
+pub use tokenizer::{TextStream, TextTokenizer};
 pub use weights::{bind_weights, expected_tensors, ExpectedTensor};
 
 use std::path::Path;

@@ -35,3 +35,53 @@ impl TextTokenizer {
         self.inner.decode(ids, true).map_err(|e| FrontendError::Invalid { message: format!("cannot detokenize: {e}") })
     }
 }
+
+impl TextTokenizer {
+    /// Text of ids given one at a time, as it becomes printable (`TextStream`).
+    pub fn stream(&self) -> TextStream<'_> {
+        TextStream { tokenizer: self, ids: vec![], prefix: 0, read: 0 }
+    }
+}
+
+/// Detokenizes a growing sequence in constant work per token: only the ids since the last text it
+/// gave are decoded, with a few before them for context (a token's text can depend on the one
+/// before it, e.g. a leading space), and text is given only once it no longer ends in an incomplete
+/// character (multi-token characters come out whole). As vLLM and transformers' streamers do.
+pub struct TextStream<'t> {
+    tokenizer: &'t TextTokenizer,
+    ids: Vec<u32>,
+    /// Where the decoded window starts, and where the text given so far ends.
+    prefix: usize,
+    read: usize,
+}
+
+impl TextStream<'_> {
+    /// The new text `id` completes, if any.
+    pub fn push(&mut self, id: u32) -> Result<Option<String>> {
+        self.ids.push(id);
+        let given = self.tokenizer.decode(&self.ids[self.prefix..self.read])?;
+        let text = self.tokenizer.decode(&self.ids[self.prefix..])?;
+        if text.len() <= given.len() || text.ends_with('\u{FFFD}') || !text.is_char_boundary(given.len()) {
+            return Ok(None);
+        }
+        self.prefix = self.read;
+        self.read = self.ids.len();
+        Ok(Some(text[given.len()..].to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TextTokenizer;
+
+    #[test]
+    fn streamed_text_is_the_decoded_text() {
+        let json = crate::synth::tokenizer_json(64).to_string();
+        let inner = tokenizers::Tokenizer::from_bytes(json.as_bytes()).unwrap();
+        let tokenizer = TextTokenizer { inner, bos: Some(2) };
+        let ids: Vec<u32> = vec![2, 10, 11, 1, 12, 40, 41, 42, 0, 13];
+        let mut stream = tokenizer.stream();
+        let streamed: String = ids.iter().filter_map(|&id| stream.push(id).unwrap()).collect();
+        assert_eq!(streamed, tokenizer.decode(&ids).unwrap());
+    }
+}

@@ -2,7 +2,7 @@ use crate::ui::with_feedback;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use g4c_driver::{BackendKind, Session, SessionOptions};
-use g4c_frontend::{Shapes, TextTokenizer};
+use g4c_frontend::{Shapes, TextStream, TextTokenizer};
 use g4c_ir::Target;
 use g4c_runtime::{generate, GenerateOptions, Generation, ModelShape, SamplingParams};
 use std::io::Write;
@@ -166,7 +166,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         forced: vec![],
     };
 
-    let mut printer = StreamPrinter { tokenizer, enabled: !args.json, ids: vec![], printed: String::new() };
+    let mut printer = StreamPrinter::new(tokenizer, !args.json);
     let mut ready = with_feedback(|feedback| session.executor(module.clone(), feedback))?;
     let generation = generate(ready.executor.as_mut(), &prompt, &opts, &mut |t| printer.push(t))?;
     printer.finish();
@@ -232,31 +232,32 @@ fn print_stats(args: &RunArgs, target: &Target, shape: &ModelShape, g: &Generati
 
 /// Streams generated tokens to stdout: text when there is a tokenizer, else ids.
 struct StreamPrinter<'t> {
-    tokenizer: Option<&'t TextTokenizer>,
+    text: Option<TextStream<'t>>,
     enabled: bool,
-    ids: Vec<u32>,
-    printed: String,
+    printed: usize,
 }
 
-impl StreamPrinter<'_> {
+impl<'t> StreamPrinter<'t> {
+    fn new(tokenizer: Option<&'t TextTokenizer>, enabled: bool) -> Self {
+        StreamPrinter { text: tokenizer.map(TextTokenizer::stream), enabled, printed: 0 }
+    }
+
     fn push(&mut self, token: u32) {
         if !self.enabled {
             return;
         }
-        self.ids.push(token);
         let mut out = std::io::stdout().lock();
-        match self.tokenizer.and_then(|t| t.decode(&self.ids).ok()) {
-            // Decode the whole sequence and print what is new, so multi-token characters come out whole.
-            Some(text) => {
-                if let Some(new) = text.strip_prefix(self.printed.as_str()) {
+        match &mut self.text {
+            Some(stream) => {
+                if let Ok(Some(new)) = stream.push(token) {
                     let _ = write!(out, "{new}");
-                    self.printed = text;
                 }
             }
             None => {
-                let _ = write!(out, "{}{token}", if self.ids.len() > 1 { " " } else { "" });
+                let _ = write!(out, "{}{token}", if self.printed > 0 { " " } else { "" });
             }
         }
+        self.printed += 1;
         let _ = out.flush();
     }
 
