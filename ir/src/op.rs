@@ -67,6 +67,24 @@ named_enum!(
     }
 );
 
+impl UnaryOp {
+    /// Whether the op approximates a transcendental function: what it loses in a narrow type is
+    /// much more than one rounding, so dtype legalization computes it in f32, and backends are held
+    /// to it within a few units in the last place rather than exactly.
+    pub fn is_transcendental(self) -> bool {
+        match self {
+            UnaryOp::Exp
+            | UnaryOp::Log
+            | UnaryOp::Tanh
+            | UnaryOp::Sqrt
+            | UnaryOp::Rsqrt
+            | UnaryOp::Sin
+            | UnaryOp::Cos => true,
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not => false,
+        }
+    }
+}
+
 named_enum!(
     /// Elementwise ops of two operands of identical type.
     BinaryOp {

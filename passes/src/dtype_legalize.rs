@@ -19,9 +19,7 @@
 
 use crate::{Pass, PassError};
 use g4c_ir::Target;
-use g4c_ir::{
-    DType, Function, Instr, Literal, Module, Op, ParamRole, ResultRole, Substitution, TensorType, UnaryOp, ValueId,
-};
+use g4c_ir::{DType, Function, Instr, Literal, Module, Op, ParamRole, ResultRole, Substitution, TensorType, ValueId};
 use std::collections::HashMap;
 
 pub struct DtypeLegalize;
@@ -88,7 +86,7 @@ fn legalize(f: &mut Function, c: DType) {
             Op::Constant { .. } | Op::Iota { .. } | Op::Weight { .. } => (None, None),
             Op::DotGeneral { .. } => (Some(c), Some(c)),
             Op::Reduce { .. } => (float_result.then_some(DType::F32), Some(DType::F32)),
-            Op::Unary { op, .. } if is_f32_math(*op) => (Some(DType::F32), Some(DType::F32)),
+            Op::Unary { op, .. } if op.is_transcendental() => (Some(DType::F32), Some(DType::F32)),
             Op::Unary { x, .. }
             | Op::Reshape { x }
             | Op::Transpose { input: x, .. }
@@ -156,17 +154,6 @@ fn legalize(f: &mut Function, c: DType) {
         };
         let v = if f.values[v.index()].ty.dtype != want { cast(f, &splats, v, want) } else { v };
         f.results[i].value = v;
-    }
-}
-
-/// Transcendental unary ops compute in f32 (their results lose the most in a narrow type); the
-/// others compute in their operand's type.
-fn is_f32_math(u: UnaryOp) -> bool {
-    match u {
-        UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh | UnaryOp::Rsqrt | UnaryOp::Sqrt | UnaryOp::Sin | UnaryOp::Cos => {
-            true
-        }
-        UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not => false,
     }
 }
 

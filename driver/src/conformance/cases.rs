@@ -18,8 +18,8 @@
 use super::{Case, Tolerance};
 use g4c_ir::scalar::round_float;
 use g4c_ir::{
-    BinaryOp, CompareDir, DType, DotDims, FunctionBuilder, Literal, Module, Op, ReduceKind, ResultRole, TensorType,
-    UnaryOp, ValueId,
+    infer_type, BinaryOp, CompareDir, DType, DotDims, FunctionBuilder, Literal, Module, Op, ReduceKind, ResultRole,
+    TensorType, UnaryOp, ValueId,
 };
 use g4c_runtime::{Data, Tensor};
 use rand::{Rng, SeedableRng};
@@ -135,30 +135,9 @@ fn case(
     Case { name, module, inputs, tolerance }
 }
 
-fn transcendental(op: UnaryOp) -> bool {
-    match op {
-        UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh | UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Sin | UnaryOp::Cos => {
-            true
-        }
-        UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not => false,
-    }
-}
-
-/// Whether the type rule of unary `op` accepts `dtype`.
-fn unary_accepts(op: UnaryOp, dtype: DType) -> bool {
-    match op {
-        UnaryOp::Not => dtype == DType::Bool,
-        UnaryOp::Neg | UnaryOp::Abs => dtype != DType::Bool,
-        _ => dtype.is_float(),
-    }
-}
-
-fn binary_accepts(op: BinaryOp, dtype: DType) -> bool {
-    match op {
-        BinaryOp::And | BinaryOp::Or => dtype == DType::Bool || dtype.is_int(),
-        BinaryOp::Pow => dtype.is_float(),
-        _ => dtype != DType::Bool,
-    }
+/// Whether the type rule of `op` accepts operands of `operands` (no declared result type needed).
+fn accepts(op: &Op, operands: &[TensorType]) -> bool {
+    infer_type(op, &|i| operands[i].clone(), &|_| None, None).is_ok()
 }
 
 /// Every case for `dtypes` (element types; `bool` is included by the caller when wanted).
@@ -203,10 +182,13 @@ pub fn cases(dtypes: &[DType]) -> Vec<Case> {
         }
 
         // Unary ops.
-        for &op in UnaryOp::ALL.iter().filter(|&&op| unary_accepts(op, d)) {
-            let tolerance = if transcendental(op) { Tolerance::Ulps { ulps: 4, abs: 0.0 } } else { Tolerance::Exact };
+        let x = ValueId(0);
+        let scalar = [TensorType::scalar(d), TensorType::scalar(d)];
+        for &op in UnaryOp::ALL.iter().filter(|&&op| accepts(&Op::Unary { op, x }, &scalar)) {
+            let tolerance =
+                if op.is_transcendental() { Tolerance::Ulps { ulps: 4, abs: 0.0 } } else { Tolerance::Exact };
             let mut inputs = shapes.to_vec();
-            if transcendental(op) {
+            if op.is_transcendental() {
                 inputs.push((RANDOM_SHAPE, Values::Positive, "positive"));
             }
             for (shape, values, what) in inputs {
@@ -219,7 +201,7 @@ pub fn cases(dtypes: &[DType]) -> Vec<Case> {
         }
 
         // Binary ops.
-        for &op in BinaryOp::ALL.iter().filter(|&&op| binary_accepts(op, d)) {
+        for &op in BinaryOp::ALL.iter().filter(|&&op| accepts(&Op::Binary { op, lhs: x, rhs: x }, &scalar)) {
             let divides = matches!(op, BinaryOp::Div | BinaryOp::Rem) && !d.is_float();
             let tolerance = match op {
                 BinaryOp::Pow => Tolerance::Ulps { ulps: 4, abs: 0.0 },
