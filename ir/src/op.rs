@@ -336,6 +336,13 @@ macro_rules! ops {
                 out
             }
 
+            /// Every mnemonic of the text form (each member of a family counts), in table order.
+            pub fn all_mnemonics() -> Vec<&'static str> {
+                let mut out = Vec::new();
+                $( op_all_mnemonics!(out; $mnemonic; $( $kind $( ($fty) )?, )*); )*
+                out
+            }
+
             /// Builds an op from its text-form parts; the inverse of `mnemonic`, `operands` and `attrs`.
             pub fn from_parts(
                 mnemonic: &str,
@@ -389,6 +396,12 @@ macro_rules! op_mnemonic {
     ($m:literal; $($rest:tt)*) => { $m };
     (_; $f:ident: family, $($rest:tt)*) => { $f.name() };
     (_; $f:ident: $k:ident, $($rest:tt)*) => { op_mnemonic!(_; $($rest)*) };
+}
+
+macro_rules! op_all_mnemonics {
+    ($out:ident; $m:literal; $($rest:tt)*) => { $out.push($m) };
+    ($out:ident; _; family($t:ty), $($rest:tt)*) => { $out.extend(<$t>::ALL.iter().map(|v| v.name())) };
+    ($out:ident; _; $k:ident $( ($t:ty) )?, $($rest:tt)*) => { op_all_mnemonics!($out; _; $($rest)*) };
 }
 
 macro_rules! op_read_operands {
