@@ -39,7 +39,7 @@ pub fn infer_type(
             let x = operand(0);
             let ok = match u {
                 UnaryOp::Not => x.dtype == DType::Bool,
-                UnaryOp::Neg | UnaryOp::Abs => x.dtype != DType::Bool,
+                UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign => x.dtype != DType::Bool,
                 UnaryOp::Exp
                 | UnaryOp::Log
                 | UnaryOp::Tanh

@@ -63,7 +63,7 @@ named_enum!(
     /// Elementwise ops of one operand.
     UnaryOp {
         Neg = "neg", Abs = "abs", Exp = "exp", Log = "log", Tanh = "tanh", Sqrt = "sqrt",
-        Rsqrt = "rsqrt", Sin = "sin", Cos = "cos", Not = "not",
+        Rsqrt = "rsqrt", Sin = "sin", Cos = "cos", Not = "not", Sign = "sign",
     }
 );
 
@@ -80,7 +80,7 @@ impl UnaryOp {
             | UnaryOp::Rsqrt
             | UnaryOp::Sin
             | UnaryOp::Cos => true,
-            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not => false,
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not | UnaryOp::Sign => false,
         }
     }
 }

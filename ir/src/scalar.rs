@@ -13,6 +13,8 @@ pub fn unary_f32(op: UnaryOp) -> Option<fn(f32) -> f32> {
         UnaryOp::Tanh => f32::tanh,
         UnaryOp::Sqrt => f32::sqrt,
         UnaryOp::Rsqrt => |a| 1.0 / a.sqrt(),
+        // -1, 0 or 1; zeros keep their sign and NaN stays NaN (StableHLO `sign`).
+        UnaryOp::Sign => |a| if a == 0.0 || a.is_nan() { a } else { a.signum() },
         UnaryOp::Sin => f32::sin,
         UnaryOp::Cos => f32::cos,
         UnaryOp::Not => return None,
@@ -64,6 +66,7 @@ pub fn unary_int(op: UnaryOp, dtype: DType, v: i32) -> Option<i32> {
     match op {
         UnaryOp::Neg => Some(wrap_int(dtype, -(v as i64))),
         UnaryOp::Abs => Some(wrap_int(dtype, (v as i64).abs())),
+        UnaryOp::Sign => Some(v.signum()),
         UnaryOp::Exp
         | UnaryOp::Log
         | UnaryOp::Tanh

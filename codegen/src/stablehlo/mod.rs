@@ -203,6 +203,7 @@ impl<'c, 'b> FunctionLowering<'c, 'b> {
                     UnaryOp::Tanh => "stablehlo.tanh",
                     UnaryOp::Sqrt => "stablehlo.sqrt",
                     UnaryOp::Rsqrt => "stablehlo.rsqrt",
+                    UnaryOp::Sign => "stablehlo.sign",
                     UnaryOp::Sin => "stablehlo.sine",
                     UnaryOp::Cos => "stablehlo.cosine",
                     UnaryOp::Not => "stablehlo.not",
