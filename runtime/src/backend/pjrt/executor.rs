@@ -17,7 +17,8 @@ pub struct PjrtExecutor {
     module: Arc<Module>,
     /// Kept for tables gathered on the host (`host_gather` parameters).
     store: Arc<dyn WeightStore>,
-    executables: HashMap<String, Executable>,
+    /// Per entry point: its executable and its arguments in call order (computed once, not per call).
+    entries: HashMap<String, (Executable, Vec<Source>)>,
     weights: HashMap<String, Buffer>,
     state: HashMap<String, Buffer>,
     /// Declared last so it is dropped last: executables and buffers must go before their client.
@@ -34,15 +35,22 @@ impl PjrtExecutor {
         progress: &dyn Progress,
     ) -> Result<Self> {
         let mut uploads: Vec<&str> = vec![];
-        for e in &executables {
+        let mut entries = HashMap::new();
+        for e in executables {
             let f = module.function(&e.entry).ok_or_else(|| RuntimeError::Invalid(format!("no @{}", e.entry)))?;
+            let mut sources = vec![];
             for arg in f.call_args() {
-                if let CallArg::Weight(name) = arg {
-                    if !uploads.contains(&name) {
-                        uploads.push(name);
+                sources.push(match arg {
+                    CallArg::Param(i) => Source::Param(i),
+                    CallArg::Weight(name) => {
+                        if !uploads.contains(&name) {
+                            uploads.push(name);
+                        }
+                        Source::Weight(name.to_string())
                     }
-                }
+                });
             }
+            entries.insert(e.entry, (e.executable, sources));
         }
         let decls: Vec<_> = uploads
             .iter()
@@ -58,8 +66,7 @@ impl PjrtExecutor {
             progress.advance(decl.ty.byte_size());
         }
         progress.end();
-        let executables = executables.into_iter().map(|e| (e.entry, e.executable)).collect();
-        Ok(PjrtExecutor { module, store, executables, weights, state: HashMap::new(), client })
+        Ok(PjrtExecutor { module, store, entries, weights, state: HashMap::new(), client })
     }
 
     fn upload(&self, t: &Tensor) -> Result<Buffer> {
@@ -81,7 +88,7 @@ impl Executor for PjrtExecutor {
     fn step(&mut self, entry: &str, inputs: &StepInputs) -> Result<Tensor> {
         let module = self.module.clone();
         let f = module.function(entry).ok_or_else(|| RuntimeError::Invalid(format!("no @{entry}")))?;
-        let executable = &self.executables[entry];
+        let (executable, sources) = &self.entries[entry];
         // Parameters (inputs uploaded now, state buffers handed over), then the resident weights.
         let params: Vec<Buffer> = bind_args(&module, self.store.as_ref(), f, inputs, &mut self.state)?
             .into_iter()
@@ -91,12 +98,11 @@ impl Executor for PjrtExecutor {
                 Arg::Rows(ty, bytes) => self.client.buffer(ty.dtype, &ty.shape, &bytes),
             })
             .collect::<Result<_>>()?;
-        let args: Vec<&Buffer> = f
-            .call_args()
-            .into_iter()
-            .map(|a| match a {
-                CallArg::Param(i) => &params[i],
-                CallArg::Weight(name) => &self.weights[name],
+        let args: Vec<&Buffer> = sources
+            .iter()
+            .map(|s| match s {
+                Source::Param(i) => &params[*i],
+                Source::Weight(name) => &self.weights[name],
             })
             .collect();
         let outputs = executable.execute(&args)?;
@@ -106,4 +112,12 @@ impl Executor for PjrtExecutor {
         let ty = f.ty(f.result_with(ResultRole::Logits).expect("checked").value).clone();
         Tensor::from_bytes(ty, &logits.to_host()?).map_err(RuntimeError::Pjrt)
     }
+}
+
+/// Where one argument of a call comes from (`Function::call_args`).
+enum Source {
+    /// The call's parameter `i`.
+    Param(usize),
+    /// A resident weight.
+    Weight(String),
 }
