@@ -8,7 +8,8 @@ use std::collections::BTreeSet;
 /// The element types some target computes in, and predicates.
 fn target_dtypes() -> Vec<DType> {
     let mut dtypes: Vec<DType> = DType::ALL
-        .into_iter()
+        .iter()
+        .copied()
         .filter(|d| *d == DType::Bool || TARGETS.iter().any(|t| t.computes_natively(*d)))
         .collect();
     dtypes.sort();

@@ -23,64 +23,19 @@
 //! value. A backend calls an entry point with its parameters in order, then every weight it reads in
 //! order of first use (`call_args`), and may update each state in place (`donations`).
 
+use crate::named_enum::named_enum;
 use crate::{Function, Module, Op, TensorType, ValueId};
-use std::str::FromStr;
 
-/// The attention kinds of Gemma 4: sliding-window layers and full (global) layers. Each kind has its
-/// own caches and its own record of the position stored in each slot.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum AttentionKind {
-    Sliding,
-    Full,
-}
+named_enum!(
+    /// The attention kinds of Gemma 4: sliding-window layers and full (global) layers. Each kind has
+    /// its own caches and its own record of the position stored in each slot.
+    AttentionKind "attention kind" { Sliding = "sliding", Full = "full" }
+);
 
-impl AttentionKind {
-    pub const ALL: [AttentionKind; 2] = [AttentionKind::Sliding, AttentionKind::Full];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            AttentionKind::Sliding => "sliding",
-            AttentionKind::Full => "full",
-        }
-    }
-}
-
-impl FromStr for AttentionKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        AttentionKind::ALL
-            .into_iter()
-            .find(|k| k.name() == s)
-            .ok_or_else(|| format!("unknown attention kind `{s}` (expected sliding or full)"))
-    }
-}
-
-/// Which half of a layer's KV cache.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum KvPart {
-    Key,
-    Value,
-}
-
-impl KvPart {
-    pub fn name(self) -> &'static str {
-        match self {
-            KvPart::Key => "k",
-            KvPart::Value => "v",
-        }
-    }
-}
-
-impl FromStr for KvPart {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "k" => Ok(KvPart::Key),
-            "v" => Ok(KvPart::Value),
-            _ => Err(format!("unknown cache part `{s}` (expected k or v)")),
-        }
-    }
-}
+named_enum!(
+    /// Which half of a layer's KV cache.
+    KvPart "cache part" { Key = "k", Value = "v" }
+);
 
 /// What a function parameter carries.
 #[derive(Clone, Debug, PartialEq)]

@@ -11,6 +11,7 @@ mod builder;
 mod dtype;
 mod function;
 mod infer;
+mod named_enum;
 mod op;
 mod parse;
 mod print;

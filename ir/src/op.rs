@@ -15,53 +15,28 @@
 //! (`T: OpAttr`).
 
 use crate::ValueId;
-use std::fmt;
 use std::hash::{Hash, Hasher};
-use std::str::FromStr;
 
-macro_rules! named_enum {
-    ($(#[$m:meta])* $name:ident { $($variant:ident = $text:literal),* $(,)? }) => {
-        $(#[$m])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-        pub enum $name { $($variant),* }
+use crate::named_enum::named_enum;
 
-        impl $name {
-            pub const ALL: &'static [$name] = &[$($name::$variant),*];
-            pub fn name(self) -> &'static str {
-                match self { $($name::$variant => $text),* }
-            }
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result { f.write_str(self.name()) }
-        }
-
-        impl FromStr for $name {
-            type Err = ();
-            fn from_str(s: &str) -> Result<Self, ()> {
-                $name::ALL.iter().copied().find(|v| v.name() == s).ok_or(())
-            }
-        }
-
+/// Word enums are attributes as words (`{dir = gt}`).
+macro_rules! word_attr {
+    ($($name:ident),*) => {$(
         impl OpAttr for $name {
             fn write(&self, key: &'static str, out: &mut Vec<(&'static str, Attr)>) {
                 out.push((key, Attr::Word(self.name().into())));
             }
 
             fn read(key: &'static str, attrs: &mut AttrReader) -> Result<Self, String> {
-                let word = attrs.word(key)?;
-                word.parse().map_err(|_| {
-                    let known: Vec<&str> = $name::ALL.iter().map(|v| v.name()).collect();
-                    format!("attribute `{key}`: unknown `{word}` (expected one of {})", known.join(", "))
-                })
+                attrs.word(key)?.parse().map_err(|e| format!("attribute `{key}`: {e}"))
             }
         }
-    };
+    )*};
 }
 
 named_enum!(
     /// Elementwise ops of one operand.
-    UnaryOp {
+    UnaryOp "unary op" {
         Neg = "neg", Abs = "abs", Exp = "exp", Log = "log", Tanh = "tanh", Sqrt = "sqrt",
         Rsqrt = "rsqrt", Sin = "sin", Cos = "cos", Not = "not", Sign = "sign",
     }
@@ -87,7 +62,7 @@ impl UnaryOp {
 
 named_enum!(
     /// Elementwise ops of two operands of identical type.
-    BinaryOp {
+    BinaryOp "binary op" {
         Add = "add", Sub = "sub", Mul = "mul", Div = "div", Max = "max", Min = "min",
         Pow = "pow", Rem = "rem", And = "and", Or = "or",
     }
@@ -95,13 +70,15 @@ named_enum!(
 
 named_enum!(
     /// Direction of an elementwise comparison; the result is `bool`.
-    CompareDir { Eq = "eq", Ne = "ne", Lt = "lt", Le = "le", Gt = "gt", Ge = "ge" }
+    CompareDir "compare direction" { Eq = "eq", Ne = "ne", Lt = "lt", Le = "le", Gt = "gt", Ge = "ge" }
 );
 
 named_enum!(
     /// Reduction kinds.
-    ReduceKind { Sum = "sum", Max = "max", Min = "min" }
+    ReduceKind "reduce kind" { Sum = "sum", Max = "max", Min = "min" }
 );
+
+word_attr!(CompareDir, ReduceKind);
 
 /// Dimension numbers of `dot_general`. The result is laid out as
 /// `batch dims ++ lhs free dims ++ rhs free dims`, each in operand order.

@@ -238,7 +238,7 @@ impl StepContext {
         let mut kinds = HashMap::new();
         let mut state_results = Vec::new();
         let mut caches = HashMap::new();
-        for kind in AttentionKind::ALL {
+        for &kind in AttentionKind::ALL {
             if !cfg.kv_layers().any(|l| cfg.layers[l].kind == kind) {
                 continue;
             }
@@ -275,7 +275,7 @@ impl StepContext {
         let pos = pick_rows(g, self.pos, rows);
         let mut kinds = self.kinds;
         // In a fixed order: the IR must not depend on hash order (cache keys hash its lowering).
-        for kind in AttentionKind::ALL {
+        for &kind in AttentionKind::ALL {
             if let Some(k) = kinds.remove(&kind) {
                 let window = (kind == AttentionKind::Sliding).then_some(cfg.sliding_window);
                 let visible = visibility(g, pos, k.stored, window);
