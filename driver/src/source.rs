@@ -72,11 +72,20 @@ impl ModelSource {
         }
     }
 
+    /// A checkpoint's module for `shapes` as the frontend emits it, before any pass (an artifact has
+    /// only its compiled one).
+    pub fn emit(&self, shapes: &Shapes) -> Result<Module> {
+        match &self.kind {
+            Kind::Checkpoint(model) => emit(model, shapes, &[]),
+            Kind::Artifact(_) => bail!("artifact {} holds its compiled module only", self.label),
+        }
+    }
+
     /// The module after the target's passes, for `shapes` (an artifact only has its own).
     pub fn module(&self, shapes: &Shapes) -> Result<Arc<Module>> {
         match &self.kind {
-            Kind::Checkpoint(model) => {
-                let mut module = emit(model, shapes, &[])?;
+            Kind::Checkpoint(_) => {
+                let mut module = self.emit(shapes)?;
                 run_passes(&mut module, self.target, None, &mut |_, _| {})?;
                 Ok(Arc::new(module))
             }

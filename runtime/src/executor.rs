@@ -63,7 +63,10 @@ pub fn bind_args<T>(
         let name = f.param_name(p);
         let arg = match &p.role {
             ParamRole::HostGather { table, indices } => {
-                let index_role = &f.params.iter().find(|q| q.value == *indices).expect("verified").role;
+                let Some(index) = f.params.iter().find(|q| q.value == *indices) else {
+                    return invalid(format!("@{}: %{name} gathers with a value that is not a parameter", f.name));
+                };
+                let index_role = &index.role;
                 let ty = f.ty(p.value).clone();
                 let rows = host_rows(module, store, table, input(index_role)?, &ty)?;
                 Arg::Rows(ty, rows)
@@ -85,7 +88,7 @@ pub fn bind_args<T>(
 }
 
 /// Sorts `f`'s outputs: the next value of every state goes back into `state`, the logits are returned.
-pub fn keep_outputs<T>(f: &Function, outputs: Vec<T>, state: &mut HashMap<String, T>) -> Result<Option<T>> {
+pub fn keep_outputs<T>(f: &Function, outputs: Vec<T>, state: &mut HashMap<String, T>) -> Result<T> {
     let mut logits = None;
     for (r, value) in f.results.iter().zip(outputs) {
         match r.role {
@@ -96,10 +99,7 @@ pub fn keep_outputs<T>(f: &Function, outputs: Vec<T>, state: &mut HashMap<String
             ResultRole::Output => {}
         }
     }
-    if logits.is_none() {
-        return invalid(format!("@{} returns no logits", f.name));
-    }
-    Ok(logits)
+    logits.ok_or_else(|| RuntimeError::Invalid(format!("@{} returns no logits", f.name)))
 }
 
 /// Rows of weight `table` at `ids`, copied from the store's bytes (the checkpoint's mmap) and

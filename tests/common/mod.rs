@@ -1,7 +1,7 @@
 //! Shared helpers: golden fixtures, running generation through the library and through the binary.
 
 use g4c_driver::{Feedback, Session, SessionOptions};
-use g4c_frontend::{Model, Shapes};
+use g4c_frontend::Shapes;
 use g4c_runtime::{generate, GenerateOptions, Generation};
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
@@ -113,10 +113,9 @@ fn generate_on(
 ) -> Generation {
     let options = SessionOptions { backend, use_cache: false, ..Default::default() };
     let session = Session::open(dir, options).unwrap_or_else(|e| panic!("{e}"));
-    let model = Model::open(dir).unwrap_or_else(|e| panic!("{e}"));
     let context = prompt.len() + opts.max_new_tokens;
     let shapes = Shapes { batch: 1, prefill_len: prefill_len.unwrap_or(prompt.len()), context };
-    let mut module = g4c_driver::emit(&model, &shapes, &[]).unwrap();
+    let mut module = session.source.emit(&shapes).unwrap_or_else(|e| panic!("{e}"));
     transform(&mut module);
     g4c_ir::verify_module(&module).unwrap();
     let mut ready = session.executor(Arc::new(module), &Feedback::silent()).unwrap_or_else(|e| panic!("{e}"));

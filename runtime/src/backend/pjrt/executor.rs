@@ -108,7 +108,7 @@ impl Executor for PjrtExecutor {
         let outputs = executable.execute(&args)?;
         drop(args);
         drop(params); // donated state buffers are consumed by the call
-        let logits = keep_outputs(f, outputs, &mut self.state)?.expect("checked");
+        let logits = keep_outputs(f, outputs, &mut self.state)?;
         let ty = f.ty(f.result_with(ResultRole::Logits).expect("checked").value).clone();
         Tensor::from_bytes(ty, &logits.to_host()?).map_err(RuntimeError::Pjrt)
     }
