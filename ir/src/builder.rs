@@ -215,6 +215,12 @@ impl<'w> FunctionBuilder<'w> {
         self.op(Op::UpdateSlots { operand, slots, updates, axis }, None)
     }
 
+    /// `q · scale` per group of `group` along the last axis, as `dtype`.
+    pub fn dequantize(&mut self, q: ValueId, scale: ValueId, group: usize, dtype: DType) -> ValueId {
+        let ty = self.ty(q).with_dtype(dtype);
+        self.op(Op::Dequantize { q, scale, group }, Some(ty))
+    }
+
     // ---- conveniences built from the ops above ----
 
     /// Numpy-style broadcast of `x` to `shape` (trailing dimensions aligned).

@@ -199,6 +199,7 @@ pub fn infer_type(
             shape.extend_from_slice(&t.shape[1..]);
             Ok(t.with_shape(shape))
         }
+        Op::Dequantize { group, .. } => dequantize_type(&operand(0), &operand(1), *group, need_declared()?),
         Op::UpdateSlots { axis, .. } => {
             let (o, s, u) = (operand(0), operand(1), operand(2));
             if o.rank() < 2 || *axis == 0 || *axis >= o.rank() {
@@ -215,6 +216,34 @@ pub fn infer_type(
             Ok(o)
         }
     }
+}
+
+/// `dequantize`: integer values `[..., n]`, float scales `[..., n / group]`, a float result of the
+/// values' shape.
+fn dequantize_type(
+    q: &TensorType,
+    scale: &TensorType,
+    group: usize,
+    declared: TensorType,
+) -> Result<TensorType, String> {
+    if !matches!(q.dtype, DType::I4 | DType::I8) || q.rank() == 0 {
+        return Err(format!("dequantize needs i4 or i8 values of rank >= 1, found {q}"));
+    }
+    let n = q.shape[q.rank() - 1];
+    if group == 0 || !n.is_multiple_of(group) {
+        return Err(format!("dequantize group {group} does not divide the last dimension of {q}"));
+    }
+    let mut groups = q.shape.clone();
+    groups[q.rank() - 1] = n / group;
+    if !scale.dtype.is_float() || scale.shape != groups {
+        return Err(format!(
+            "dequantize scales must be a float [{groups:?}] for {q} in groups of {group}, found {scale}"
+        ));
+    }
+    if !declared.dtype.is_float() || declared.shape != q.shape {
+        return Err(format!("dequantize of {q} cannot produce {declared}"));
+    }
+    Ok(declared)
 }
 
 /// Shape of `dot_general(lhs, rhs)`: batch dims, then lhs free dims, then rhs free dims.

@@ -505,4 +505,9 @@ ops! {
     /// `0 <= slots[b,t] < S`, slice `t` of `updates[b]` along `axis` is stored at slot `slots[b,t]`;
     /// negative slots (padding tokens) write nothing. Slots within one row must be distinct.
     UpdateSlots "update_slots" { operand: operand, slots: operand, updates: operand, axis: attr(usize) },
+    /// Weights quantized per group along the last axis: `q` is `[..., n]` integers (`i4`, `i8`),
+    /// `scale` is `[..., n / group]` floats, and element `[..., c]` of the result is
+    /// `q[..., c] · scale[..., c / group]`, computed in f32 (exact: a 4- or 8-bit integer times a
+    /// 16-bit float fits f32's mantissa) and rounded to the result's float type.
+    Dequantize "dequantize" { q: operand, scale: operand, group: attr(usize) },
 }

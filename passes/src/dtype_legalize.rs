@@ -93,6 +93,8 @@ fn legalize(f: &mut Function, c: DType) {
             | Op::Broadcast { input: x, .. }
             | Op::Slice { input: x, .. } => (float_result.then(|| ty(f, *x)), None),
             Op::Gather { table, .. } => (Some(ty(f, *table)), None),
+            // Dequantized weights feed matmuls: they come out in C, rounded once from f32.
+            Op::Dequantize { .. } => (float_result.then_some(c), None),
             Op::UpdateSlots { operand, .. } => {
                 let d = ty(f, *operand);
                 (Some(d), Some(d))

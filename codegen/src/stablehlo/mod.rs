@@ -319,7 +319,42 @@ impl<'c, 'b> FunctionLowering<'c, 'b> {
                 )
             }
             Op::UpdateSlots { operand, slots, updates, axis } => self.update_slots(f, v(operand), *slots, v(updates), *axis, out),
+            Op::Dequantize { q, scale, group } => self.dequantize(v(q), t(q), v(scale), t(scale), *group, out),
         }
+    }
+
+    /// `dequantize` as `q` and the scales converted to f32, the values viewed as `[..., groups,
+    /// group]`, multiplied by the scales broadcast along each group, and the product converted to the
+    /// result type.
+    fn dequantize(
+        &self,
+        q: Value<'c, 'b>,
+        q_ty: &TensorType,
+        scale: Value<'c, 'b>,
+        scale_ty: &TensorType,
+        group: usize,
+        out: &TensorType,
+    ) -> LResult<Value<'c, 'b>> {
+        let rank = q_ty.rank();
+        let mut grouped = scale_ty.shape.clone();
+        grouped.push(group);
+        let f32_of = |shape: &[usize]| TensorType::new(DType::F32, shape.to_vec());
+        let qf = self.emit("stablehlo.convert", &[q], &[], &f32_of(&q_ty.shape))?;
+        let qg = self.emit("stablehlo.reshape", &[qf], &[], &f32_of(&grouped))?;
+        let sf = self.emit("stablehlo.convert", &[scale], &[], &f32_of(&scale_ty.shape))?;
+        let dims: Vec<usize> = (0..rank).collect();
+        let sg = self.emit(
+            "stablehlo.broadcast_in_dim",
+            &[sf],
+            &[("broadcast_dimensions", i64_array(&dims))],
+            &f32_of(&grouped),
+        )?;
+        let product = self.emit("stablehlo.multiply", &[qg, sg], &[], &f32_of(&grouped))?;
+        let flat = self.emit("stablehlo.reshape", &[product], &[], &f32_of(&q_ty.shape))?;
+        if out.dtype == DType::F32 {
+            return Ok(flat);
+        }
+        self.emit("stablehlo.convert", &[flat], &[], out)
     }
 
     /// `update_slots` as a scatter whose index vectors are `(row, slot)`. Negative slots are out of

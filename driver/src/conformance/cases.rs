@@ -387,6 +387,27 @@ pub fn cases(dtypes: &[DType]) -> Vec<Case> {
             b.update_slots(a[0], a[1], a[2], 1)
         }));
 
+        // dequantize: i4 and i8 values in groups of 8 along [4, 16] (and an empty [0, 16]), scales and
+        // results of this float type.
+        if d.is_float() {
+            for q_dtype in [DType::I4, DType::I8] {
+                for (rows, what) in [(4, "edge"), (0, "empty")] {
+                    let (qt, st) = (ty(q_dtype, &[rows, 16]), ty(d, &[rows, 2]));
+                    let q = g.tensor(&qt, Values::Edge);
+                    let s = g.tensor(&st, Values::Edge);
+                    for out_dtype in [DType::F32, d] {
+                        out.push(case(
+                            format!("dequantize {qt} by {st} to {out_dtype} {what}"),
+                            vec![qt.clone(), st.clone()],
+                            vec![q.clone(), s.clone()],
+                            Tolerance::Exact,
+                            |b, a| b.dequantize(a[0], a[1], 8, out_dtype),
+                        ));
+                    }
+                }
+            }
+        }
+
         // dot_general: a matmul, a batched one, and an empty contraction.
         if d.is_float() {
             let plain = DotDims { lhs_contract: vec![1], rhs_contract: vec![1], ..Default::default() };

@@ -95,6 +95,7 @@ impl Interpreter {
             }
             Op::DotGeneral { lhs, rhs, dims } => kernels::dot_general(v(*lhs), v(*rhs), dims, ty)?,
             Op::Gather { table, indices } => kernels::gather(v(*table), v(*indices), ty)?,
+            Op::Dequantize { q, scale, group } => kernels::dequantize(v(*q), v(*scale), *group, ty)?,
             Op::UpdateSlots { operand, slots, updates, axis } => {
                 kernels::update_slots(v(*operand), v(*slots), v(*updates), *axis)?
             }

@@ -190,15 +190,26 @@ impl Client {
         Executable::wrap(self.api.clone(), a.loaded_executable)
     }
 
-    /// Copies host bytes (little-endian, row-major) into a device buffer.
+    /// Copies host bytes (little-endian, row-major; `i4` packed two to a byte, low nibble first) into
+    /// a device buffer.
     pub fn buffer(&self, dtype: DType, dims: &[usize], bytes: &[u8]) -> Result<Buffer> {
-        let expected = g4c_ir::TensorType::new(dtype, dims.to_vec()).byte_size();
-        if bytes.len() as u64 != expected {
+        let ty = g4c_ir::TensorType::new(dtype, dims.to_vec());
+        if bytes.len() as u64 != ty.byte_size() {
             return Err(pjrt_error(format!(
-                "host buffer of {} bytes for {dtype}{dims:?} (needs {expected})",
-                bytes.len()
+                "host buffer of {} bytes for {ty} (needs {})",
+                bytes.len(),
+                ty.byte_size()
             )));
         }
+        // PJRT takes host data of sub-byte types one element per byte (it packs them itself).
+        let unpacked: Vec<u8>;
+        let bytes = match dtype {
+            DType::I4 => {
+                unpacked = bytes.iter().flat_map(|&b| [b & 0xF, b >> 4]).take(ty.numel()).collect();
+                &unpacked[..]
+            }
+            _ => bytes,
+        };
         let dims: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
         let mut a = args!(PJRT_Client_BufferFromHostBuffer_Args {
             client: self.raw,
