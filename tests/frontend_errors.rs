@@ -210,3 +210,78 @@ fn cli_exits_nonzero_with_one_line_on_a_broken_checkpoint() {
     let out = g4c(&["run", dir.path().to_str().unwrap(), "--prompt-ids", "2,3"]);
     assert_one_line_error(&out, &["missing", "layers.0.self_attn.k_norm.weight"]);
 }
+
+/// A copy of the pack-quantized tiny model in the published layout, for tests that damage it.
+fn tiny_qat_copy() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let src = crate::common::golden_dir("tiny-qat").join("published");
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn damaged_pack_quantized_tensors_are_named() {
+    let q = |s: &str| format!("{P}layers.2.mlp.up_proj.{s}");
+    // Truncated words, scales of the wrong shape, a float weight where a packed one belongs, and a
+    // weight_shape that disagrees.
+    let dir = tiny_qat_copy();
+    rewrite(dir.path(), |n, d, s, b| {
+        if n == q("weight_packed") {
+            Some((d, vec![s[0], s[1] - 1], b[..b.len() - 4 * s[0]].to_vec()))
+        } else if n == q("weight_scale") {
+            Some((d, vec![s[0], s[1] * 2], [b.clone(), b].concat()))
+        } else if n == format!("{P}layers.3.mlp.down_proj.weight_packed") {
+            Some((Dtype::BF16, vec![s[0], s[1] * 8], vec![0; s[0] * s[1] * 16]))
+        } else if n == format!("{P}layers.4.mlp.gate_proj.weight_shape") {
+            Some((d, s, [7i64, 7].iter().flat_map(|v| v.to_le_bytes()).collect()))
+        } else {
+            Some((d, s, b))
+        }
+    });
+    let msg = open_error(dir.path());
+    assert!(msg.contains(&format!("`{}` is i32[128, 7], expected i32[128, 8]", q("weight_packed"))), "{msg}");
+    assert!(msg.contains(&format!("`{}` has shape [128, 16], expected [128, 8]", q("weight_scale"))), "{msg}");
+    assert!(msg.contains("layers.3.mlp.down_proj.weight_packed` is bf16[64, 128], expected i32[64, 16]"), "{msg}");
+    assert!(msg.contains("layers.4.mlp.gate_proj.weight_shape` says I64 [7, 7], expected I64 [128, 64]"), "{msg}");
+}
+
+#[test]
+fn quantization_configs_g4c_cannot_run_are_refused_by_field() {
+    let cases: Vec<(ConfigEdit, &str)> = vec![
+        (Box::new(|c| c["quantization_config"]["quant_method"] = "gptq".into()), "quantization_config.quant_method"),
+        (Box::new(|c| c["quantization_config"]["format"] = "int-quantized".into()), "quantization_config.format"),
+        (
+            Box::new(|c| c["quantization_config"]["config_groups"]["group_0"]["weights"]["symmetric"] = false.into()),
+            "weights.symmetric`: expected true (g4c has no zero points), found false",
+        ),
+        (
+            Box::new(|c| c["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 8.into()),
+            "weights.num_bits`: expected 4, found 8",
+        ),
+        (
+            Box::new(|c| {
+                c["quantization_config"]["config_groups"]["group_0"]["weights"]["strategy"] = "channel".into()
+            }),
+            "weights.strategy",
+        ),
+        (
+            Box::new(|c| {
+                c["quantization_config"]["config_groups"]["group_0"]["input_activations"] =
+                    serde_json::json!({"num_bits": 8})
+            }),
+            "input_activations`: expected null (W4A16",
+        ),
+        (
+            Box::new(|c| c["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 48.into()),
+            "which the quantization group size 48",
+        ),
+    ];
+    for (edit, needle) in cases {
+        let dir = tiny_qat_copy();
+        edit_config(dir.path(), edit);
+        let msg = open_error(dir.path());
+        assert!(msg.contains(needle), "expected {needle:?} in: {msg}");
+    }
+}

@@ -123,3 +123,22 @@ fn pjrt_cpu_matches_goldens() {
         }
     }
 }
+
+/// W4A16: the tiny models quantized by compressed-tensors (pack-quantized, as the Gemma 4 QAT exports
+/// are) against transformers' own load of them (scripts/goldens/make_qat_goldens.py), on the
+/// interpreter and through PJRT, as saved by transformers and in the published layout (whose
+/// `ignore` list leaves the gqa model's `per_layer_projection` in bf16).
+#[test]
+fn pack_quantized_checkpoints_match_their_goldens() {
+    use crate::common::{run_generate, Backend};
+    for model in ["tiny-qat", "gqa-qat"] {
+        for layout in ["hf", "published"] {
+            check_model(model, layout);
+            for case in golden_cases(model) {
+                let dir = golden_dir(model).join(layout);
+                let got = run_generate(Backend::Pjrt, &dir, &case.prompt_ids, case.generated_ids.len(), None);
+                assert_matches_golden(&format!("pjrt {model}/{layout}/{}", case.name), &got, &case);
+            }
+        }
+    }
+}

@@ -31,8 +31,17 @@ pub struct Checkpoint {
     pub dir: PathBuf,
     files: Vec<(PathBuf, Mmap)>,
     tensors: BTreeMap<String, TensorEntry>,
-    /// Tensors whose element type g4c does not read (reported only if the model needs them).
-    unreadable: BTreeMap<String, String>,
+    /// Tensors of element types the IR has no type for (reported only if the model needs them), by
+    /// their safetensors dtype name; their bytes can still be read raw (`raw`).
+    unreadable: BTreeMap<String, (String, TensorEntry)>,
+}
+
+/// A tensor of an element type the IR has no type for (e.g. compressed-tensors' I64 `weight_shape`).
+#[derive(Clone, Copy, Debug)]
+pub struct RawTensor<'a> {
+    pub dtype: &'a str,
+    pub shape: &'a [usize],
+    pub bytes: &'a [u8],
 }
 
 impl Checkpoint {
@@ -76,6 +85,13 @@ impl Checkpoint {
             let data_start = 8 + header_len;
             let file_index = ckpt.files.len();
             for (name, info) in metadata.tensors() {
+                let entry = |dtype| TensorEntry {
+                    dtype,
+                    shape: info.shape.clone(),
+                    file: file_index,
+                    start: data_start + info.data_offsets.0,
+                    end: data_start + info.data_offsets.1,
+                };
                 let dtype = match info.dtype {
                     Dtype::F32 => DType::F32,
                     Dtype::BF16 => DType::BF16,
@@ -83,17 +99,12 @@ impl Checkpoint {
                     Dtype::I32 => DType::I32,
                     Dtype::I8 => DType::I8,
                     other => {
-                        ckpt.unreadable.insert(name, format!("{other:?}"));
+                        // The dtype slot is unused for these: `RawTensor` names the real one.
+                        ckpt.unreadable.insert(name, (format!("{other:?}"), entry(DType::I8)));
                         continue;
                     }
                 };
-                let entry = TensorEntry {
-                    dtype,
-                    shape: info.shape.clone(),
-                    file: file_index,
-                    start: data_start + info.data_offsets.0,
-                    end: data_start + info.data_offsets.1,
-                };
+                let entry = entry(dtype);
                 if ckpt.tensors.insert(name.clone(), entry).is_some() {
                     return Err(FrontendError::Safetensors {
                         path: path.clone(),
@@ -116,7 +127,13 @@ impl Checkpoint {
 
     /// The element type of a tensor g4c cannot read, if `name` is one.
     pub fn unreadable_dtype(&self, name: &str) -> Option<&str> {
-        self.unreadable.get(name).map(|s| s.as_str())
+        self.unreadable.get(name).map(|(d, _)| d.as_str())
+    }
+
+    /// A tensor of a type the IR has none for, as its safetensors dtype name, shape and bytes.
+    pub fn raw(&self, name: &str) -> Option<RawTensor<'_>> {
+        let (dtype, e) = self.unreadable.get(name)?;
+        Some(RawTensor { dtype, shape: &e.shape, bytes: &self.files[e.file].1[e.start..e.end] })
     }
 
     pub fn tensor(&self, name: &str) -> Option<TensorBytes<'_>> {

@@ -3,6 +3,7 @@
 //! derived values follow transformers 5.23's `Gemma4TextConfig` (see `shared/docs/gemma4.md` §1).
 
 use crate::error::{io_error, FrontendError, Result};
+use crate::quantization::WeightQuantization;
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 
@@ -71,6 +72,8 @@ pub struct Gemma4Config {
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
     pub pad_token_id: Option<u32>,
+    /// How the linear weights are quantized (`quantization_config`), if they are.
+    pub quantization: Option<WeightQuantization>,
 }
 
 impl Gemma4Config {
@@ -121,6 +124,7 @@ impl Gemma4Config {
             });
         };
         let top = Reader { path: path.into(), prefix: String::new(), obj: root.clone() };
+        let quantization = WeightQuantization::from_config(&top)?;
         let model_type = top.string("model_type", None)?;
         let text_reader = match model_type.as_str() {
             "gemma4_text" => top,
@@ -139,7 +143,7 @@ impl Gemma4Config {
                 )
             }
         };
-        parse_text_config(&text_reader)
+        Ok(Gemma4Config { quantization, ..parse_text_config(&text_reader)? })
     }
 }
 
@@ -336,34 +340,35 @@ fn parse_text_config(r: &Reader) -> Result<Gemma4Config> {
         bos_token_id: r.optional_token_id("bos_token_id", Some(2))?,
         eos_token_ids: r.token_ids("eos_token_id").map(|v| if v.is_empty() { vec![1] } else { v })?,
         pad_token_id: r.optional_token_id("pad_token_id", Some(0))?,
+        quantization: None,
     })
 }
 
 /// Reads typed fields of one JSON object and reports problems with the field's full path.
-struct Reader {
-    path: PathBuf,
-    prefix: String,
-    obj: Map<String, Value>,
+pub(crate) struct Reader {
+    pub path: PathBuf,
+    pub prefix: String,
+    pub obj: Map<String, Value>,
 }
 
 impl Reader {
-    fn bad(&self, field: &str, expected: String, found: String) -> FrontendError {
+    pub(crate) fn bad(&self, field: &str, expected: String, found: String) -> FrontendError {
         FrontendError::Config { path: self.path.clone(), field: format!("{}{field}", self.prefix), expected, found }
     }
 
-    fn unsupported(&self, message: String) -> FrontendError {
+    pub(crate) fn unsupported(&self, message: String) -> FrontendError {
         FrontendError::Unsupported { path: self.path.clone(), message }
     }
 
-    fn get(&self, field: &str) -> Option<&Value> {
+    pub(crate) fn get(&self, field: &str) -> Option<&Value> {
         self.obj.get(field).filter(|v| !v.is_null())
     }
 
-    fn missing(&self, field: &str, expected: &str) -> FrontendError {
+    pub(crate) fn missing(&self, field: &str, expected: &str) -> FrontendError {
         self.bad(field, expected.into(), "nothing (field missing)".into())
     }
 
-    fn object(&self, field: &str) -> Result<Map<String, Value>> {
+    pub(crate) fn object(&self, field: &str) -> Result<Map<String, Value>> {
         match self.get(field) {
             Some(Value::Object(m)) => Ok(m.clone()),
             Some(v) => Err(self.bad(field, "an object".into(), kind_of(v))),
@@ -371,7 +376,7 @@ impl Reader {
         }
     }
 
-    fn string(&self, field: &str, default: Option<&str>) -> Result<String> {
+    pub(crate) fn string(&self, field: &str, default: Option<&str>) -> Result<String> {
         match (self.get(field), default) {
             (Some(Value::String(s)), _) => Ok(s.clone()),
             (Some(v), _) => Err(self.bad(field, "a string".into(), kind_of(v))),
@@ -380,7 +385,7 @@ impl Reader {
         }
     }
 
-    fn bool(&self, field: &str, default: bool) -> Result<bool> {
+    pub(crate) fn bool(&self, field: &str, default: bool) -> Result<bool> {
         match self.get(field) {
             Some(Value::Bool(b)) => Ok(*b),
             Some(v) => Err(self.bad(field, "true or false".into(), kind_of(v))),
@@ -388,7 +393,7 @@ impl Reader {
         }
     }
 
-    fn usize(&self, field: &str, default: Option<usize>) -> Result<usize> {
+    pub(crate) fn usize(&self, field: &str, default: Option<usize>) -> Result<usize> {
         match (self.get(field), default) {
             (Some(v), _) => v
                 .as_u64()
@@ -399,7 +404,7 @@ impl Reader {
         }
     }
 
-    fn positive(&self, field: &str, default: Option<usize>) -> Result<usize> {
+    pub(crate) fn positive(&self, field: &str, default: Option<usize>) -> Result<usize> {
         let v = self.usize(field, default)?;
         if v == 0 {
             return Err(self.bad(field, "a positive integer".into(), "0".into()));
@@ -407,7 +412,7 @@ impl Reader {
         Ok(v)
     }
 
-    fn float(&self, field: &str, default: Option<f64>) -> Result<f64> {
+    pub(crate) fn float(&self, field: &str, default: Option<f64>) -> Result<f64> {
         match (self.get(field), default) {
             (Some(v), _) => v
                 .as_f64()
@@ -418,7 +423,7 @@ impl Reader {
         }
     }
 
-    fn optional_token_id(&self, field: &str, default: Option<u32>) -> Result<Option<u32>> {
+    pub(crate) fn optional_token_id(&self, field: &str, default: Option<u32>) -> Result<Option<u32>> {
         match self.obj.get(field) {
             None => Ok(default),
             Some(Value::Null) => Ok(None),
@@ -431,7 +436,7 @@ impl Reader {
     }
 
     /// A token id or a list of them (transformers accepts both for `eos_token_id`).
-    fn token_ids(&self, field: &str) -> Result<Vec<u32>> {
+    pub(crate) fn token_ids(&self, field: &str) -> Result<Vec<u32>> {
         let bad = |v: &Value| self.bad(field, "a token id or a list of token ids".into(), kind_of(v));
         match self.get(field) {
             None => Ok(vec![]),
@@ -443,7 +448,7 @@ impl Reader {
     }
 }
 
-fn kind_of(v: &Value) -> String {
+pub(crate) fn kind_of(v: &Value) -> String {
     let text = v.to_string();
     if text.chars().count() > 40 {
         format!("{}...", text.chars().take(40).collect::<String>())

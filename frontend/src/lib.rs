@@ -4,6 +4,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod emit;
 pub mod error;
+pub mod quantization;
 pub mod synth;
 pub mod tokenizer;
 pub mod weights;
@@ -12,6 +13,7 @@ pub use checkpoint::{Checkpoint, TensorBytes};
 pub use config::{AttentionKind, Gemma4Config, LayerSpec, Rope};
 pub use emit::{emit_module, emit_module_with_prefills, Entry, Shapes};
 pub use error::{FrontendError, Result};
+pub use quantization::WeightQuantization;
 pub use tokenizer::{TextStream, TextTokenizer};
 pub use weights::{bind_weights, expected_tensors, ExpectedTensor};
 

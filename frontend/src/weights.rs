@@ -1,11 +1,12 @@
 //! Binds a checkpoint's tensors to the names the IR reads (`weight @layers.3.mlp.up_proj`), after
 //! checking every tensor the config implies: all missing, misshaped or unreadable tensors are
-//! reported together in one error.
+//! reported together in one error. A quantized linear (`quantization_config`) binds two weights:
+//! `NAME.q`, its 4-bit values, and `NAME.scale`, one scale per group of inputs.
 
 use crate::checkpoint::Checkpoint;
 use crate::config::Gemma4Config;
 use crate::error::{FrontendError, Result};
-use g4c_ir::{TensorType, WeightDecl};
+use g4c_ir::{DType, SourceLayout, TensorType, WeightDecl};
 
 /// Text-decoder key prefixes in the order they are tried: the published multimodal layout, then
 /// transformers' text-only `Gemma4ForCausalLM` layout, then bare keys.
@@ -17,6 +18,9 @@ pub struct ExpectedTensor {
     pub name: String,
     pub key: String,
     pub shape: Vec<usize>,
+    /// The weight of a linear layer (`nn.Linear`, `[out, in]`): what a quantized checkpoint
+    /// quantizes.
+    pub linear: bool,
 }
 
 /// Every tensor a checkpoint with this config must provide. Dead tensors (keys/values of KV-shared
@@ -24,18 +28,25 @@ pub struct ExpectedTensor {
 pub fn expected_tensors(cfg: &Gemma4Config) -> Vec<ExpectedTensor> {
     let d = cfg.hidden_size;
     let mut out = Vec::new();
-    let mut add = |name: String, shape: Vec<usize>, weight_suffix: bool| {
-        let key = if weight_suffix { format!("{name}.weight") } else { name.clone() };
-        out.push(ExpectedTensor { name, key, shape });
+    // A tensor `NAME.weight`, or `NAME` itself (`layer_scalar`), or a linear's `NAME.weight`.
+    #[derive(Clone, Copy)]
+    enum Kind {
+        Weight,
+        Bare,
+        Linear,
+    }
+    let mut add = |name: String, shape: Vec<usize>, kind: Kind| {
+        let key = if matches!(kind, Kind::Bare) { name.clone() } else { format!("{name}.weight") };
+        out.push(ExpectedTensor { name, key, shape, linear: matches!(kind, Kind::Linear) });
     };
-    add("embed_tokens".into(), vec![cfg.vocab_size, d], true);
+    add("embed_tokens".into(), vec![cfg.vocab_size, d], Kind::Weight);
     let (l_count, p) = (cfg.num_layers(), cfg.per_layer_input_size);
     if p > 0 {
-        add("embed_tokens_per_layer".into(), vec![cfg.per_layer_vocab_size, l_count * p], true);
-        add("per_layer_model_projection".into(), vec![l_count * p, d], true);
-        add("per_layer_projection_norm".into(), vec![p], true);
+        add("embed_tokens_per_layer".into(), vec![cfg.per_layer_vocab_size, l_count * p], Kind::Weight);
+        add("per_layer_model_projection".into(), vec![l_count * p, d], Kind::Linear);
+        add("per_layer_projection_norm".into(), vec![p], Kind::Weight);
     }
-    add("norm".into(), vec![d], true);
+    add("norm".into(), vec![d], Kind::Weight);
     for (i, layer) in cfg.layers.iter().enumerate() {
         let y = |s: &str| format!("layers.{i}.{s}");
         let (hd, q_width, kv_width) =
@@ -43,25 +54,25 @@ pub fn expected_tensors(cfg: &Gemma4Config) -> Vec<ExpectedTensor> {
         for norm in
             ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"]
         {
-            add(y(norm), vec![d], true);
+            add(y(norm), vec![d], Kind::Weight);
         }
-        add(y("self_attn.q_proj"), vec![q_width, d], true);
-        add(y("self_attn.q_norm"), vec![hd], true);
-        add(y("self_attn.o_proj"), vec![d, q_width], true);
+        add(y("self_attn.q_proj"), vec![q_width, d], Kind::Linear);
+        add(y("self_attn.q_norm"), vec![hd], Kind::Weight);
+        add(y("self_attn.o_proj"), vec![d, q_width], Kind::Linear);
         if layer.owns_kv(i) {
-            add(y("self_attn.k_proj"), vec![kv_width, d], true);
-            add(y("self_attn.v_proj"), vec![kv_width, d], true);
-            add(y("self_attn.k_norm"), vec![hd], true);
+            add(y("self_attn.k_proj"), vec![kv_width, d], Kind::Linear);
+            add(y("self_attn.v_proj"), vec![kv_width, d], Kind::Linear);
+            add(y("self_attn.k_norm"), vec![hd], Kind::Weight);
         }
-        add(y("mlp.gate_proj"), vec![layer.intermediate_size, d], true);
-        add(y("mlp.up_proj"), vec![layer.intermediate_size, d], true);
-        add(y("mlp.down_proj"), vec![d, layer.intermediate_size], true);
+        add(y("mlp.gate_proj"), vec![layer.intermediate_size, d], Kind::Linear);
+        add(y("mlp.up_proj"), vec![layer.intermediate_size, d], Kind::Linear);
+        add(y("mlp.down_proj"), vec![d, layer.intermediate_size], Kind::Linear);
         if p > 0 {
-            add(y("per_layer_input_gate"), vec![p, d], true);
-            add(y("per_layer_projection"), vec![d, p], true);
-            add(y("post_per_layer_input_norm"), vec![d], true);
+            add(y("per_layer_input_gate"), vec![p, d], Kind::Linear);
+            add(y("per_layer_projection"), vec![d, p], Kind::Linear);
+            add(y("post_per_layer_input_norm"), vec![d], Kind::Weight);
         }
-        add(y("layer_scalar"), vec![1], false);
+        add(y("layer_scalar"), vec![1], Kind::Bare);
     }
     out
 }
@@ -90,22 +101,21 @@ pub fn bind_weights(cfg: &Gemma4Config, ckpt: &Checkpoint) -> Result<Vec<WeightD
             name: "lm_head".into(),
             key: "lm_head.weight".into(),
             shape: vec![cfg.vocab_size, cfg.hidden_size],
+            linear: true,
         });
     }
     for t in expected {
         let key = if t.name == "lm_head" { t.key.clone() } else { format!("{prefix}{}", t.key) };
-        match ckpt.entry(&key) {
-            None => match ckpt.unreadable_dtype(&key) {
-                Some(dt) => problems.push(format!("`{key}` has element type {dt}, expected F32, BF16 or F16")),
-                None => problems.push(format!("missing `{key}` (expected shape {:?})", t.shape)),
+        let module = key.strip_suffix(".weight").unwrap_or(&key);
+        match &cfg.quantization {
+            Some(q) if t.linear && q.quantizes(module) => match bind_quantized(ckpt, &t, module, q.group_size) {
+                Ok(pair) => decls.extend(pair),
+                Err(found) => problems.extend(found),
             },
-            Some(e) if !e.dtype.is_float() => {
-                problems.push(format!("`{key}` has element type {}, expected f32, bf16 or f16", e.dtype))
-            }
-            Some(e) if e.shape != t.shape => {
-                problems.push(format!("`{key}` has shape {:?}, expected {:?}", e.shape, t.shape))
-            }
-            Some(e) => decls.push(WeightDecl::new(t.name, TensorType::new(e.dtype, e.shape.clone()), key)),
+            _ => match float_tensor(ckpt, &key, &t.shape) {
+                Ok(dtype) => decls.push(WeightDecl::new(t.name, TensorType::new(dtype, t.shape), key)),
+                Err(e) => problems.push(e),
+            },
         }
     }
     if problems.is_empty() {
@@ -113,4 +123,67 @@ pub fn bind_weights(cfg: &Gemma4Config, ckpt: &Checkpoint) -> Result<Vec<WeightD
     } else {
         Err(FrontendError::Tensors { dir: ckpt.dir.clone(), problems })
     }
+}
+
+/// The element type of float tensor `key` of `shape`, or what is wrong with it.
+fn float_tensor(ckpt: &Checkpoint, key: &str, shape: &[usize]) -> std::result::Result<DType, String> {
+    match ckpt.entry(key) {
+        None => match ckpt.unreadable_dtype(key) {
+            Some(dt) => Err(format!("`{key}` has element type {dt}, expected F32, BF16 or F16")),
+            None => Err(format!("missing `{key}` (expected shape {shape:?})")),
+        },
+        Some(e) if !e.dtype.is_float() => {
+            Err(format!("`{key}` has element type {}, expected f32, bf16 or f16", e.dtype))
+        }
+        Some(e) if e.shape != shape => Err(format!("`{key}` has shape {:?}, expected {shape:?}", e.shape)),
+        Some(e) => Ok(e.dtype),
+    }
+}
+
+/// The two weights of a pack-quantized linear `module` of float shape `[out, in]`: `NAME.q`, its
+/// 4-bit values (`weight_packed`: int32 `[out, in / 8]`), and `NAME.scale` (`weight_scale`:
+/// `[out, in / group]`); `weight_shape`, when present, must say `[out, in]`.
+fn bind_quantized(
+    ckpt: &Checkpoint,
+    t: &ExpectedTensor,
+    module: &str,
+    group: usize,
+) -> std::result::Result<[WeightDecl; 2], Vec<String>> {
+    let [out, inputs] = t.shape[..] else { unreachable!("linear weights are matrices") };
+    if !inputs.is_multiple_of(8) || !inputs.is_multiple_of(group) {
+        return Err(vec![format!(
+            "`{module}` has {inputs} inputs, which the quantization group size {group} (and the 8 values of a packed word) must divide"
+        )]);
+    }
+    let mut problems = vec![];
+    let packed = format!("{module}.weight_packed");
+    match ckpt.entry(&packed) {
+        Some(e) if e.dtype == DType::I32 && e.shape == [out, inputs / 8] => {}
+        Some(e) => problems.push(format!(
+            "`{packed}` is {}{:?}, expected i32[{out}, {}] (8 values of 4 bits per word)",
+            e.dtype,
+            e.shape,
+            inputs / 8
+        )),
+        None if ckpt.entry(&format!("{module}.weight")).is_some() => problems.push(format!(
+            "`{module}.weight` is stored in float, but quantization_config quantizes `{module}`: expected `{packed}`"
+        )),
+        None => problems.push(format!("missing `{packed}` (expected i32[{out}, {}])", inputs / 8)),
+    }
+    let scale_key = format!("{module}.weight_scale");
+    let scale_dtype = float_tensor(ckpt, &scale_key, &[out, inputs / group]).map_err(|e| problems.push(e)).ok();
+    let shape_key = format!("{module}.weight_shape");
+    if let Some(raw) = ckpt.raw(&shape_key) {
+        let values: Vec<i64> =
+            raw.bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes"))).collect();
+        if raw.dtype != "I64" || values != [out as i64, inputs as i64] {
+            problems.push(format!("`{shape_key}` says {} {values:?}, expected I64 [{out}, {inputs}]", raw.dtype));
+        }
+    }
+    let Some(scale_dtype) = scale_dtype.filter(|_| problems.is_empty()) else { return Err(problems) };
+    let mut values = WeightDecl::new(format!("{}.q", t.name), TensorType::new(DType::I4, [out, inputs]), packed);
+    values.layout = SourceLayout::PackedInt4;
+    let scales =
+        WeightDecl::new(format!("{}.scale", t.name), TensorType::new(scale_dtype, [out, inputs / group]), scale_key);
+    Ok([values, scales])
 }

@@ -38,6 +38,11 @@ impl<'w> FunctionBuilder<'w> {
         self.func.ty(v)
     }
 
+    /// The module weight `name`, if it is declared.
+    pub fn weight_decl(&self, name: &str) -> Option<&'w WeightDecl> {
+        self.weights.iter().find(|w| w.name == name)
+    }
+
     pub fn shape(&self, v: ValueId) -> Vec<usize> {
         self.func.ty(v).shape.clone()
     }

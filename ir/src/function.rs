@@ -1,6 +1,6 @@
 //! Functions (entry points) and modules (a set of entry points over shared weights).
 
-use crate::{Op, ParamRole, ResultRole, TensorType};
+use crate::{Op, ParamRole, ResultRole, TensorType, WeightDecl};
 
 /// An SSA value of one function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -86,33 +86,6 @@ impl Function {
             crate::Op::Weight { name } => Some((i.result, name.as_str())),
             _ => None,
         })
-    }
-}
-
-/// A checkpoint tensor the functions of a module read through `weight @name`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct WeightDecl {
-    pub name: String,
-    pub ty: TensorType,
-    /// The tensor's key in the checkpoint it is loaded from.
-    pub source: String,
-    /// The declared tensor is the source matrix with its two dimensions swapped (a layout a target
-    /// prefers, made once at load).
-    pub transposed: bool,
-}
-
-impl WeightDecl {
-    pub fn new(name: impl Into<String>, ty: TensorType, source: impl Into<String>) -> Self {
-        WeightDecl { name: name.into(), ty, source: source.into(), transposed: false }
-    }
-
-    /// The shape of the tensor in the checkpoint.
-    pub fn source_shape(&self) -> Vec<usize> {
-        let mut shape = self.ty.shape.clone();
-        if self.transposed {
-            shape.reverse();
-        }
-        shape
     }
 }
 

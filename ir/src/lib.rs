@@ -20,11 +20,12 @@ mod substitution;
 pub mod target;
 mod types;
 mod verify;
+mod weight;
 
 pub use abi::{AttentionKind, CallArg, EntryKind, KvPart, ParamRole, ResultRole};
 pub use builder::{common_shape, FunctionBuilder};
 pub use dtype::DType;
-pub use function::{FuncResult, Function, Instr, Module, Param, ValueData, ValueId, WeightDecl};
+pub use function::{FuncResult, Function, Instr, Module, Param, ValueData, ValueId};
 pub use infer::infer_type;
 pub use op::{Attr, BinaryOp, CompareDir, DotDims, Literal, Op, ReduceKind, UnaryOp};
 pub use parse::{parse_module, ParseError};
@@ -33,3 +34,4 @@ pub use substitution::Substitution;
 pub use target::{GpuLimits, MmaShape, Platform, Target, TARGETS};
 pub use types::TensorType;
 pub use verify::{verify_function, verify_module, VerifyError};
+pub use weight::{SourceLayout, WeightDecl};

@@ -1,7 +1,8 @@
 //! Parser for the text form printed by `print`. Errors carry `line:column`.
 
 use crate::{
-    Attr, DType, FuncResult, Function, Instr, Module, Op, Param, ParamRole, ResultRole, TensorType, ValueId, WeightDecl,
+    Attr, DType, FuncResult, Function, Instr, Module, Op, Param, ParamRole, ResultRole, SourceLayout, TensorType,
+    ValueId, WeightDecl,
 };
 use std::collections::HashMap;
 use std::fmt;
@@ -334,11 +335,17 @@ impl Parser {
                             return self.err(format!("expected the weight's source key as a string, found {other}"));
                         }
                     };
-                    let transposed = matches!(self.peek(), Tok::Word(w) if w == "transposed");
-                    if transposed {
-                        self.next();
-                    }
-                    m.weights.push(WeightDecl { name, ty, source, transposed });
+                    let layout = match self.peek() {
+                        Tok::Word(w) => match SourceLayout::from_word(w) {
+                            Some(layout) => {
+                                self.next();
+                                layout
+                            }
+                            None => SourceLayout::Stored,
+                        },
+                        _ => SourceLayout::Stored,
+                    };
+                    m.weights.push(WeightDecl { name, ty, source, layout });
                 }
                 Tok::Word(w) if w == "func" => {
                     self.next();

@@ -77,8 +77,8 @@ impl ValueNames {
 pub fn print_module(m: &Module) -> String {
     let mut out = format!("module @{} {{\n", m.name);
     for w in &m.weights {
-        let transposed = if w.transposed { " transposed" } else { "" };
-        writeln!(out, "  weight @{} : {} = {:?}{transposed}", w.name, w.ty, w.source).unwrap();
+        let layout = w.layout.word().map(|word| format!(" {word}")).unwrap_or_default();
+        writeln!(out, "  weight @{} : {} = {:?}{layout}", w.name, w.ty, w.source).unwrap();
     }
     for (i, f) in m.functions.iter().enumerate() {
         if i > 0 || !m.weights.is_empty() {

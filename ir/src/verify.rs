@@ -26,8 +26,8 @@ pub fn verify_module(m: &Module) -> Result<(), VerifyError> {
         if !seen.insert(&w.name) {
             problems.push(format!("weight @{} declared twice", w.name));
         }
-        if w.transposed && w.ty.rank() != 2 {
-            problems.push(format!("weight @{} is transposed but {} is not a matrix", w.name, w.ty));
+        if let Err(e) = w.check_layout() {
+            problems.push(e);
         }
     }
     let mut fnames = HashSet::new();

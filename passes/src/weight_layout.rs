@@ -7,7 +7,7 @@
 
 use crate::{Pass, PassError};
 use g4c_ir::Target;
-use g4c_ir::{Module, Op, ParamRole, ValueId};
+use g4c_ir::{Module, Op, ParamRole, SourceLayout, ValueId};
 use std::collections::HashSet;
 
 pub struct WeightLayout;
@@ -25,12 +25,12 @@ impl Pass for WeightLayout {
         let candidates: HashSet<String> = module
             .weights
             .iter()
-            .filter(|w| w.ty.rank() == 2 && !w.transposed && only_linear_rhs(module, &w.name))
+            .filter(|w| w.ty.rank() == 2 && w.layout == SourceLayout::Stored && only_linear_rhs(module, &w.name))
             .map(|w| w.name.clone())
             .collect();
         for w in module.weights.iter_mut().filter(|w| candidates.contains(&w.name)) {
             w.ty.shape.reverse();
-            w.transposed = true;
+            w.layout = SourceLayout::Transposed;
         }
         for f in &mut module.functions {
             let swapped: HashSet<ValueId> =

@@ -5,7 +5,7 @@
 use crate::error::{Result, RuntimeError};
 use crate::tensor::{convert_float_bytes, convert_float_bytes_into, Tensor};
 use g4c_frontend::Checkpoint;
-use g4c_ir::{DType, WeightDecl};
+use g4c_ir::{DType, SourceLayout, WeightDecl};
 use std::borrow::Cow;
 
 /// Shared by executors that may run on another thread, hence `Send + Sync`.
@@ -68,35 +68,45 @@ impl WeightStore for Checkpoint {
 /// built into `out` (`None`).
 fn mapped_or_built<'c>(ckpt: &'c Checkpoint, decl: &WeightDecl, out: &mut Vec<u8>) -> Result<Option<&'c [u8]>> {
     let t = ckpt.tensor(&decl.source).ok_or_else(|| weight_error(decl, "not in the checkpoint".into()))?;
-    let widening = t.dtype.is_float() && decl.ty.dtype.is_float() && decl.ty.dtype.bits() >= t.dtype.bits();
-    if t.shape != decl.source_shape().as_slice() || (t.dtype != decl.ty.dtype && !widening) {
-        let found = format!("checkpoint has {}{:?}, the IR expects {}", t.dtype, t.shape, decl.ty);
+    let want = decl.source_type();
+    let widening = t.dtype.is_float() && want.dtype.is_float() && want.dtype.bits() >= t.dtype.bits();
+    if t.shape != want.shape.as_slice() || (t.dtype != want.dtype && !widening) {
+        let found = format!("checkpoint has {}{:?}, the IR expects {want}", t.dtype, t.shape);
         return Err(weight_error(decl, found));
     }
     let (from, to) = (t.dtype, decl.ty.dtype);
-    if !decl.transposed {
-        if from == to {
-            return Ok(Some(t.bytes));
+    match decl.layout {
+        SourceLayout::Stored if from == to => Ok(Some(t.bytes)),
+        SourceLayout::Stored => {
+            convert_float_bytes_into(from, to, t.bytes, out).map_err(|m| weight_error(decl, m))?;
+            Ok(None)
         }
-        convert_float_bytes_into(from, to, t.bytes, out).map_err(|m| weight_error(decl, m))?;
-        return Ok(None);
-    }
-    let [rows, cols] = t.shape[..] else {
-        return Err(weight_error(decl, "a transposed weight must be a matrix".into()));
-    };
-    out.clear();
-    out.resize(decl.ty.byte_size() as usize, 0);
-    // Widening to f32 happens inside the transpose: one pass, one buffer.
-    match (from, to) {
-        _ if from == to => transpose_into(t.bytes, rows, cols, out),
-        (DType::BF16, DType::F32) => transpose_with(t.bytes, rows, cols, out, bf16_to_f32),
-        (DType::F16, DType::F32) => transpose_with(t.bytes, rows, cols, out, f16_to_f32),
-        _ => {
-            let wide = convert_float_bytes(from, to, t.bytes).map_err(|m| weight_error(decl, m))?;
-            transpose_into(&wide, rows, cols, out);
+        SourceLayout::Transposed => {
+            let [rows, cols] = t.shape[..] else {
+                return Err(weight_error(decl, "a transposed weight must be a matrix".into()));
+            };
+            out.clear();
+            out.resize(decl.ty.byte_size() as usize, 0);
+            // Widening to f32 happens inside the transpose: one pass, one buffer.
+            match (from, to) {
+                _ if from == to => transpose_into(t.bytes, rows, cols, out),
+                (DType::BF16, DType::F32) => transpose_with(t.bytes, rows, cols, out, bf16_to_f32),
+                (DType::F16, DType::F32) => transpose_with(t.bytes, rows, cols, out, f16_to_f32),
+                _ => {
+                    let wide = convert_float_bytes(from, to, t.bytes).map_err(|m| weight_error(decl, m))?;
+                    transpose_into(&wide, rows, cols, out);
+                }
+            }
+            Ok(None)
+        }
+        SourceLayout::PackedInt4 => {
+            // Little-endian int32 words of nibbles, lowest first, are i4 pairs in byte order already;
+            // flipping each nibble's top bit turns offset-binary (q + 8) into two's complement.
+            out.clear();
+            out.extend(t.bytes.iter().map(|b| b ^ 0x88));
+            Ok(None)
         }
     }
-    Ok(None)
 }
 
 /// One bf16 as the f32 it widens to (exact: a bf16 is the upper half of an f32).

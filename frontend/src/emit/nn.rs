@@ -38,9 +38,27 @@ impl<'w> Graph<'w> {
         self.b.convert(rows, DType::F32)
     }
 
+    /// A linear layer's weight `W[out, in]` as f32: the weight converted, or, when the checkpoint
+    /// quantizes it (`NAME.q` and `NAME.scale`), its values times their group scales. Once per function.
+    fn linear_weight(&mut self, name: &str) -> ValueId {
+        let (q, scale) = (format!("{name}.q"), format!("{name}.scale"));
+        let Some((q_decl, s_decl)) = self.b.weight_decl(&q).zip(self.b.weight_decl(&scale)) else {
+            return self.w(name);
+        };
+        if let Some(v) = self.weights.get(name) {
+            return *v;
+        }
+        let group = q_decl.ty.shape[1] / s_decl.ty.shape[1];
+        let (qv, sv) = (self.b.weight(&q), self.b.weight(&scale));
+        let w = self.b.dequantize(qv, sv, group, DType::F32);
+        let w = self.b.name(w, name);
+        self.weights.insert(name.to_string(), w);
+        w
+    }
+
     /// `x · Wᵀ` for an HF linear weight `W[out, in]`: `[..., in]` to `[..., out]`.
     pub fn linear(&mut self, x: ValueId, weight: &str) -> ValueId {
-        let w = self.w(weight);
+        let w = self.linear_weight(weight);
         let rank = self.b.ty(x).rank();
         let dims = DotDims { lhs_contract: vec![rank - 1], rhs_contract: vec![1], ..Default::default() };
         self.b.dot_general(x, w, dims)

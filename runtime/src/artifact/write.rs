@@ -7,7 +7,7 @@ use crate::backend::Program;
 use crate::error::{Result, RuntimeError};
 use crate::progress::{Progress, Unit};
 use crate::weights::WeightStore;
-use g4c_ir::{CallArg, DType, Module, ParamRole, WeightDecl};
+use g4c_ir::{CallArg, DType, Module, ParamRole, SourceLayout, WeightDecl};
 use g4c_util::atomic::{AtomicDir, AtomicFile};
 use g4c_util::safetensors_writer::{write_safetensors, TensorSpec};
 use serde_json::Value;
@@ -57,14 +57,15 @@ pub fn write_artifact(out: &Path, src: &ArtifactSource, progress: &dyn Progress)
     let root = dir.path().to_path_buf();
 
     // The module, rebound to the artifact's weights file: each weight under its own name, already in
-    // the declared dtype and layout.
+    // the declared dtype and layout (i4 values as compressed-tensors packs them: safetensors has no
+    // 4-bit type).
     let mut module = src.module.clone();
     let used = used_weights(&module);
     module.weights.retain(|w| used.contains(w.name.as_str()));
     let originals = module.weights.clone();
     for w in &mut module.weights {
         w.source = w.name.clone();
-        w.transposed = false;
+        w.layout = if w.ty.dtype == DType::I4 { SourceLayout::PackedInt4 } else { SourceLayout::Stored };
     }
     write_file(&root.join(files::MODULE), g4c_ir::print_module(&module).as_bytes())?;
 
@@ -97,7 +98,7 @@ pub fn write_artifact(out: &Path, src: &ArtifactSource, progress: &dyn Progress)
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or(Value::Null);
 
-    let weights = write_weights(&root.join(files::WEIGHTS), &originals, src.store, progress)?;
+    let weights = write_weights(&root.join(files::WEIGHTS), &originals, &module.weights, src.store, progress)?;
     let manifest = Manifest {
         format_version: FORMAT_VERSION,
         g4c_version: crate::cache::G4C_VERSION.into(),
@@ -146,16 +147,19 @@ fn entry_info(module: &Module, entry: &str, program: String, executable: Option<
     EntryInfo { name: entry.to_string(), program, inputs, outputs, donated, executable }
 }
 
-/// Streams every weight, converted and laid out as declared, into one safetensors file and hashes it.
+/// Streams every weight, converted and laid out as declared (`decls`, from the store), into one
+/// safetensors file as the rebound declarations say (`stored`), and hashes it.
 fn write_weights(
     path: &Path,
     decls: &[WeightDecl],
+    stored: &[WeightDecl],
     store: &dyn WeightStore,
     progress: &dyn Progress,
 ) -> Result<WeightsInfo> {
     let mut specs = vec![];
-    for decl in decls {
-        let (dtype, elem_bytes) = match decl.ty.dtype {
+    for (decl, rebound) in decls.iter().zip(stored) {
+        let file_ty = rebound.source_type();
+        let (dtype, elem_bytes) = match file_ty.dtype {
             DType::F32 => ("F32", 4),
             DType::BF16 => ("BF16", 2),
             DType::F16 => ("F16", 2),
@@ -168,6 +172,8 @@ fn write_weights(
                 )))
             }
         };
+        // i4 values go back to compressed-tensors' offset-binary nibbles (the inverse of the load).
+        let packed = rebound.layout == SourceLayout::PackedInt4;
         let mut bytes = None;
         let total = decl.ty.byte_size() as usize;
         let fill = move |start: usize, buf: &mut [u8]| -> std::io::Result<()> {
@@ -177,6 +183,9 @@ fn write_weights(
             }
             let from = start * elem_bytes;
             buf.copy_from_slice(&bytes.as_ref().expect("just set")[from..from + buf.len()]);
+            if packed {
+                buf.iter_mut().for_each(|b| *b ^= 0x88);
+            }
             if from + buf.len() == total {
                 bytes = None;
                 store.release(decl);
@@ -187,7 +196,7 @@ fn write_weights(
             key: decl.name.clone(),
             dtype,
             elem_bytes,
-            shape: decl.ty.shape.clone(),
+            shape: file_ty.shape,
             fill: Box::new(fill),
         });
     }
