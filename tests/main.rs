@@ -14,6 +14,7 @@ mod goldens;
 mod interp_ops;
 mod ir_text;
 mod passes;
+mod quantize;
 mod snapshots;
 mod synth;
 mod verifier;

@@ -6,7 +6,7 @@ use crate::{stablehlo_programs, Feedback};
 use anyhow::{Context, Result};
 use g4c_frontend::{emit_module_with_prefills, Model, Shapes};
 use g4c_ir::{Module, Platform, Target};
-use g4c_passes::{compile_report, PassTiming, Pipeline};
+use g4c_passes::{compile_report, PassTiming, Pipeline, PipelineOptions};
 use g4c_runtime::artifact::{check_output_dir, write_artifact, ArtifactSource, Manifest, ShapeInfo};
 use g4c_runtime::backend::pjrt::{find_cpu_plugin, Compiler, PROGRAM_FORMAT};
 use g4c_runtime::Program;
@@ -26,10 +26,11 @@ pub fn emit(model: &Model, shapes: &Shapes, shorter: &[usize]) -> Result<Module>
 pub fn run_passes(
     module: &mut Module,
     target: &'static Target,
+    options: &PipelineOptions,
     stop_after: Option<&str>,
     observe: &mut dyn FnMut(&str, &Module),
 ) -> Result<(Pipeline, Vec<PassTiming>)> {
-    let pipeline = Pipeline::for_target(target);
+    let pipeline = Pipeline::new(target, options);
     let timings = pipeline.run(module, stop_after, observe)?;
     Ok((pipeline, timings))
 }
@@ -42,6 +43,8 @@ pub struct CompileRequest<'a> {
     pub shapes: Shapes,
     /// Every prefill length, increasing (the last is `shapes.prefill_len`).
     pub prefill_lens: Vec<usize>,
+    /// What the pipeline is asked for beyond the target (`--quantize`).
+    pub options: PipelineOptions,
     /// The PJRT plugin that compiles the executables (default for `cpu`: the CPU plugin; other
     /// targets compile only with one given).
     pub plugin: Option<PathBuf>,
@@ -70,7 +73,7 @@ pub fn compile(req: &CompileRequest, feedback: &Feedback) -> Result<Compiled> {
     let model = Model::open(req.model_dir)?;
     let (_, shorter) = req.prefill_lens.split_last().context("at least one prefill length")?;
     let mut module = emit(&model, &req.shapes, shorter)?;
-    let (pipeline, _) = run_passes(&mut module, target, None, &mut |_, _| {})?;
+    let (pipeline, _) = run_passes(&mut module, target, &req.options, None, &mut |_, _| {})?;
     let programs = stablehlo_programs(&module)?;
     if req.check_on_cpu && target.platform != Platform::Cpu {
         let client = open_client(None)?;
@@ -114,6 +117,7 @@ pub fn compile(req: &CompileRequest, feedback: &Feedback) -> Result<Compiled> {
                 executables_environment: environment,
                 target: target.to_json(),
                 passes: pipeline.names().iter().map(|p| p.to_string()).collect(),
+                options: req.options.describe(),
                 report: report.clone(),
                 shapes: ShapeInfo {
                     batch: req.shapes.batch,

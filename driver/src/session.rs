@@ -8,6 +8,7 @@ use crate::{stablehlo_programs, Feedback};
 use anyhow::{bail, Result};
 use g4c_frontend::Shapes;
 use g4c_ir::Module;
+use g4c_passes::PipelineOptions;
 use g4c_runtime::backend::pjrt::{Compiler, PjrtExecutor};
 use g4c_runtime::{Executor, InterpExecutor, Interpreter, Silent};
 use std::path::{Path, PathBuf};
@@ -40,11 +41,19 @@ pub struct SessionOptions {
     pub plugin: Option<PathBuf>,
     /// Look executables up in, and store them into, the user's cache (and an artifact's own).
     pub use_cache: bool,
+    /// What the pipeline is asked for beyond the target (`--quantize`); an artifact has its own.
+    pub pipeline: PipelineOptions,
 }
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        SessionOptions { backend: BackendKind::Pjrt, target: None, plugin: None, use_cache: true }
+        SessionOptions {
+            backend: BackendKind::Pjrt,
+            target: None,
+            plugin: None,
+            use_cache: true,
+            pipeline: PipelineOptions::default(),
+        }
     }
 }
 
@@ -68,7 +77,7 @@ pub struct Ready {
 
 impl Session {
     pub fn open(path: &Path, options: SessionOptions) -> Result<Session> {
-        let source = ModelSource::open(path, options.target.as_deref())?;
+        let source = ModelSource::open(path, options.target.as_deref(), options.pipeline)?;
         Ok(Session { source, backend: options.backend, plugin: options.plugin, use_cache: options.use_cache })
     }
 

@@ -6,6 +6,7 @@ use crate::compile::{emit, run_passes};
 use anyhow::{bail, Result};
 use g4c_frontend::{Gemma4Config, Model, Shapes, TextTokenizer};
 use g4c_ir::{Module, Target};
+use g4c_passes::PipelineOptions;
 use g4c_runtime::artifact::{is_artifact, Artifact, ShapeInfo};
 use g4c_runtime::WeightStore;
 use std::path::Path;
@@ -15,6 +16,8 @@ pub struct ModelSource {
     pub config: Gemma4Config,
     pub tokenizer: Option<TextTokenizer>,
     pub target: &'static Target,
+    /// What its pipeline is asked for beyond the target (an artifact: what it was compiled with).
+    pub options: PipelineOptions,
     /// Names the model in messages and cache listings.
     pub label: String,
     kind: Kind,
@@ -27,15 +30,23 @@ enum Kind {
 
 impl ModelSource {
     /// Opens `path`; `target` is the `--target` flag (default `cpu` for checkpoints; an artifact
-    /// refuses any target but its own).
-    pub fn open(path: &Path, target: Option<&str>) -> Result<ModelSource> {
+    /// refuses any target but its own) and `options` what else the pipeline is asked for (an artifact
+    /// refuses any but its own, unless none is asked for).
+    pub fn open(path: &Path, target: Option<&str>, options: PipelineOptions) -> Result<ModelSource> {
         let label = path.display().to_string();
         let config = Gemma4Config::from_dir(path)?;
         let tokenizer = TextTokenizer::open(path, config.bos_token_id)?;
         if !is_artifact(path) {
             let target = Target::by_name(target.unwrap_or("cpu")).map_err(anyhow::Error::msg)?;
             let model = Model::open(path)?;
-            return Ok(ModelSource { config, tokenizer, target, label, kind: Kind::Checkpoint(Box::new(model)) });
+            return Ok(ModelSource {
+                config,
+                tokenizer,
+                target,
+                options,
+                label,
+                kind: Kind::Checkpoint(Box::new(model)),
+            });
         }
         let artifact = Artifact::open(path)?;
         let compiled_for = artifact.manifest.target_name().to_string();
@@ -45,7 +56,16 @@ impl ModelSource {
             );
         }
         let target = Target::by_name(&compiled_for).map_err(anyhow::Error::msg)?;
-        Ok(ModelSource { config, tokenizer, target, label, kind: Kind::Artifact(Box::new(artifact)) })
+        let own = artifact.manifest.options.clone();
+        if options != PipelineOptions::default() && options.describe() != own {
+            let theirs = if own.is_empty() { "no options".to_string() } else { own };
+            bail!(
+                "artifact {label} was compiled with {theirs}, not {}; compile the checkpoint again with those",
+                options.describe()
+            );
+        }
+        let options = artifact_options(&artifact.manifest.options)?;
+        Ok(ModelSource { config, tokenizer, target, options, label, kind: Kind::Artifact(Box::new(artifact)) })
     }
 
     /// An artifact's shapes (a checkpoint has none until asked).
@@ -86,7 +106,7 @@ impl ModelSource {
         match &self.kind {
             Kind::Checkpoint(_) => {
                 let mut module = self.emit(shapes)?;
-                run_passes(&mut module, self.target, None, &mut |_, _| {})?;
+                run_passes(&mut module, self.target, &self.options, None, &mut |_, _| {})?;
                 Ok(Arc::new(module))
             }
             Kind::Artifact(a) => {
@@ -115,4 +135,13 @@ impl ModelSource {
             Kind::Artifact(a) => a.weights.clone(),
         }
     }
+}
+
+/// The pipeline options an artifact's manifest records (`w4a16:g32`, or empty).
+fn artifact_options(recorded: &str) -> Result<PipelineOptions> {
+    if recorded.is_empty() {
+        return Ok(PipelineOptions::default());
+    }
+    let group = PipelineOptions::parse_quantize(recorded).map_err(anyhow::Error::msg)?;
+    Ok(PipelineOptions { quantize_group: Some(group) })
 }

@@ -335,14 +335,21 @@ impl Parser {
                             return self.err(format!("expected the weight's source key as a string, found {other}"));
                         }
                     };
-                    let layout = match self.peek() {
-                        Tok::Word(w) => match SourceLayout::from_word(w) {
-                            Some(layout) => {
-                                self.next();
-                                layout
-                            }
-                            None => SourceLayout::Stored,
-                        },
+                    let layout = match self.peek().clone() {
+                        Tok::Word(w)
+                            if SourceLayout::from_word(&w, None).is_some() || SourceLayout::takes_group(&w) =>
+                        {
+                            self.next();
+                            let group = if SourceLayout::takes_group(&w) {
+                                self.expect_punct('(')?;
+                                let g = self.usize()?;
+                                self.expect_punct(')')?;
+                                Some(g)
+                            } else {
+                                None
+                            };
+                            SourceLayout::from_word(&w, group).expect("a layout word")
+                        }
                         _ => SourceLayout::Stored,
                     };
                     m.weights.push(WeightDecl { name, ty, source, layout });

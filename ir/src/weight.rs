@@ -15,20 +15,39 @@ pub enum SourceLayout {
     /// `[rows, cols / 8]`, eight offset-binary nibbles each (stored = q + 8), lowest first; declared
     /// `i4[rows, cols]`.
     PackedInt4,
+    /// The 4-bit values of a float matrix quantized per group of `group` inputs (the `quantize`
+    /// pass: round to nearest, symmetric, as compressed-tensors computes it); declared `i4`.
+    QuantizedValues { group: usize },
+    /// The per-group scales of that quantization, `[rows, cols / group]`; declared `bf16`.
+    QuantizedScales { group: usize },
 }
 
 impl SourceLayout {
     /// The word after the source key in the text form (`None` for `Stored`).
-    pub fn word(self) -> Option<&'static str> {
+    pub fn word(self) -> Option<String> {
         match self {
             SourceLayout::Stored => None,
-            SourceLayout::Transposed => Some("transposed"),
-            SourceLayout::PackedInt4 => Some("packed_int4"),
+            SourceLayout::Transposed => Some("transposed".into()),
+            SourceLayout::PackedInt4 => Some("packed_int4".into()),
+            SourceLayout::QuantizedValues { group } => Some(format!("quantized_int4({group})")),
+            SourceLayout::QuantizedScales { group } => Some(format!("quantized_scales({group})")),
         }
     }
 
-    pub fn from_word(word: &str) -> Option<SourceLayout> {
-        [SourceLayout::Transposed, SourceLayout::PackedInt4].into_iter().find(|l| l.word() == Some(word))
+    /// The layout a word of the text form names, given the group in parentheses after it, if any.
+    pub fn from_word(word: &str, group: Option<usize>) -> Option<SourceLayout> {
+        Some(match (word, group) {
+            ("transposed", None) => SourceLayout::Transposed,
+            ("packed_int4", None) => SourceLayout::PackedInt4,
+            ("quantized_int4", Some(group)) => SourceLayout::QuantizedValues { group },
+            ("quantized_scales", Some(group)) => SourceLayout::QuantizedScales { group },
+            _ => return None,
+        })
+    }
+
+    /// Whether the word takes a group in parentheses.
+    pub fn takes_group(word: &str) -> bool {
+        matches!(word, "quantized_int4" | "quantized_scales")
     }
 }
 
@@ -47,8 +66,8 @@ impl WeightDecl {
         WeightDecl { name: name.into(), ty, source: source.into(), layout: SourceLayout::Stored }
     }
 
-    /// The element type and shape of the tensor in the checkpoint (its float type is whatever the
-    /// checkpoint has: floats widen on load).
+    /// The element type and shape of the tensor in the checkpoint (a float's type is whatever the
+    /// checkpoint has: floats widen on load, and a quantized weight's source is a float matrix).
     pub fn source_type(&self) -> TensorType {
         let mut ty = self.ty.clone();
         match self.layout {
@@ -60,30 +79,42 @@ impl WeightDecl {
                     *cols /= 8;
                 }
             }
+            SourceLayout::QuantizedValues { .. } => ty.dtype = DType::F32,
+            SourceLayout::QuantizedScales { group } => {
+                ty.dtype = DType::F32;
+                if let Some(cols) = ty.shape.last_mut() {
+                    *cols *= group;
+                }
+            }
         }
         ty
     }
 
     /// Whether the layout fits the declared type; the problem otherwise.
     pub fn check_layout(&self) -> Result<(), String> {
-        let ok = match self.layout {
-            SourceLayout::Stored => true,
-            SourceLayout::Transposed => self.ty.rank() == 2,
-            SourceLayout::PackedInt4 => {
-                self.ty.dtype == DType::I4 && self.ty.rank() == 2 && self.ty.shape[1].is_multiple_of(8)
+        let matrix = self.ty.rank() == 2;
+        let (ok, needs) = match self.layout {
+            SourceLayout::Stored => (true, ""),
+            SourceLayout::Transposed => (matrix, "matrix"),
+            SourceLayout::PackedInt4 => (
+                self.ty.dtype == DType::I4 && matrix && self.ty.shape[1].is_multiple_of(8),
+                "i4 matrix of a multiple of 8 columns",
+            ),
+            SourceLayout::QuantizedValues { group } => (
+                self.ty.dtype == DType::I4 && matrix && group > 0 && self.ty.shape[1].is_multiple_of(group),
+                "i4 matrix of whole groups",
+            ),
+            SourceLayout::QuantizedScales { group } => {
+                (self.ty.dtype == DType::BF16 && matrix && group > 0, "bf16 matrix")
             }
         };
         match ok {
             true => Ok(()),
             false => Err(format!(
-                "weight @{} is {} but {} is not a {}",
+                "weight @{} is {} but {} is not a {needs}",
                 self.name,
-                self.layout.word().unwrap_or(""),
-                self.ty,
-                match self.layout {
-                    SourceLayout::PackedInt4 => "i4 matrix of a multiple of 8 columns",
-                    _ => "matrix",
-                }
+                self.layout.word().unwrap_or_default(),
+                self.ty
             )),
         }
     }

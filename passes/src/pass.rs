@@ -2,7 +2,7 @@
 //! in one ordered list, each saying whether it is enabled for a target, so a target's pipeline holds
 //! exactly the passes that do something there.
 
-use crate::{ConstantFold, Cse, Dce, DtypeLegalize, HostTables, WeightDtype, WeightLayout};
+use crate::{ConstantFold, Cse, Dce, DtypeLegalize, HostTables, Quantize, WeightDtype, WeightLayout};
 use g4c_ir::{verify_module, Module, Target};
 use std::time::Instant;
 
@@ -29,8 +29,43 @@ pub trait Pass {
     fn run(&self, module: &mut Module, target: &Target) -> Result<(), PassError>;
 }
 
-/// Every pass, in the order pipelines run them.
-pub fn all_passes() -> Vec<Box<dyn Pass>> {
+/// What a user asks of a pipeline beyond its target.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PipelineOptions {
+    /// Quantize linear weights to 4 bits in groups of this many inputs (`--quantize w4a16[:gN]`).
+    pub quantize_group: Option<usize>,
+}
+
+impl PipelineOptions {
+    /// `--quantize`: `w4a16` (groups of 32) or `w4a16:g<N>`.
+    pub fn parse_quantize(text: &str) -> Result<usize, String> {
+        let group = match text.split_once(':') {
+            None if text == "w4a16" => Ok(32),
+            Some(("w4a16", g)) => g
+                .strip_prefix('g')
+                .and_then(|n| n.parse().ok())
+                .filter(|&n: &usize| n > 0 && n.is_multiple_of(8))
+                .ok_or(()),
+            _ => Err(()),
+        };
+        group.map_err(|_| {
+            format!("--quantize: expected w4a16 or w4a16:g<N> with N a multiple of 8 (e.g. w4a16:g64), found `{text}`")
+        })
+    }
+
+    /// How the options name themselves in reports and cache keys (`w4a16:g32`, or empty).
+    pub fn describe(&self) -> String {
+        self.quantize_group.map(|g| format!("w4a16:g{g}")).unwrap_or_default()
+    }
+}
+
+/// Every pass, in the order pipelines run them (`quantize` only when asked for).
+pub fn all_passes(options: &PipelineOptions) -> Vec<Box<dyn Pass>> {
+    let quantize = options.quantize_group.map(|group| Box::new(Quantize { group }) as Box<dyn Pass>);
+    quantize.into_iter().chain(passes_of_every_pipeline()).collect()
+}
+
+fn passes_of_every_pipeline() -> Vec<Box<dyn Pass>> {
     vec![
         Box::new(HostTables),
         Box::new(DtypeLegalize),
@@ -42,10 +77,11 @@ pub fn all_passes() -> Vec<Box<dyn Pass>> {
     ]
 }
 
-/// The pass named `name`, enabled for some targets or not.
+/// The pass named `name` (`quantize` in groups of 32), enabled for some targets or not.
 pub fn pass_by_name(name: &str) -> Result<Box<dyn Pass>, PassError> {
-    all_passes().into_iter().find(|p| p.name() == name).ok_or_else(|| {
-        let names: Vec<&str> = all_passes().iter().map(|p| p.name()).collect();
+    let every = || all_passes(&PipelineOptions { quantize_group: Some(32) });
+    every().into_iter().find(|p| p.name() == name).ok_or_else(|| {
+        let names: Vec<&str> = every().iter().map(|p| p.name()).collect();
         PassError::UnknownPass(name.to_string(), names.join(", "))
     })
 }
@@ -66,7 +102,11 @@ pub struct Pipeline {
 
 impl Pipeline {
     pub fn for_target(target: &'static Target) -> Pipeline {
-        Pipeline { target, passes: all_passes().into_iter().filter(|p| p.is_enabled(target)).collect() }
+        Pipeline::new(target, &PipelineOptions::default())
+    }
+
+    pub fn new(target: &'static Target, options: &PipelineOptions) -> Pipeline {
+        Pipeline { target, passes: all_passes(options).into_iter().filter(|p| p.is_enabled(target)).collect() }
     }
 
     pub fn target(&self) -> &'static Target {

@@ -11,6 +11,7 @@ mod error;
 pub mod executor;
 pub mod generate;
 pub mod progress;
+pub mod quantize;
 pub mod sampling;
 pub mod tensor;
 pub mod weights;

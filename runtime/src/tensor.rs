@@ -103,9 +103,7 @@ impl Tensor {
             (Data::F32(v), DType::F16) => v.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect(),
             (Data::F32(v), _) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             (Data::I32(v), DType::I8) => v.iter().map(|&x| x as i8 as u8).collect(),
-            (Data::I32(v), DType::I4) => {
-                v.chunks(2).map(|p| (p[0] as u8 & 0xF) | ((p.get(1).copied().unwrap_or(0) as u8 & 0xF) << 4)).collect()
-            }
+            (Data::I32(v), DType::I4) => pack_i4(v),
             (Data::I32(v), _) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             (Data::Bool(v), _) => v.iter().map(|&b| b as u8).collect(),
         }
@@ -134,6 +132,11 @@ impl Data {
 }
 
 pub use g4c_ir::scalar::round_float;
+
+/// 4-bit integers packed two to a byte, the first of each pair in the low nibble.
+pub fn pack_i4(values: &[i32]) -> Vec<u8> {
+    values.chunks(2).map(|p| (p[0] as u8 & 0xF) | ((p.get(1).copied().unwrap_or(0) as u8 & 0xF) << 4)).collect()
+}
 
 /// Little-endian float elements of type `from` re-encoded as `to` (rounded to nearest even when
 /// narrowing), element by element without building a tensor.

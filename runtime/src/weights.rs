@@ -3,7 +3,8 @@
 //! `load` (a host tensor); each has a default in terms of the other.
 
 use crate::error::{Result, RuntimeError};
-use crate::tensor::{convert_float_bytes, convert_float_bytes_into, Tensor};
+use crate::quantize;
+use crate::tensor::{convert_float_bytes, convert_float_bytes_into, pack_i4, Tensor};
 use g4c_frontend::Checkpoint;
 use g4c_ir::{DType, SourceLayout, WeightDecl};
 use std::borrow::Cow;
@@ -96,6 +97,19 @@ fn mapped_or_built<'c>(ckpt: &'c Checkpoint, decl: &WeightDecl, out: &mut Vec<u8
                     let wide = convert_float_bytes(from, to, t.bytes).map_err(|m| weight_error(decl, m))?;
                     transpose_into(&wide, rows, cols, out);
                 }
+            }
+            Ok(None)
+        }
+        SourceLayout::QuantizedValues { group } | SourceLayout::QuantizedScales { group } => {
+            let wide = convert_float_bytes(from, DType::F32, t.bytes).map_err(|m| weight_error(decl, m))?;
+            let values: Vec<f32> = wide.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            let scales = quantize::int4_scales(&values, group);
+            out.clear();
+            if matches!(decl.layout, SourceLayout::QuantizedScales { .. }) {
+                out.extend(scales.iter().flat_map(|&s| half::bf16::from_f32(s).to_le_bytes()));
+            } else {
+                let q = quantize::int4_values(&values, &scales, group);
+                out.extend(pack_i4(&q));
             }
             Ok(None)
         }

@@ -36,6 +36,8 @@ pub struct BenchArgs {
     /// Print one JSON object instead of the table
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub pipeline: super::PipelineArgs,
 }
 
 /// Mean and sample standard deviation.
@@ -57,7 +59,12 @@ struct Startup {
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
-    let options = SessionOptions { target: args.target.clone(), plugin: args.plugin.clone(), ..Default::default() };
+    let options = SessionOptions {
+        target: args.target.clone(),
+        plugin: args.plugin.clone(),
+        pipeline: args.pipeline.options()?,
+        ..Default::default()
+    };
     let session = Session::open(&args.model, options)?;
     let source = &session.source;
     let lengths: Vec<usize> = args

@@ -33,6 +33,8 @@ pub struct CompileArgs {
     /// Print the compile report as one JSON object
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub pipeline: super::PipelineArgs,
 }
 
 pub fn run(args: CompileArgs) -> Result<()> {
@@ -48,6 +50,7 @@ pub fn run(args: CompileArgs) -> Result<()> {
         target,
         shapes,
         prefill_lens,
+        options: args.pipeline.options()?,
         plugin: args.plugin.clone(),
         check_on_cpu: args.check_on_cpu,
         out: args.out.as_deref(),

@@ -26,6 +26,8 @@ pub struct IrArgs {
     /// With --target: print each pass's time (and the verification after it) to stderr
     #[arg(long, requires = "target")]
     pub timings: bool,
+    #[command(flatten)]
+    pub pipeline: super::PipelineArgs,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -35,16 +37,21 @@ pub enum EntryArg {
 }
 
 pub fn run(args: IrArgs) -> Result<()> {
+    if args.pipeline.quantize.is_some() && args.target.is_none() {
+        bail!("--quantize is a pass of a target's pipeline: give --target too");
+    }
     let model = Model::open(&args.model_dir)?;
     let mut module = g4c_driver::emit(&model, &args.shapes.shapes(), &[])?;
     if let Some(name) = &args.target {
         let target = Target::by_name(name).map_err(anyhow::Error::msg)?;
         let mut dumps = Vec::new();
-        let (_, timings) = g4c_driver::run_passes(&mut module, target, args.after.as_deref(), &mut |stage, m| {
-            if args.dump_dir.is_some() {
-                dumps.push((format!("{:02}-{stage}.g4c", dumps.len()), g4c_ir::print_module(m)));
-            }
-        })?;
+        let options = args.pipeline.options()?;
+        let (_, timings) =
+            g4c_driver::run_passes(&mut module, target, &options, args.after.as_deref(), &mut |stage, m| {
+                if args.dump_dir.is_some() {
+                    dumps.push((format!("{:02}-{stage}.g4c", dumps.len()), g4c_ir::print_module(m)));
+                }
+            })?;
         if args.timings {
             for t in &timings {
                 eprintln!("{:<16} {:>9.2} ms   verify {:>8.2} ms", t.pass, t.seconds * 1e3, t.verify_seconds * 1e3);

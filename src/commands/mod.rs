@@ -29,6 +29,22 @@ impl ShapeArgs {
     }
 }
 
+/// What the pass pipeline is asked for beyond the target.
+#[derive(Args, Clone, Debug)]
+pub struct PipelineArgs {
+    /// Quantize linear weights to 4 bits with one bf16 scale per group of inputs (W4A16):
+    /// `w4a16` (groups of 32) or `w4a16:g<N>` (N a multiple of 8), as compressed-tensors does
+    #[arg(long, value_name = "SCHEME")]
+    pub quantize: Option<String>,
+}
+
+impl PipelineArgs {
+    pub fn options(&self) -> anyhow::Result<g4c_passes::PipelineOptions> {
+        let quantize_group = self.quantize.as_deref().map(g4c_passes::PipelineOptions::parse_quantize).transpose();
+        Ok(g4c_passes::PipelineOptions { quantize_group: quantize_group.map_err(anyhow::Error::msg)? })
+    }
+}
+
 /// Writes to stdout; a closed pipe (`g4c ir ... | head`) ends output quietly instead of failing.
 pub fn write_stdout(text: &str) -> anyhow::Result<()> {
     use std::io::Write;

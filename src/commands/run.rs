@@ -68,6 +68,8 @@ pub struct RunArgs {
     /// Print timings and peak memory to stderr
     #[arg(long)]
     pub stats: bool,
+    #[command(flatten)]
+    pub pipeline: super::PipelineArgs,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -93,6 +95,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         target: args.target.clone(),
         plugin: args.plugin.clone(),
         use_cache: true,
+        pipeline: args.pipeline.options()?,
     };
     let session = Session::open(&args.model_dir, options)?;
     let source = &session.source;

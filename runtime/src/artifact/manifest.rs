@@ -19,6 +19,9 @@ pub struct Manifest {
     pub shapes: ShapeInfo,
     /// The pass pipeline the module went through, in order.
     pub passes: Vec<String>,
+    /// What the pipeline was asked for beyond the target (`w4a16:g32`, or empty).
+    #[serde(default)]
+    pub options: String,
     pub entries: Vec<EntryInfo>,
     /// The environment the serialized executables were compiled for (absent: none were).
     pub executables_environment: Option<Value>,

@@ -31,6 +31,8 @@ pub struct ArtifactSource<'a> {
     pub executables_environment: Option<Value>,
     pub target: Value,
     pub passes: Vec<String>,
+    /// What the pipeline was asked for beyond the target (`PipelineOptions::describe`).
+    pub options: String,
     pub report: Value,
     pub shapes: ShapeInfo,
 }
@@ -108,6 +110,7 @@ pub fn write_artifact(out: &Path, src: &ArtifactSource, progress: &dyn Progress)
         model: ModelInfo { source: src.model_dir.display().to_string(), config, weights },
         shapes: src.shapes.clone(),
         passes: src.passes.clone(),
+        options: src.options.clone(),
         entries,
         executables_environment: src.executables_environment.clone(),
         report: src.report.clone(),

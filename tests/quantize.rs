@@ -1,0 +1,98 @@
+//! The `quantize` pass (W4A16 of a float checkpoint) against compressed-tensors: the tiny model
+//! quantized by g4c holds exactly the values and scales compressed-tensors wrote for it
+//! (tests/goldens/tiny-qat), and so reproduces transformers' goldens of that checkpoint.
+
+use crate::common::{assert_matches_golden, g4c, golden_cases, golden_dir, run_case, run_transformed, Backend};
+use g4c_frontend::{Model, Shapes};
+use g4c_ir::{SourceLayout, Target};
+use g4c_passes::{Pass, Quantize};
+use g4c_runtime::WeightStore;
+
+fn quantize_tiny(m: &mut g4c_ir::Module) {
+    Quantize { group: 8 }.run(m, Target::by_name("cpu").unwrap()).unwrap();
+}
+
+#[test]
+fn quantize_reproduces_compressed_tensors_bit_for_bit() {
+    let float = Model::open(&golden_dir("tiny").join("hf")).unwrap();
+    let packed = Model::open(&golden_dir("tiny-qat").join("hf")).unwrap();
+    let shapes = Shapes { batch: 1, prefill_len: 4, context: 8 };
+    let mut ours = float.module(&shapes).unwrap();
+    quantize_tiny(&mut ours);
+    g4c_ir::verify_module(&ours).unwrap();
+    let theirs = packed.module(&shapes).unwrap();
+    let mut compared = 0;
+    for decl in ours
+        .weights
+        .iter()
+        .filter(|w| matches!(w.layout, SourceLayout::QuantizedValues { .. } | SourceLayout::QuantizedScales { .. }))
+    {
+        let other =
+            theirs.weight(&decl.name).unwrap_or_else(|| panic!("compressed-tensors did not quantize @{}", decl.name));
+        assert_eq!(decl.ty, other.ty, "@{}", decl.name);
+        let (a, b) = (float.checkpoint.bytes(decl).unwrap(), packed.checkpoint.bytes(other).unwrap());
+        assert!(a == b, "@{}: g4c's quantization differs from compressed-tensors'", decl.name);
+        compared += 1;
+    }
+    // Every linear of the tiny model: 2 PLE projections per layer + q, o, gate, up, down, and k, v on
+    // the 5 layers that own a cache, plus the model-level PLE projection; values and scales each.
+    assert_eq!(compared, 2 * (10 * 7 + 5 * 2 + 1));
+    let linears_left = theirs.weights.iter().filter(|w| w.layout == SourceLayout::PackedInt4).count();
+    assert_eq!(compared / 2, linears_left, "g4c quantizes what compressed-tensors quantizes");
+}
+
+#[test]
+fn the_quantized_tiny_model_matches_the_qat_goldens() {
+    let dir = golden_dir("tiny").join("hf");
+    for case in golden_cases("tiny-qat") {
+        let n = case.generated_ids.len();
+        for backend in [Backend::Interp, Backend::Pjrt] {
+            let got = run_transformed(backend, &dir, &case.prompt_ids, n, None, &quantize_tiny);
+            assert_matches_golden(&format!("{backend:?} tiny quantized by g4c/{}", case.name), &got, &case);
+        }
+    }
+    // And through the command line, the whole cpu pipeline after it.
+    let case = golden_cases("tiny-qat").into_iter().find(|c| c.name == "long").unwrap();
+    let (got, _) = run_case(&g4c, &golden_dir("tiny").join("published"), &case, &["--quantize", "w4a16:g8"]);
+    assert_matches_golden("g4c run --quantize w4a16:g8", &got, &case);
+}
+
+#[test]
+fn quantize_names_a_linear_the_group_does_not_divide() {
+    let out = g4c(&["ir", golden_dir("tiny").join("hf").to_str().unwrap(), "--target", "cpu", "--quantize", "w4a16"]);
+    crate::common::assert_one_line_error(
+        &out,
+        &["pass `quantize`", "per_layer_projection has 8 inputs", "group size 32"],
+    );
+    let out =
+        g4c(&["run", golden_dir("tiny").join("hf").to_str().unwrap(), "--prompt-ids", "2", "--quantize", "w4a16:g12"]);
+    crate::common::assert_one_line_error(&out, &["--quantize", "w4a16:g12", "multiple of 8"]);
+}
+
+/// An artifact of the quantized model keeps its 4-bit values packed (in compressed-tensors' words),
+/// records how it was quantized, reproduces the goldens without the checkpoint, and refuses to be run
+/// as another quantization.
+#[test]
+fn quantized_artifacts_run_without_their_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("tiny-w4.g4c");
+    let model = golden_dir("tiny").join("published");
+    let args =
+        ["compile", model.to_str().unwrap(), "--prefill-len", "16", "--context", "40", "-o", out.to_str().unwrap()];
+    let compiled = g4c(&[&args[..], &["--quantize", "w4a16:g8"]].concat());
+    assert!(compiled.status.success(), "{}", String::from_utf8_lossy(&compiled.stderr));
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["options"], "w4a16:g8");
+    assert_eq!(manifest["passes"][0], "quantize");
+    let module = std::fs::read_to_string(out.join("module.g4c")).unwrap();
+    assert!(
+        module.contains("weight @layers.0.mlp.up_proj.q : i4[128,64] = \"layers.0.mlp.up_proj.q\" packed_int4"),
+        "{module}"
+    );
+    let case = golden_cases("tiny-qat").into_iter().find(|c| c.name == "long").unwrap();
+    let (got, _) = run_case(&g4c, &out, &case, &[]);
+    assert_matches_golden("quantized artifact", &got, &case);
+    let other = g4c(&["run", out.to_str().unwrap(), "--prompt-ids", "2", "--quantize", "w4a16:g16"]);
+    crate::common::assert_one_line_error(&other, &["compiled with w4a16:g8, not w4a16:g16"]);
+}
