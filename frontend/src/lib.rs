@@ -15,7 +15,7 @@ pub use emit::{emit_module, emit_module_with_prefills, Entry, Shapes};
 pub use error::{FrontendError, Result};
 pub use quantization::WeightQuantization;
 pub use tokenizer::{TextStream, TextTokenizer};
-pub use weights::{bind_weights, expected_tensors, ExpectedTensor};
+pub use weights::{bind_weights, declared_weights, expected_tensors, ExpectedTensor};
 
 use std::path::Path;
 use std::sync::Arc;

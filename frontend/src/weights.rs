@@ -181,9 +181,40 @@ fn bind_quantized(
         }
     }
     let Some(scale_dtype) = scale_dtype.filter(|_| problems.is_empty()) else { return Err(problems) };
-    let mut values = WeightDecl::new(format!("{}.q", t.name), TensorType::new(DType::I4, [out, inputs]), packed);
+    Ok(quantized_decls(&t.name, module, [out, inputs], group, scale_dtype))
+}
+
+/// The declarations of a pack-quantized linear: `NAME.q` (its values, from `MODULE.weight_packed`)
+/// and `NAME.scale` (from `MODULE.weight_scale`).
+fn quantized_decls(
+    name: &str,
+    module: &str,
+    [out, inputs]: [usize; 2],
+    group: usize,
+    scale_dtype: DType,
+) -> [WeightDecl; 2] {
+    let i4 = TensorType::new(DType::I4, [out, inputs]);
+    let mut values = WeightDecl::new(format!("{name}.q"), i4, format!("{module}.weight_packed"));
     values.layout = SourceLayout::PackedInt4;
-    let scales =
-        WeightDecl::new(format!("{}.scale", t.name), TensorType::new(scale_dtype, [out, inputs / group]), scale_key);
-    Ok([values, scales])
+    let scale_ty = TensorType::new(scale_dtype, [out, inputs / group]);
+    [values, WeightDecl::new(format!("{name}.scale"), scale_ty, format!("{module}.weight_scale"))]
+}
+
+/// The declarations a checkpoint of `cfg` in the published layout binds to, with bf16 floats, and
+/// no checkpoint behind them: for reports, IR tests and benchmarks that never read a weight.
+pub fn declared_weights(cfg: &Gemma4Config) -> Vec<WeightDecl> {
+    const PREFIX: &str = "model.language_model.";
+    let mut decls = vec![];
+    for t in expected_tensors(cfg) {
+        let key = format!("{PREFIX}{}", t.key);
+        let module = key.strip_suffix(".weight").unwrap_or(&key);
+        match &cfg.quantization {
+            Some(q) if t.linear && q.quantizes(module) => {
+                let [out, inputs] = t.shape[..] else { unreachable!("linear weights are matrices") };
+                decls.extend(quantized_decls(&t.name, module, [out, inputs], q.group_size, DType::BF16));
+            }
+            _ => decls.push(WeightDecl::new(t.name, TensorType::new(DType::BF16, t.shape), key)),
+        }
+    }
+    decls
 }

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct SynthArgs {
-    /// `tiny` (toy size, every E2B irregularity, with a tokenizer) or `e2b` (real E2B shapes, ≈9.3 GB)
+    /// `tiny` (toy size, every E2B irregularity, with a tokenizer), `e2b` (real E2B shapes, bf16, ≈9.3 GB)
+    /// or `e2b-qat` (E2B as the W4A16 QAT export publishes it, ≈6.6 GB)
     #[arg(long)]
     pub preset: String,
     /// Seed of the random weights
@@ -20,7 +21,7 @@ pub struct SynthArgs {
 
 pub fn run(args: SynthArgs) -> Result<()> {
     let preset = Preset::parse(&args.preset)
-        .ok_or_else(|| anyhow!("unknown preset `{}` (expected `tiny` or `e2b`)", args.preset))?;
+        .ok_or_else(|| anyhow!("unknown preset `{}` (expected one of {})", args.preset, Preset::NAMES))?;
     let bars = ui().progress();
     bars.begin("writing tensors", total_bytes(preset)?, Unit::Bytes);
     synthesize(preset, args.seed, &args.out, &mut |n| bars.advance(n))?;

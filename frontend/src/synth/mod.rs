@@ -9,10 +9,10 @@ pub use tokenizer::tokenizer_json;
 
 use crate::config::Gemma4Config;
 use crate::error::{io_error, FrontendError, Result};
-use crate::weights::expected_tensors;
+use crate::weights::{declared_weights, expected_tensors};
 use g4c_util::atomic::{AtomicDir, AtomicFile};
 use g4c_util::safetensors_writer::{write_safetensors, Filler, TensorSpec};
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal, Uniform};
 use serde_json::{json, Value};
@@ -24,40 +24,47 @@ pub enum Preset {
     Tiny,
     /// The real E2B text-decoder shapes (≈4.6 G parameters, ≈9.3 GB in bf16).
     E2b,
+    /// E2B as Google's QAT export publishes it (`gemma-4-E2B-it-qat-w4a16-ct`): the linears
+    /// pack-quantized (4-bit values, bf16 scales per 32 inputs), no keys or values on the KV-shared
+    /// layers, a compressed-tensors `quantization_config`; ≈6.6 GB.
+    E2bQat,
 }
 
 impl Preset {
     /// The preset's module with weights declared from its config, bf16 as published, and no
     /// checkpoint behind them: for reports, IR tests and compile benchmarks that never read a weight.
     pub fn declared_module(self, shapes: &crate::Shapes) -> Result<g4c_ir::Module> {
-        let cfg = Gemma4Config::from_json_str(&self.config_json().to_string(), Path::new("(synthetic config)"))?;
-        let weights = expected_tensors(&cfg)
-            .into_iter()
-            .map(|t| g4c_ir::WeightDecl::new(t.name, g4c_ir::TensorType::new(g4c_ir::DType::BF16, t.shape), t.key))
-            .collect();
-        crate::emit_module(&cfg, weights, shapes)
+        let cfg = self.config()?;
+        crate::emit_module(&cfg, declared_weights(&cfg), shapes)
     }
+
+    pub const NAMES: &'static str = "tiny, e2b, e2b-qat";
 
     pub fn parse(name: &str) -> Option<Preset> {
         match name {
             "tiny" => Some(Preset::Tiny),
             "e2b" => Some(Preset::E2b),
+            "e2b-qat" => Some(Preset::E2bQat),
             _ => None,
         }
+    }
+
+    fn config(self) -> Result<Gemma4Config> {
+        Gemma4Config::from_json_str(&self.config_json().to_string(), Path::new("(synthetic config)"))
     }
 
     /// The `text_config` of the preset.
     pub fn text_config(self) -> Value {
         let (layers, period, shared) = match self {
             Preset::Tiny => (10, 5, 5),
-            Preset::E2b => (35, 5, 20),
+            Preset::E2b | Preset::E2bQat => (35, 5, 20),
         };
         let layer_types: Vec<&str> = (0..layers)
             .map(|i| if i % period == period - 1 { "full_attention" } else { "sliding_attention" })
             .collect();
         let (vocab, hidden, inter, heads, head_dim, global_head_dim, window, ple) = match self {
             Preset::Tiny => (512, 64, 128, 4, 32, 64, 4, 8),
-            Preset::E2b => (262_144, 1536, 6144, 8, 256, 512, 512, 256),
+            Preset::E2b | Preset::E2bQat => (262_144, 1536, 6144, 8, 256, 512, 512, 256),
         };
         json!({
             "model_type": "gemma4_text",
@@ -83,13 +90,29 @@ impl Preset {
 
     /// The published (multimodal) `config.json` around the text config.
     pub fn config_json(self) -> Value {
-        json!({
+        let mut config = json!({
             "architectures": ["Gemma4ForConditionalGeneration"],
             "model_type": "gemma4",
             "text_config": self.text_config(),
             "tie_word_embeddings": true,
             "dtype": "bfloat16"
-        })
+        });
+        if self == Preset::E2bQat {
+            // As compressed-tensors 0.20 writes it (gemma4.md §5.1).
+            config["quantization_config"] = json!({
+                "quant_method": "compressed-tensors", "format": "pack-quantized",
+                "quantization_status": "compressed", "version": "0.20.1",
+                "ignore": ["lm_head", "re:model\\.vision_tower\\..*"],
+                "config_groups": {"group_0": {
+                    "targets": ["Linear"], "format": "pack-quantized",
+                    "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32,
+                                "symmetric": true, "dynamic": false},
+                    "input_activations": null, "output_activations": null
+                }},
+                "kv_cache_scheme": null, "sparsity_config": {}, "transform_config": {}
+            });
+        }
+        config
     }
 }
 
@@ -135,19 +158,94 @@ fn bf16_filler<'a>(key: &str, shape: &[usize], seed: u64) -> Filler<'a> {
     })
 }
 
-/// Every tensor of the published layout: the ones the model reads, the dead keys/values of the
-/// KV-shared layers (the base release ships them), and one vision-tower tensor a loader must ignore.
-fn published_tensors(cfg: &Gemma4Config) -> Vec<(String, Vec<usize>)> {
-    const PREFIX: &str = "model.language_model.";
-    let mut out: Vec<(String, Vec<usize>)> =
-        expected_tensors(cfg).into_iter().map(|t| (format!("{PREFIX}{}", t.key), t.shape)).collect();
-    for (i, layer) in cfg.layers.iter().enumerate().filter(|(i, l)| !l.owns_kv(*i)) {
-        let kv = layer.num_kv_heads * layer.head_dim;
-        out.push((format!("{PREFIX}layers.{i}.self_attn.k_proj.weight"), vec![kv, cfg.hidden_size]));
-        out.push((format!("{PREFIX}layers.{i}.self_attn.v_proj.weight"), vec![kv, cfg.hidden_size]));
-        out.push((format!("{PREFIX}layers.{i}.self_attn.k_norm.weight"), vec![layer.head_dim]));
+/// What a synthetic tensor holds.
+enum Content {
+    /// bf16 values drawn as `init_for` says.
+    Bf16,
+    /// Random 4-bit values, eight to an int32 word (compressed-tensors' `weight_packed`).
+    PackedInt4,
+    /// bf16 scales for 4-bit values of a linear with this many inputs, so that the dequantized
+    /// weights have the spread `init_for` gives float ones.
+    Scales { inputs: usize },
+    /// Fixed int64 values (`weight_shape`).
+    Int64(Vec<i64>),
+}
+
+impl Content {
+    fn dtype(&self) -> (&'static str, usize) {
+        match self {
+            Content::Bf16 | Content::Scales { .. } => ("BF16", 2),
+            Content::PackedInt4 => ("I32", 4),
+            Content::Int64(_) => ("I64", 8),
+        }
     }
-    out.push(("model.vision_tower.encoder.layers.0.self_attn.q_proj.weight".into(), vec![16, 16]));
+
+    fn filler<'a>(&self, key: &str, shape: &[usize], seed: u64) -> Filler<'a> {
+        let mut rng = ChaCha8Rng::seed_from_u64(tensor_seed(seed, key));
+        match self {
+            Content::Bf16 => bf16_filler(key, shape, seed),
+            Content::PackedInt4 => Box::new(move |_, buf: &mut [u8]| {
+                rng.fill(buf);
+                Ok(())
+            }),
+            Content::Scales { inputs } => {
+                // Uniform 4-bit values have a standard deviation of about 4.6 (in steps of the scale).
+                let base = 1.0 / ((*inputs as f32).sqrt() * 4.6);
+                let jitter = Uniform::new(0.8f32, 1.2).expect("valid uniform");
+                Box::new(move |_, buf: &mut [u8]| {
+                    for c in buf.chunks_exact_mut(2) {
+                        c.copy_from_slice(&half::bf16::from_f32(base * jitter.sample(&mut rng)).to_le_bytes());
+                    }
+                    Ok(())
+                })
+            }
+            Content::Int64(values) => {
+                let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                Box::new(move |start, buf: &mut [u8]| {
+                    buf.copy_from_slice(&bytes[start * 8..start * 8 + buf.len()]);
+                    Ok(())
+                })
+            }
+        }
+    }
+}
+
+/// Every tensor of the published layout: the ones the model reads (a quantized linear as its
+/// packed values, scales and shape), the dead keys/values of the KV-shared layers (the base release
+/// ships them; the QAT export does not), and one vision-tower tensor a loader must ignore.
+fn published_tensors(cfg: &Gemma4Config) -> Vec<(String, Vec<usize>, Content)> {
+    const PREFIX: &str = "model.language_model.";
+    let mut out = vec![];
+    for t in expected_tensors(cfg) {
+        let key = format!("{PREFIX}{}", t.key);
+        let module = key.strip_suffix(".weight").unwrap_or(&key).to_string();
+        match &cfg.quantization {
+            Some(q) if t.linear && q.quantizes(&module) => {
+                let [rows, inputs] = t.shape[..] else { unreachable!("linear weights are matrices") };
+                out.push((format!("{module}.weight_packed"), vec![rows, inputs / 8], Content::PackedInt4));
+                out.push((
+                    format!("{module}.weight_scale"),
+                    vec![rows, inputs / q.group_size],
+                    Content::Scales { inputs },
+                ));
+                out.push((format!("{module}.weight_shape"), vec![2], Content::Int64(vec![rows as i64, inputs as i64])));
+            }
+            _ => out.push((key, t.shape, Content::Bf16)),
+        }
+    }
+    if cfg.quantization.is_none() {
+        for (i, layer) in cfg.layers.iter().enumerate().filter(|(i, l)| !l.owns_kv(*i)) {
+            let kv = layer.num_kv_heads * layer.head_dim;
+            for (leaf, shape) in [
+                ("k_proj", vec![kv, cfg.hidden_size]),
+                ("v_proj", vec![kv, cfg.hidden_size]),
+                ("k_norm", vec![layer.head_dim]),
+            ] {
+                out.push((format!("{PREFIX}layers.{i}.self_attn.{leaf}.weight"), shape, Content::Bf16));
+            }
+        }
+    }
+    out.push(("model.vision_tower.encoder.layers.0.self_attn.q_proj.weight".into(), vec![16, 16], Content::Bf16));
     out
 }
 
@@ -161,7 +259,7 @@ pub fn synthesize(preset: Preset, seed: u64, out: &Path, on_written: &mut dyn Fn
         });
     }
     let config = preset.config_json();
-    let cfg = Gemma4Config::from_json_str(&config.to_string(), Path::new("(synthetic config)"))?;
+    let cfg = preset.config()?;
     let dir = AtomicDir::create(out).map_err(|e| io_error(out, e))?;
     write_json(&dir.path().join("config.json"), &config)?;
     if preset == Preset::Tiny {
@@ -169,12 +267,9 @@ pub fn synthesize(preset: Preset, seed: u64, out: &Path, on_written: &mut dyn Fn
     }
     let specs = published_tensors(&cfg)
         .into_iter()
-        .map(|(key, shape)| TensorSpec {
-            fill: bf16_filler(&key, &shape, seed),
-            key,
-            dtype: "BF16",
-            elem_bytes: 2,
-            shape,
+        .map(|(key, shape, content)| {
+            let (dtype, elem_bytes) = content.dtype();
+            TensorSpec { fill: content.filler(&key, &shape, seed), key, dtype, elem_bytes, shape }
         })
         .collect();
     let path = dir.path().join("model.safetensors");
@@ -186,9 +281,8 @@ pub fn synthesize(preset: Preset, seed: u64, out: &Path, on_written: &mut dyn Fn
 
 /// Bytes of tensor data `synthesize` writes for `preset`.
 pub fn total_bytes(preset: Preset) -> Result<u64> {
-    let config = preset.config_json();
-    let cfg = Gemma4Config::from_json_str(&config.to_string(), Path::new("(synthetic config)"))?;
-    Ok(published_tensors(&cfg).iter().map(|(_, shape)| 2 * shape.iter().product::<usize>() as u64).sum())
+    let tensors = published_tensors(&preset.config()?);
+    Ok(tensors.iter().map(|(_, shape, c)| (c.dtype().1 * shape.iter().product::<usize>()) as u64).sum())
 }
 
 fn write_json(path: &Path, value: &Value) -> Result<()> {
