@@ -69,9 +69,9 @@ fn quantize_names_a_linear_the_group_does_not_divide() {
     crate::common::assert_one_line_error(&out, &["--quantize", "w4a16:g12", "multiple of 8"]);
 }
 
-/// An artifact of the quantized model keeps its 4-bit values packed (in compressed-tensors' words),
-/// records how it was quantized, reproduces the goldens without the checkpoint, and refuses to be run
-/// as another quantization.
+/// An artifact of the quantized model stores its 4-bit values as its target uses them (`cpu`: one to a
+/// byte; a TPU: packed, in compressed-tensors' words), records how it was quantized, reproduces the
+/// goldens without the checkpoint, and refuses to be run as another quantization.
 #[test]
 fn quantized_artifacts_run_without_their_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();
@@ -95,4 +95,25 @@ fn quantized_artifacts_run_without_their_checkpoint() {
     assert_matches_golden("quantized artifact", &got, &case);
     let other = g4c(&["run", out.to_str().unwrap(), "--prompt-ids", "2", "--quantize", "w4a16:g16"]);
     crate::common::assert_one_line_error(&other, &["compiled with w4a16:g8, not w4a16:g16"]);
+
+    let tpu = tmp.path().join("tiny-w4-tpu.g4c");
+    let args = [
+        "compile",
+        model.to_str().unwrap(),
+        "--target",
+        "tpu-v6e",
+        "--quantize",
+        "w4a16:g8",
+        "-o",
+        tpu.to_str().unwrap(),
+    ];
+    let compiled = g4c(&args);
+    assert!(compiled.status.success(), "{}", String::from_utf8_lossy(&compiled.stderr));
+    let module = std::fs::read_to_string(tpu.join("module.g4c")).unwrap();
+    assert!(
+        module.contains("weight @layers.0.mlp.up_proj.q : i4[128,64] = \"layers.0.mlp.up_proj.q\" packed_int4"),
+        "{module}"
+    );
+    let mlir = std::fs::read_to_string(tpu.join("stablehlo/decode.mlir")).unwrap();
+    assert!(mlir.contains("tensor<128x64xi4>"), "StableHLO carries int4 on a TPU");
 }

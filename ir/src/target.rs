@@ -95,10 +95,11 @@ const GIB: u64 = 1 << 30;
 const GB: u64 = 1_000_000_000;
 
 const CPU_MATH: &[DType] = &[DType::F32, DType::I32, DType::I8];
-const TPU_MATH: &[DType] = &[DType::F32, DType::BF16, DType::I32, DType::I8];
-/// Turing (sm_75) has f16 tensor cores and no bf16 arithmetic at all.
-const TURING_MATH: &[DType] = &[DType::F32, DType::F16, DType::I32, DType::I8];
-const AMPERE_PLUS_MATH: &[DType] = &[DType::F32, DType::BF16, DType::F16, DType::I32, DType::I8];
+const TPU_MATH: &[DType] = &[DType::F32, DType::BF16, DType::I32, DType::I8, DType::I4];
+/// Turing (sm_75) has f16 tensor cores and no bf16 arithmetic at all; 4-bit integers it multiplies in
+/// its tensor cores ([P]: `mma` `.s4` `m8n8k32`) and unpacks in registers.
+const TURING_MATH: &[DType] = &[DType::F32, DType::F16, DType::I32, DType::I8, DType::I4];
+const AMPERE_PLUS_MATH: &[DType] = &[DType::F32, DType::BF16, DType::F16, DType::I32, DType::I8, DType::I4];
 
 const fn mma(m: u32, n: u32, k: u32, input: DType) -> MmaShape {
     MmaShape { m, n, k, input }

@@ -13,10 +13,10 @@ pub enum SourceLayout {
     Transposed,
     /// compressed-tensors `pack-quantized` 4-bit values of a `[rows, cols]` matrix: int32 words
     /// `[rows, cols / 8]`, eight offset-binary nibbles each (stored = q + 8), lowest first; declared
-    /// `i4[rows, cols]`.
+    /// `i4[rows, cols]`, or `i8` to hold one value per byte.
     PackedInt4,
     /// The 4-bit values of a float matrix quantized per group of `group` inputs (the `quantize`
-    /// pass: round to nearest, symmetric, as compressed-tensors computes it); declared `i4`.
+    /// pass: round to nearest, symmetric, as compressed-tensors computes it); declared `i4` or `i8`.
     QuantizedValues { group: usize },
     /// The per-group scales of that quantization, `[rows, cols / group]`; declared `bf16`.
     QuantizedScales { group: usize },
@@ -93,16 +93,16 @@ impl WeightDecl {
     /// Whether the layout fits the declared type; the problem otherwise.
     pub fn check_layout(&self) -> Result<(), String> {
         let matrix = self.ty.rank() == 2;
+        let four_bit = matches!(self.ty.dtype, DType::I4 | DType::I8);
         let (ok, needs) = match self.layout {
             SourceLayout::Stored => (true, ""),
             SourceLayout::Transposed => (matrix, "matrix"),
-            SourceLayout::PackedInt4 => (
-                self.ty.dtype == DType::I4 && matrix && self.ty.shape[1].is_multiple_of(8),
-                "i4 matrix of a multiple of 8 columns",
-            ),
+            SourceLayout::PackedInt4 => {
+                (four_bit && matrix && self.ty.shape[1].is_multiple_of(8), "i4 or i8 matrix of a multiple of 8 columns")
+            }
             SourceLayout::QuantizedValues { group } => (
-                self.ty.dtype == DType::I4 && matrix && group > 0 && self.ty.shape[1].is_multiple_of(group),
-                "i4 matrix of whole groups",
+                four_bit && matrix && group > 0 && self.ty.shape[1].is_multiple_of(group),
+                "i4 or i8 matrix of whole groups",
             ),
             SourceLayout::QuantizedScales { group } => {
                 (self.ty.dtype == DType::BF16 && matrix && group > 0, "bf16 matrix")

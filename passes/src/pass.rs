@@ -2,7 +2,7 @@
 //! in one ordered list, each saying whether it is enabled for a target, so a target's pipeline holds
 //! exactly the passes that do something there.
 
-use crate::{ConstantFold, Cse, Dce, DtypeLegalize, HostTables, Quantize, WeightDtype, WeightLayout};
+use crate::{ConstantFold, Cse, Dce, DtypeLegalize, HostTables, Int4Storage, Quantize, WeightDtype, WeightLayout};
 use g4c_ir::{verify_module, Module, Target};
 use std::time::Instant;
 
@@ -70,6 +70,7 @@ fn passes_of_every_pipeline() -> Vec<Box<dyn Pass>> {
         Box::new(HostTables),
         Box::new(DtypeLegalize),
         Box::new(WeightDtype),
+        Box::new(Int4Storage),
         Box::new(WeightLayout),
         Box::new(ConstantFold),
         Box::new(Cse),

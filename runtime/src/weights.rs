@@ -109,7 +109,10 @@ fn mapped_or_built<'c>(ckpt: &'c Checkpoint, decl: &WeightDecl, out: &mut Vec<u8
                 out.extend(scales.iter().flat_map(|&s| half::bf16::from_f32(s).to_le_bytes()));
             } else {
                 let q = quantize::int4_values(&values, &scales, group);
-                out.extend(pack_i4(&q));
+                match decl.ty.dtype {
+                    DType::I8 => out.extend(q.iter().map(|&v| v as i8 as u8)),
+                    _ => out.extend(pack_i4(&q)),
+                }
             }
             Ok(None)
         }
@@ -117,7 +120,12 @@ fn mapped_or_built<'c>(ckpt: &'c Checkpoint, decl: &WeightDecl, out: &mut Vec<u8
             // Little-endian int32 words of nibbles, lowest first, are i4 pairs in byte order already;
             // flipping each nibble's top bit turns offset-binary (q + 8) into two's complement.
             out.clear();
-            out.extend(t.bytes.iter().map(|b| b ^ 0x88));
+            match decl.ty.dtype {
+                DType::I8 => {
+                    out.extend(t.bytes.iter().flat_map(|&b| [(b & 0xF) as i8 - 8, (b >> 4) as i8 - 8]).map(|v| v as u8))
+                }
+                _ => out.extend(t.bytes.iter().map(|b| b ^ 0x88)),
+            }
             Ok(None)
         }
     }
