@@ -27,6 +27,8 @@ enum Command {
     Cache(commands::cache::CacheArgs),
     /// Run a target's pass pipeline, lower to StableHLO, compile through the cache, write an artifact (-o)
     Compile(commands::compile::CompileArgs),
+    /// Score a token sequence (teacher forced): perplexity, and divergence from a reference's logits
+    Eval(commands::eval::EvalArgs),
     /// Print an artifact's manifest in readable form
     Inspect(commands::inspect::InspectArgs),
     /// Print the IR of a checkpoint's entry points
@@ -65,6 +67,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => commands::bench::run(args),
         Command::Cache(args) => commands::cache::run(args),
         Command::Compile(args) => commands::compile::run(args),
+        Command::Eval(args) => commands::eval::run(args),
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Ir(args) => commands::ir::run(args),
         Command::Run(args) => commands::run::run(args),

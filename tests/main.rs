@@ -8,6 +8,7 @@ mod cli;
 mod compile;
 mod config;
 mod conformance;
+mod eval;
 mod filetests;
 mod frontend_errors;
 mod goldens;

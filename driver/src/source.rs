@@ -4,7 +4,7 @@
 
 use crate::compile::{emit, run_passes};
 use anyhow::{bail, Result};
-use g4c_frontend::{Gemma4Config, Model, Shapes, TextTokenizer};
+use g4c_frontend::{emit_scoring_module, Gemma4Config, Model, Shapes, TextTokenizer};
 use g4c_ir::{Module, Target};
 use g4c_passes::PipelineOptions;
 use g4c_runtime::artifact::{is_artifact, Artifact, ShapeInfo};
@@ -99,6 +99,19 @@ impl ModelSource {
             Kind::Checkpoint(model) => emit(model, shapes, &[]),
             Kind::Artifact(_) => bail!("artifact {} holds its compiled module only", self.label),
         }
+    }
+
+    /// A checkpoint's scoring module (`score`, `chunk` tokens a call, for a sequence of `context`
+    /// tokens) after the target's passes; artifacts are compiled for generation, not scoring.
+    pub fn scoring_module(&self, chunk: usize, context: usize) -> Result<Arc<Module>> {
+        let Kind::Checkpoint(model) = &self.kind else {
+            bail!("artifact {} holds generation entry points only; evaluate its checkpoint", self.label)
+        };
+        let shapes = Shapes { batch: 1, prefill_len: chunk, context };
+        let mut module = emit_scoring_module(&model.config, model.weights.clone(), &shapes)?;
+        g4c_ir::verify_module(&module)?;
+        run_passes(&mut module, self.target, &self.options, None, &mut |_, _| {})?;
+        Ok(Arc::new(module))
     }
 
     /// The module after the target's passes, for `shapes` (an artifact only has its own).

@@ -11,7 +11,7 @@ pub mod weights;
 
 pub use checkpoint::{Checkpoint, TensorBytes};
 pub use config::{AttentionKind, Gemma4Config, LayerSpec, Rope};
-pub use emit::{emit_module, emit_module_with_prefills, Entry, Shapes};
+pub use emit::{emit_module, emit_module_with_prefills, emit_scoring_module, Entry, Shapes};
 pub use error::{FrontendError, Result};
 pub use quantization::WeightQuantization;
 pub use tokenizer::{TextStream, TextTokenizer};

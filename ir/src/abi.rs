@@ -102,6 +102,9 @@ pub enum EntryKind {
     Prefill { tokens: usize },
     /// Runs one token per sequence.
     Decode,
+    /// Runs `tokens` tokens per sequence and returns the logits of every one (`f32[B, T, V]`), for
+    /// teacher-forced scoring.
+    Score { tokens: usize },
 }
 
 /// One argument of an entry point as a backend calls it.
@@ -130,13 +133,16 @@ impl Function {
     }
 
     /// What kind of model entry point this is, read off its roles: token ids and positions, and a
-    /// last index for a prefill. `None` for other functions.
+    /// last index for a prefill; logits for every token (`[B, T, V]`) for scoring. `None` for other
+    /// functions.
     pub fn entry_kind(&self) -> Option<EntryKind> {
         let ids = self.param_with(&ParamRole::TokenIds)?;
         self.param_with(&ParamRole::Positions)?;
         let tokens = *self.ty(ids.value).shape.get(1)?;
+        let logits = self.result_with(ResultRole::Logits)?;
         Some(match self.param_with(&ParamRole::LastIndex) {
             Some(_) => EntryKind::Prefill { tokens },
+            None if self.ty(logits.value).rank() == 3 => EntryKind::Score { tokens },
             None => EntryKind::Decode,
         })
     }
@@ -172,6 +178,11 @@ impl Function {
 }
 
 impl Module {
+    /// The scoring entry point.
+    pub fn scorer(&self) -> Option<&Function> {
+        self.functions.iter().find(|f| matches!(f.entry_kind(), Some(EntryKind::Score { .. })))
+    }
+
     /// The decode entry point.
     pub fn decode(&self) -> Option<&Function> {
         self.functions.iter().find(|f| f.entry_kind() == Some(EntryKind::Decode))

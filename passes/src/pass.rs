@@ -55,7 +55,12 @@ impl PipelineOptions {
 
     /// How the options name themselves in reports and cache keys (`w4a16:g32`, or empty).
     pub fn describe(&self) -> String {
-        self.quantize_group.map(|g| format!("w4a16:g{g}")).unwrap_or_default()
+        self.quantize().unwrap_or_default()
+    }
+
+    /// The `--quantize` value that asks for these options, if any.
+    pub fn quantize(&self) -> Option<String> {
+        self.quantize_group.map(|g| format!("w4a16:g{g}"))
     }
 }
 

@@ -123,9 +123,11 @@ fn host_rows(module: &Module, store: &dyn WeightStore, table: &str, ids: &Tensor
     convert_float_bytes(decl.ty.dtype, ty.dtype, &out).map_err(RuntimeError::Invalid)
 }
 
-/// The state of the module's decode entry point, every element at its initial value.
+/// The state of the module's entry points (they all share it), every element at its initial value.
 pub fn initial_state(module: &Module) -> Result<Vec<(String, Tensor)>> {
-    let Some(decode) = module.decode() else { return invalid("the module has no decode entry point") };
+    let Some(decode) = module.functions.iter().find(|f| f.entry_kind().is_some()) else {
+        return invalid("the module has no entry point");
+    };
     Ok(decode
         .state_params()
         .map(|p| {

@@ -8,6 +8,7 @@ pub mod backend;
 pub mod bench;
 pub mod cache;
 mod error;
+pub mod eval;
 pub mod executor;
 pub mod generate;
 pub mod progress;

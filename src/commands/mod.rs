@@ -1,6 +1,7 @@
 pub mod bench;
 pub mod cache;
 pub mod compile;
+pub mod eval;
 pub mod inspect;
 pub mod ir;
 pub mod run;

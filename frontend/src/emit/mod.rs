@@ -70,6 +70,9 @@ impl Shapes {
 pub enum Entry {
     /// Prefill of this many tokens per sequence.
     Prefill(usize),
+    /// Scoring of `Shapes::prefill_len` tokens per sequence: the logits of every position, for
+    /// teacher-forced evaluation (`g4c eval`).
+    Score,
     Decode,
 }
 
@@ -79,6 +82,7 @@ impl Entry {
         match self {
             Entry::Prefill(t) if t == shapes.prefill_len => "prefill".into(),
             Entry::Prefill(t) => format!("prefill_{t}"),
+            Entry::Score => "score".into(),
             Entry::Decode => "decode".into(),
         }
     }
@@ -117,10 +121,23 @@ pub fn emit_module_with_prefills(
     Ok(module)
 }
 
+/// Builds the scoring module: one entry point, `score`, that runs `shapes.prefill_len` tokens per
+/// sequence and returns the logits of every one, `f32[B, T, V]`; longer sequences go through it in
+/// chunks, the caches carrying what came before.
+pub fn emit_scoring_module(cfg: &Gemma4Config, weights: Vec<WeightDecl>, shapes: &Shapes) -> Result<Module> {
+    shapes.check(cfg)?;
+    let mut module = Module::new("gemma4_text");
+    module.weights = weights;
+    let f = emit_entry(cfg, &module.weights, shapes, Entry::Score);
+    module.functions.push(f);
+    Ok(module)
+}
+
 fn emit_entry(cfg: &Gemma4Config, weights: &[WeightDecl], shapes: &Shapes, entry: Entry) -> g4c_ir::Function {
     let b = shapes.batch;
     let t = match entry {
         Entry::Prefill(t) => t,
+        Entry::Score => shapes.prefill_len,
         Entry::Decode => 1,
     };
     let mut g = Graph::new(FunctionBuilder::new(entry.name(shapes), weights));
@@ -156,8 +173,12 @@ fn emit_entry(cfg: &Gemma4Config, weights: &[WeightDecl], shapes: &Shapes, entry
     if let (true, Some(rows)) = (narrow_at == layers, rows) {
         h = pick_rows(&mut g, h, rows);
     }
-    // The hidden state whose logits are returned, one token per sequence: `[B, 1, D]` by now.
-    let h = g.b.reshape(h, &[b, cfg.hidden_size]);
+    // The hidden states whose logits are returned: one token per sequence (`[B, 1, D]` by now), or
+    // every token for scoring (`[B, T, D]`).
+    let h = match entry {
+        Entry::Score => h,
+        _ => g.b.reshape(h, &[b, cfg.hidden_size]),
+    };
     let h = g.rms_norm(h, Some("norm"), cfg.rms_norm_eps);
     let head = if cfg.tie_word_embeddings { "embed_tokens" } else { "lm_head" };
     let mut logits = g.linear(h, head);

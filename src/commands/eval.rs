@@ -1,0 +1,153 @@
+use crate::ui::with_feedback;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use g4c_driver::{Session, SessionOptions};
+use g4c_runtime::eval::{perplexity, score, Divergence};
+use safetensors::{tensor::TensorView, Dtype, SafeTensors};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+
+#[derive(Args)]
+pub struct EvalArgs {
+    /// Checkpoint directory
+    pub model_dir: PathBuf,
+    /// The token sequence to score: a file of token ids (separated by commas or whitespace)
+    #[arg(long, value_name = "FILE", conflicts_with = "text", required_unless_present = "text")]
+    pub ids: Option<PathBuf>,
+    /// The text to score, tokenized with the checkpoint's tokenizer.json (BOS is added)
+    #[arg(long, value_name = "FILE")]
+    pub text: Option<PathBuf>,
+    /// Compare with the logits another run saved (`--save-logits`) or transformers wrote: a
+    /// safetensors file with F32 `logits` [N, vocab] (and I32 `ids` [N], checked when present)
+    #[arg(long, value_name = "FILE")]
+    pub reference: Option<PathBuf>,
+    /// Write this run's logits there, as --reference reads them
+    #[arg(long, value_name = "FILE")]
+    pub save_logits: Option<PathBuf>,
+    /// Tokens per scoring call (the sequence goes through in chunks; caches carry between them)
+    #[arg(long, default_value_t = 128)]
+    pub chunk: usize,
+    /// Target whose pass pipeline prepares the IR (default `cpu`); with --backend interp and a
+    /// narrower target the interpreter emulates its rounding
+    #[arg(long)]
+    pub target: Option<String>,
+    /// Execution backend
+    #[arg(long, value_enum, default_value = "pjrt")]
+    pub backend: super::run::Backend,
+    /// PJRT plugin shared object (default: $G4C_PJRT_PLUGIN, else the CPU plugin scripts/setup installed)
+    #[arg(long, value_name = "PATH")]
+    pub plugin: Option<PathBuf>,
+    #[command(flatten)]
+    pub pipeline: super::PipelineArgs,
+    /// Print one JSON object (with the divergence at every position) instead of the summary
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: EvalArgs) -> Result<()> {
+    let options = SessionOptions {
+        backend: args.backend.kind(),
+        target: args.target.clone(),
+        plugin: args.plugin.clone(),
+        use_cache: true,
+        pipeline: args.pipeline.options()?,
+    };
+    let session = Session::open(&args.model_dir, options)?;
+    let ids: Vec<u32> = match (&args.ids, &args.text) {
+        (Some(path), _) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            let list = text.split(|c: char| c == ',' || c.is_whitespace()).collect::<Vec<_>>().join(",");
+            super::parse_list(&list, "--ids", "a token id")?
+        }
+        (None, Some(path)) => {
+            let Some(tokenizer) = &session.source.tokenizer else {
+                bail!("--text needs {}/tokenizer.json, which does not exist; use --ids", args.model_dir.display())
+            };
+            tokenizer.encode(&std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?)?
+        }
+        (None, None) => unreachable!("clap requires --ids or --text"),
+    };
+    if ids.len() < 2 {
+        bail!("the sequence has {} token(s); scoring needs at least 2", ids.len());
+    }
+    if args.chunk == 0 {
+        bail!("--chunk: expected at least 1");
+    }
+    let chunk = args.chunk.min(ids.len());
+    let module = session.source.scoring_module(chunk, ids.len())?;
+    let mut ready = with_feedback(|feedback| session.executor(module, feedback))?;
+    let logits = score(ready.executor.as_mut(), &ids)?;
+    let ppl = perplexity(&logits, &ids);
+    if let Some(path) = &args.save_logits {
+        save_logits(path, &ids, &logits)?;
+    }
+    let divergence = match &args.reference {
+        Some(path) => Some(Divergence::of(&logits, &read_reference(path, &ids)?)?),
+        None => None,
+    };
+    let target = session.source.target.name;
+    if args.json {
+        let mut out = json!({
+            "model": args.model_dir.display().to_string(), "target": target, "backend": args.backend.kind().name(),
+            "quantize": session.source.options.quantize(), "tokens": ids.len(), "perplexity": ppl,
+        });
+        if let Some(d) = &divergence {
+            out["reference"] = json!({
+                "kl_mean": d.kl_mean(), "kl_p99": d.kl_p99(), "kl_max": d.kl_max(),
+                "top1_agreement": d.top1_agreement(), "max_abs_logit_diff": d.max_abs_diff,
+            });
+        }
+        return super::write_stdout(&format!("{out}\n"));
+    }
+    let mut text = format!("{}: {} tokens on {target}, perplexity {ppl:.6}\n", args.model_dir.display(), ids.len());
+    if let Some(d) = &divergence {
+        let worst = d.max_abs_diff.iter().copied().fold(0.0, f32::max);
+        text += &format!(
+            "vs reference: KL mean {:.3e}, p99 {:.3e}, max {:.3e}; top-1 agreement {:.1}%; max |Δlogit| {worst:.4}\n",
+            d.kl_mean(),
+            d.kl_p99(),
+            d.kl_max(),
+            100.0 * d.top1_agreement()
+        );
+    }
+    super::write_stdout(&text)
+}
+
+/// The reference logits `[N][vocab]` of `path`; its `ids`, when it has them, must be `ids`.
+fn read_reference(path: &Path, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let st = SafeTensors::deserialize(&bytes).with_context(|| format!("{}: not a safetensors file", path.display()))?;
+    let logits = st.tensor("logits").with_context(|| format!("{}: no `logits` tensor", path.display()))?;
+    let [n, vocab] = logits.shape()[..] else {
+        bail!("{}: `logits` is {:?}, expected F32 [N, vocab]", path.display(), logits.shape())
+    };
+    if logits.dtype() != Dtype::F32 || n != ids.len() {
+        bail!(
+            "{}: `logits` is {:?} {:?}, expected F32 [{}, vocab]",
+            path.display(),
+            logits.dtype(),
+            logits.shape(),
+            ids.len()
+        );
+    }
+    if let Ok(theirs) = st.tensor("ids") {
+        let theirs: Vec<u32> =
+            theirs.data().chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap()) as u32).collect();
+        if theirs != ids {
+            bail!("{}: its `ids` are not the sequence scored here", path.display());
+        }
+    }
+    let values: Vec<f32> = logits.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    Ok(values.chunks(vocab.max(1)).map(|r| r.to_vec()).collect())
+}
+
+fn save_logits(path: &Path, ids: &[u32], logits: &[Vec<f32>]) -> Result<()> {
+    let vocab = logits.first().map_or(0, Vec::len);
+    let data: Vec<u8> = logits.iter().flatten().flat_map(|x| x.to_le_bytes()).collect();
+    let id_bytes: Vec<u8> = ids.iter().flat_map(|&i| (i as i32).to_le_bytes()).collect();
+    let views = [
+        ("logits", TensorView::new(Dtype::F32, vec![logits.len(), vocab], &data)?),
+        ("ids", TensorView::new(Dtype::I32, vec![ids.len()], &id_bytes)?),
+    ];
+    super::write_atomic(path, &safetensors::serialize(views, None)?)
+}
