@@ -1,7 +1,7 @@
 use crate::ui::with_feedback;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use g4c_driver::{Session, SessionOptions};
+use g4c_driver::Session;
 use g4c_runtime::eval::{perplexity, score, Divergence};
 use safetensors::{tensor::TensorView, Dtype, SafeTensors};
 use serde_json::json;
@@ -27,32 +27,15 @@ pub struct EvalArgs {
     /// Tokens per scoring call (the sequence goes through in chunks; caches carry between them)
     #[arg(long, default_value_t = 128)]
     pub chunk: usize,
-    /// Target whose pass pipeline prepares the IR (default `cpu`); with --backend interp and a
-    /// narrower target the interpreter emulates its rounding
-    #[arg(long)]
-    pub target: Option<String>,
-    /// Execution backend
-    #[arg(long, value_enum, default_value = "pjrt")]
-    pub backend: super::run::Backend,
-    /// PJRT plugin shared object (default: $G4C_PJRT_PLUGIN, else the CPU plugin scripts/setup installed)
-    #[arg(long, value_name = "PATH")]
-    pub plugin: Option<PathBuf>,
     #[command(flatten)]
-    pub pipeline: super::PipelineArgs,
+    pub execution: super::ExecutionArgs,
     /// Print one JSON object (with the divergence at every position) instead of the summary
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn run(args: EvalArgs) -> Result<()> {
-    let options = SessionOptions {
-        backend: args.backend.kind(),
-        target: args.target.clone(),
-        plugin: args.plugin.clone(),
-        use_cache: true,
-        pipeline: args.pipeline.options()?,
-    };
-    let session = Session::open(&args.model_dir, options)?;
+    let session = Session::open(&args.model_dir, args.execution.session_options()?)?;
     let ids: Vec<u32> = match (&args.ids, &args.text) {
         (Some(path), _) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -88,7 +71,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
     let target = session.source.target.name;
     if args.json {
         let mut out = json!({
-            "model": args.model_dir.display().to_string(), "target": target, "backend": args.backend.kind().name(),
+            "model": args.model_dir.display().to_string(), "target": target, "backend": args.execution.backend.kind().name(),
             "quantize": session.source.options.quantize(), "tokens": ids.len(), "perplexity": ppl,
         });
         if let Some(d) = &divergence {

@@ -30,6 +30,52 @@ impl ShapeArgs {
     }
 }
 
+/// Where and how a model runs: backend, target, plugin and pipeline options (`run`, `eval`).
+#[derive(Args)]
+pub struct ExecutionArgs {
+    /// Execution backend
+    #[arg(long, value_enum, default_value = "pjrt")]
+    pub backend: Backend,
+    /// Target whose pass pipeline prepares the IR (see `g4c targets`; default `cpu`, or the artifact's
+    /// own); with `--backend interp` and a narrower target the interpreter emulates its rounding
+    #[arg(long)]
+    pub target: Option<String>,
+    /// PJRT plugin shared object (default: $G4C_PJRT_PLUGIN, else the CPU plugin scripts/setup installed)
+    #[arg(long, value_name = "PATH")]
+    pub plugin: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub pipeline: PipelineArgs,
+}
+
+impl ExecutionArgs {
+    pub fn session_options(&self) -> anyhow::Result<g4c_driver::SessionOptions> {
+        Ok(g4c_driver::SessionOptions {
+            backend: self.backend.kind(),
+            target: self.target.clone(),
+            plugin: self.plugin.clone(),
+            use_cache: true,
+            pipeline: self.pipeline.options()?,
+        })
+    }
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum Backend {
+    /// The reference interpreter (f32, op by op, on the frontend's IR)
+    Interp,
+    /// StableHLO compiled and run by a PJRT plugin
+    Pjrt,
+}
+
+impl Backend {
+    pub fn kind(self) -> g4c_driver::BackendKind {
+        match self {
+            Backend::Interp => g4c_driver::BackendKind::Interp,
+            Backend::Pjrt => g4c_driver::BackendKind::Pjrt,
+        }
+    }
+}
+
 /// What the pass pipeline is asked for beyond the target.
 #[derive(Args, Clone, Debug)]
 pub struct PipelineArgs {

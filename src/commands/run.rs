@@ -1,7 +1,7 @@
 use crate::ui::with_feedback;
 use anyhow::{bail, Context, Result};
-use clap::{Args, ValueEnum};
-use g4c_driver::{BackendKind, Session, SessionOptions};
+use clap::Args;
+use g4c_driver::Session;
 use g4c_frontend::{Shapes, TextStream, TextTokenizer};
 use g4c_ir::Target;
 use g4c_runtime::{generate, GenerateOptions, Generation, ModelShape, SamplingParams};
@@ -13,16 +13,8 @@ pub struct RunArgs {
     /// Checkpoint directory (config.json + safetensors [+ tokenizer.json]), or an artifact that
     /// `g4c compile -o` wrote
     pub model_dir: PathBuf,
-    /// Execution backend
-    #[arg(long, value_enum, default_value = "pjrt")]
-    pub backend: Backend,
-    /// Target whose pass pipeline prepares the IR (see `g4c targets`; default `cpu`, or the artifact's
-    /// own); with `--backend interp` and a narrower target the interpreter emulates its rounding
-    #[arg(long)]
-    pub target: Option<String>,
-    /// PJRT plugin shared object (default: $G4C_PJRT_PLUGIN, else the CPU plugin scripts/setup installed)
-    #[arg(long, value_name = "PATH")]
-    pub plugin: Option<PathBuf>,
+    #[command(flatten)]
+    pub execution: super::ExecutionArgs,
     /// Prompt as comma-separated token ids, e.g. `2,17,301` (used as given: add BOS yourself)
     #[arg(long, conflicts_with = "prompt", required_unless_present = "prompt")]
     pub prompt_ids: Option<String>,
@@ -68,36 +60,10 @@ pub struct RunArgs {
     /// Print timings and peak memory to stderr
     #[arg(long)]
     pub stats: bool,
-    #[command(flatten)]
-    pub pipeline: super::PipelineArgs,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-pub enum Backend {
-    /// The reference interpreter (f32, op by op, on the frontend's IR)
-    Interp,
-    /// StableHLO compiled and run by a PJRT plugin
-    Pjrt,
-}
-
-impl Backend {
-    pub fn kind(self) -> BackendKind {
-        match self {
-            Backend::Interp => BackendKind::Interp,
-            Backend::Pjrt => BackendKind::Pjrt,
-        }
-    }
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
-    let options = SessionOptions {
-        backend: args.backend.kind(),
-        target: args.target.clone(),
-        plugin: args.plugin.clone(),
-        use_cache: true,
-        pipeline: args.pipeline.options()?,
-    };
-    let session = Session::open(&args.model_dir, options)?;
+    let session = Session::open(&args.model_dir, args.execution.session_options()?)?;
     let source = &session.source;
     let config = &source.config;
     let tokenizer = source.tokenizer.as_ref();
@@ -116,7 +82,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         bail!("the prompt is empty: give at least one token id");
     }
     let fixed = source.fixed_shapes();
-    let fixed_shapes = matches!(args.backend, Backend::Pjrt);
+    let fixed_shapes = matches!(args.execution.backend, super::Backend::Pjrt);
     let context = source.context(args.context, if fixed_shapes { 4096 } else { prompt.len() + args.max_new_tokens })?;
     if prompt.len() + args.max_new_tokens > context {
         bail!(
@@ -198,7 +164,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             "generated_ids": generation.generated_ids,
             "text": text,
             "stop_reason": generation.stop.name(),
-            "backend": args.backend.kind().name(),
+            "backend": args.execution.backend.kind().name(),
         });
         println!("{out}");
     }
@@ -223,7 +189,7 @@ fn print_stats(args: &RunArgs, target: &Target, shape: &ModelShape, g: &Generati
     let calls: Vec<String> = shape.prefill_plan(g.prompt_ids.len()).iter().map(|(_, t, _)| t.to_string()).collect();
     eprintln!(
         "stats: backend {} (target {}), prefill {} tokens (calls of {}) {:.1} ms, decode {decoded} tokens {:.2} tok/s, peak memory {}",
-        args.backend.kind().name(),
+        args.execution.backend.kind().name(),
         target.name,
         g.prompt_ids.len(),
         calls.join(" + "),
