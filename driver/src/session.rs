@@ -73,6 +73,9 @@ pub struct Ready {
     /// Loading (and converting) the weights and uploading them.
     pub weights_seconds: f64,
     pub total_seconds: f64,
+    /// The platform the executor runs on, as PJRT names it (`cpu` for the interpreter): a module
+    /// prepared for a TPU may be run by the CPU plugin, and then host limits apply, not the target's.
+    pub platform: String,
 }
 
 impl Session {
@@ -103,9 +106,11 @@ impl Session {
                 compiled: None,
                 weights_seconds: 0.0,
                 total_seconds: started.elapsed().as_secs_f64(),
+                platform: "cpu".into(),
             }),
             BackendKind::Pjrt => {
                 let client = open_client(self.plugin.clone())?;
+                let platform = client.platform_name()?;
                 let programs = stablehlo_programs(&module)?;
                 if let Some(artifact) = self.source.artifact() {
                     let what = format!("artifact {} was compiled for", self.source.label);
@@ -122,6 +127,7 @@ impl Session {
                     compiled: Some(compiled),
                     weights_seconds: uploading.elapsed().as_secs_f64(),
                     total_seconds: started.elapsed().as_secs_f64(),
+                    platform,
                 })
             }
         }

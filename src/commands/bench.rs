@@ -88,6 +88,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
     let mut rows = vec![];
     let mut roofline = None;
+    // Whether the host ran it (the CPU plugin runs other targets' modules too): then its memory
+    // bandwidth bounds decode, not the target's datasheet.
+    let mut on_host = false;
     for &prompt_len in &lengths {
         if prompt_len + args.gen > context {
             bail!("--prompt-len {prompt_len} plus --gen {} exceeds the context of {context}", args.gen);
@@ -106,14 +109,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
         if roofline.is_none() {
             roofline = DecodeTraffic::of(&module);
         }
+        on_host = ready.platform.eq_ignore_ascii_case("cpu");
         rows.push((prompt_len, runs, startup));
     }
     // Before the bandwidth probe, whose buffer would count.
     let peak = super::peak_memory();
     let traffic = roofline.unwrap_or_default();
     let (bandwidth, bandwidth_source) = match source.target.bandwidth_bytes_per_s {
-        Some(b) => (b as f64, "datasheet"),
-        None => {
+        Some(b) if !on_host => (b as f64, "datasheet"),
+        _ => {
             ui().note("measuring host memory bandwidth");
             (read_bandwidth(1 << 30, 5), "measured (1 GiB read, all cores)")
         }
