@@ -105,3 +105,26 @@ fn eval_rejects_bad_input_in_one_line() {
     }
     assert_one_line_error(&g4c(&["eval", path(&model), "--text", path(&reference)]), &["tokenizer.json", "--ids"]);
 }
+
+#[test]
+fn eval_text_scores_what_the_tokenizer_makes_of_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("tiny");
+    assert!(g4c(&["synth", "--preset", "tiny", "-q", "-o", path(&model)]).status.success());
+    let text = "ba de fi ko la mu ne po";
+    let json = |args: &[&str]| -> Value {
+        let out = g4c(args);
+        assert!(out.status.success(), "g4c {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("one JSON object")
+    };
+    let prompt = json(&["run", path(&model), "--prompt", text, "--max-new-tokens", "1", "--json"]);
+    let ids: Vec<String> = prompt["prompt_ids"].as_array().unwrap().iter().map(|i| i.to_string()).collect();
+    let (text_file, ids_file) = (tmp.path().join("text.txt"), tmp.path().join("ids.txt"));
+    std::fs::write(&text_file, text).unwrap();
+    std::fs::write(&ids_file, ids.join(" ")).unwrap();
+    let by_text = json(&["eval", path(&model), "--text", path(&text_file), "--json"]);
+    let by_ids = json(&["eval", path(&model), "--ids", path(&ids_file), "--chunk", "3", "--json"]);
+    assert_eq!(by_text["tokens"], ids.len());
+    let (a, b) = (by_text["perplexity"].as_f64().unwrap(), by_ids["perplexity"].as_f64().unwrap());
+    assert!((a / b - 1.0).abs() < 1e-4, "--text {a}, --ids {b}");
+}
