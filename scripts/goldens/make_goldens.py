@@ -169,6 +169,39 @@ def write_published(model, cfg, out):
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
+def write_golden(model, label, prompts, new_tokens, out, made_by, provenance):
+    """Greedy generations of `model` from each prompt, with transformers' own disagreement along them,
+    into out/golden.json and out/logits.safetensors; refuses an ill-conditioned model."""
+    cases, logits = [], {}
+    for case, prompt in prompts.items():
+        tokens, rows = greedy(model, prompt, new_tokens)
+        spread = [float(f"{x:.3g}") for x in reference_spread(model, prompt, tokens, rows)]
+        narrow = {
+            f"{kind}_error": [float(f"{x:.3g}") for x in narrow_dtype_error(model, dtype, prompt, tokens, rows)]
+            for kind, dtype in (("bf16", torch.bfloat16), ("f16", torch.float16))
+        }
+        cases.append({"name": case, "prompt_ids": prompt, "generated_ids": tokens, "reference_spread": spread, **narrow})
+        logits[case] = rows.contiguous()
+        top2 = rows.topk(2, dim=-1).values
+        margin = float((top2[:, 0] - top2[:, 1]).min())
+        print(f"{label}/{case}: {len(prompt)} prompt tokens -> {tokens[:8]}... max|logit| {float(rows.abs().max()):.2f}, min top-2 margin {margin:.4f}")
+    scale = max(float(r.abs().max()) for r in logits.values())
+    worst = max(max(c["reference_spread"]) for c in cases)
+    if worst > 5e-4 * scale:
+        sys.exit(f"{label}: reference spread {worst:.1e} exceeds 5e-4 of the logit scale {scale:.1f}: pick another seed")
+    save_file(logits, str(out / "logits.safetensors"))
+    golden = {
+        "model": label,
+        "made_by": made_by,
+        **provenance,
+        "attention": "eager",
+        "dtype": "float32",
+        "decode": "greedy, DynamicCache, EOS ignored",
+        "cases": cases,
+    }
+    (out / "golden.json").write_text(json.dumps(golden, indent=1) + "\n")
+
+
 def main():
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "tests/goldens")
     for name, spec in MODELS.items():
@@ -180,35 +213,8 @@ def main():
         out = root / name
         model.save_pretrained(out / "hf", safe_serialization=True)
         write_published(model, spec["config"], out / "published")
-        cases, logits = [], {}
-        for case, prompt in spec["prompts"].items():
-            tokens, rows = greedy(model, prompt, spec["new_tokens"])
-            spread = [float(f"{x:.3g}") for x in reference_spread(model, prompt, tokens, rows)]
-            narrow = {
-                f"{name}_error": [float(f"{x:.3g}") for x in narrow_dtype_error(model, dtype, prompt, tokens, rows)]
-                for name, dtype in (("bf16", torch.bfloat16), ("f16", torch.float16))
-            }
-            cases.append({"name": case, "prompt_ids": prompt, "generated_ids": tokens, "reference_spread": spread, **narrow})
-            logits[case] = rows.contiguous()
-            top2 = rows.topk(2, dim=-1).values
-            margin = float((top2[:, 0] - top2[:, 1]).min())
-            print(f"{name}/{case}: {len(prompt)} prompt tokens -> {tokens[:8]}... max|logit| {float(rows.abs().max()):.2f}, min top-2 margin {margin:.4f}")
-        scale = max(float(r.abs().max()) for r in logits.values())
-        worst = max(max(c["reference_spread"]) for c in cases)
-        if worst > 5e-4 * scale:
-            sys.exit(f"{name}: reference spread {worst:.1e} exceeds 5e-4 of the logit scale {scale:.1f}: pick another seed")
-        save_file(logits, str(out / "logits.safetensors"))
-        golden = {
-            "model": name,
-            "made_by": "scripts/goldens/make_goldens.py",
-            "transformers": transformers.__version__,
-            "torch": torch.__version__,
-            "attention": "eager",
-            "dtype": "float32",
-            "decode": "greedy, DynamicCache, EOS ignored",
-            "cases": cases,
-        }
-        (out / "golden.json").write_text(json.dumps(golden, indent=1) + "\n")
+        provenance = {"transformers": transformers.__version__, "torch": torch.__version__}
+        write_golden(model, name, spec["prompts"], spec["new_tokens"], out, "scripts/goldens/make_goldens.py", provenance)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ from safetensors.torch import save_file
 from transformers import Gemma4ForCausalLM
 
 sys.path.insert(0, str(Path(__file__).parent))
-from make_goldens import MODELS, greedy, narrow_dtype_error, reference_spread  # noqa: E402
+from make_goldens import MODELS, write_golden  # noqa: E402
 
 # Generation lengths: the tiny model's quantized twin is ill-conditioned at its 21st step of the
 # single-token prompt (transformers' own two paths differ by 1.1e-2 there), so it stops at 20.
@@ -108,37 +108,14 @@ def main():
         write_published(out / "hf", out / "published")
         reloaded = Gemma4ForCausalLM.from_pretrained(out / "hf", torch_dtype=torch.float32).eval()
         reloaded.config._attn_implementation = "eager"
-        cases, logits = [], {}
-        for case, prompt in spec["prompts"].items():
-            tokens, rows = greedy(reloaded, prompt, q["new_tokens"])
-            spread = [float(f"{x:.3g}") for x in reference_spread(reloaded, prompt, tokens, rows)]
-            narrow = {
-                f"{kind}_error": [float(f"{x:.3g}") for x in narrow_dtype_error(reloaded, dtype, prompt, tokens, rows)]
-                for kind, dtype in (("bf16", torch.bfloat16), ("f16", torch.float16))
-            }
-            cases.append({"name": case, "prompt_ids": prompt, "generated_ids": tokens, "reference_spread": spread, **narrow})
-            logits[case] = rows.contiguous()
-            top2 = rows.topk(2, dim=-1).values
-            margin = float((top2[:, 0] - top2[:, 1]).min())
-            print(f"{name}-qat/{case}: {tokens[:8]}... max|logit| {float(rows.abs().max()):.2f}, min top-2 margin {margin:.4f}")
-        scale = max(float(r.abs().max()) for r in logits.values())
-        worst = max(max(c["reference_spread"]) for c in cases)
-        if worst > 5e-4 * scale:
-            sys.exit(f"{name}-qat: reference spread {worst:.1e} exceeds 5e-4 of the logit scale {scale:.1f}")
-        save_file(logits, str(out / "logits.safetensors"))
-        golden = {
-            "model": f"{name}-qat",
-            "made_by": "scripts/goldens/make_qat_goldens.py",
+        provenance = {
             "transformers": transformers.__version__,
             "compressed_tensors": __import__("compressed_tensors").__version__,
             "torch": torch.__version__,
             "quantization": {"bits": 4, "group": q["group"], "ignore": q["ignore"]},
-            "attention": "eager",
-            "dtype": "float32",
-            "decode": "greedy, DynamicCache, EOS ignored",
-            "cases": cases,
         }
-        (out / "golden.json").write_text(json.dumps(golden, indent=1) + "\n")
+        made_by = "scripts/goldens/make_qat_goldens.py"
+        write_golden(reloaded, f"{name}-qat", spec["prompts"], q["new_tokens"], out, made_by, provenance)
 
 
 if __name__ == "__main__":
