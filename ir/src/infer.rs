@@ -39,14 +39,8 @@ pub fn infer_type(
             let x = operand(0);
             let ok = match u {
                 UnaryOp::Not => x.dtype == DType::Bool,
-                UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign => x.dtype != DType::Bool,
-                UnaryOp::Exp
-                | UnaryOp::Log
-                | UnaryOp::Tanh
-                | UnaryOp::Sqrt
-                | UnaryOp::Rsqrt
-                | UnaryOp::Sin
-                | UnaryOp::Cos => x.dtype.is_float(),
+                _ if u.is_transcendental() => x.dtype.is_float(),
+                _ => x.dtype != DType::Bool,
             };
             if !ok {
                 return Err(format!("`{u}` does not accept {x}"));
