@@ -3,7 +3,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use g4c_driver::Session;
 use g4c_runtime::eval::{perplexity, score, Divergence};
-use safetensors::{tensor::TensorView, Dtype, SafeTensors};
+use safetensors::{Dtype, SafeTensors};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 
@@ -62,7 +62,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
     let logits = score(ready.executor.as_mut(), &ids)?;
     let ppl = perplexity(&logits, &ids);
     if let Some(path) = &args.save_logits {
-        save_logits(path, &ids, &logits)?;
+        super::write_logits(path, &logits, session.source.config.vocab_size, Some(&ids))?;
     }
     let divergence = match &args.reference {
         Some(path) => Some(Divergence::of(&logits, &read_reference(path, &ids)?)?),
@@ -122,15 +122,4 @@ fn read_reference(path: &Path, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
     }
     let values: Vec<f32> = logits.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
     Ok(values.chunks(vocab.max(1)).map(|r| r.to_vec()).collect())
-}
-
-fn save_logits(path: &Path, ids: &[u32], logits: &[Vec<f32>]) -> Result<()> {
-    let vocab = logits.first().map_or(0, Vec::len);
-    let data: Vec<u8> = logits.iter().flatten().flat_map(|x| x.to_le_bytes()).collect();
-    let id_bytes: Vec<u8> = ids.iter().flat_map(|&i| (i as i32).to_le_bytes()).collect();
-    let views = [
-        ("logits", TensorView::new(Dtype::F32, vec![logits.len(), vocab], &data)?),
-        ("ids", TensorView::new(Dtype::I32, vec![ids.len()], &id_bytes)?),
-    ];
-    super::write_atomic(path, &safetensors::serialize(views, None)?)
 }

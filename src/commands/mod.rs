@@ -107,6 +107,24 @@ pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> 
     g4c_util::atomic::write_atomic(path, bytes).with_context(|| format!("writing {}", path.display()))
 }
 
+/// Writes logits as safetensors F32 `logits` `[rows, vocab]` (and, when given, the I32 `ids` they
+/// score), atomically. `vocab` is explicit so that zero rows still have the model's width.
+pub fn write_logits(
+    path: &std::path::Path,
+    logits: &[Vec<f32>],
+    vocab: usize,
+    ids: Option<&[u32]>,
+) -> anyhow::Result<()> {
+    use safetensors::{tensor::TensorView, Dtype};
+    let data: Vec<u8> = logits.iter().flatten().flat_map(|x| x.to_le_bytes()).collect();
+    let id_bytes: Vec<u8> = ids.unwrap_or_default().iter().flat_map(|&i| (i as i32).to_le_bytes()).collect();
+    let mut views = vec![("logits", TensorView::new(Dtype::F32, vec![logits.len(), vocab], &data)?)];
+    if let Some(ids) = ids {
+        views.push(("ids", TensorView::new(Dtype::I32, vec![ids.len()], &id_bytes)?));
+    }
+    write_atomic(path, &safetensors::serialize(views, None)?)
+}
+
 /// Bytes in the largest unit that keeps a number ≥ 1 (decimal: kB, MB, GB).
 pub fn fmt_bytes(bytes: u64) -> String {
     let b = bytes as f64;

@@ -1,12 +1,12 @@
 use crate::ui::with_feedback;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
 use g4c_driver::Session;
 use g4c_frontend::{Shapes, TextStream, TextTokenizer};
 use g4c_ir::Target;
 use g4c_runtime::{generate, GenerateOptions, Generation, ModelShape, SamplingParams};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -152,7 +152,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
 
     if let Some(path) = &args.logits_out {
-        write_logits(path, &generation)?;
+        super::write_logits(path, &generation.logits, config.vocab_size, None)?;
     }
     if args.json {
         let text = match tokenizer {
@@ -235,14 +235,4 @@ impl<'t> StreamPrinter<'t> {
             println!();
         }
     }
-}
-
-/// Writes `logits` `[N, vocab]` F32 atomically (temporary file, then rename).
-fn write_logits(path: &Path, g: &Generation) -> Result<()> {
-    let vocab = g.logits.first().map_or(0, |r| r.len());
-    let bytes: Vec<u8> = g.logits.iter().flatten().flat_map(|x| x.to_le_bytes()).collect();
-    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![g.logits.len(), vocab], &bytes)
-        .context("building the logits tensor")?;
-    let data = safetensors::serialize([("logits", view)], None).context("serializing logits")?;
-    super::write_atomic(path, &data)
 }
