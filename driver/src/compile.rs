@@ -39,9 +39,11 @@ pub fn run_passes(
 pub struct CompileRequest<'a> {
     pub model_dir: &'a Path,
     pub target: &'static Target,
-    /// Batch, context, and the longest prefill length.
-    pub shapes: Shapes,
-    /// Every prefill length, increasing (the last is `shapes.prefill_len`).
+    /// Sequences per call.
+    pub batch: usize,
+    /// Positions a sequence may reach.
+    pub context: usize,
+    /// Every prefill length, increasing; the longest is the module's main prefill entry point.
     pub prefill_lens: Vec<usize>,
     /// What the pipeline is asked for beyond the target (`--quantize`).
     pub options: PipelineOptions,
@@ -56,7 +58,6 @@ pub struct CompileRequest<'a> {
 
 /// What `g4c compile` did.
 pub struct Compiled {
-    pub module: Module,
     pub programs: Vec<Program>,
     /// The compile report (`compile_report`).
     pub report: serde_json::Value,
@@ -71,8 +72,9 @@ pub fn compile(req: &CompileRequest, feedback: &Feedback) -> Result<Compiled> {
         check_output_dir(out)?;
     }
     let model = Model::open(req.model_dir)?;
-    let (_, shorter) = req.prefill_lens.split_last().context("at least one prefill length")?;
-    let mut module = emit(&model, &req.shapes, shorter)?;
+    let (&longest, shorter) = req.prefill_lens.split_last().context("at least one prefill length")?;
+    let shapes = Shapes { batch: req.batch, prefill_len: longest, context: req.context };
+    let mut module = emit(&model, &shapes, shorter)?;
     let (pipeline, _) = run_passes(&mut module, target, &req.options, None, &mut |_, _| {})?;
     let programs = stablehlo_programs(&module)?;
     if req.check_on_cpu && target.platform != Platform::Cpu {
@@ -119,15 +121,11 @@ pub fn compile(req: &CompileRequest, feedback: &Feedback) -> Result<Compiled> {
                 passes: pipeline.names().iter().map(|p| p.to_string()).collect(),
                 options: req.options.describe(),
                 report: report.clone(),
-                shapes: ShapeInfo {
-                    batch: req.shapes.batch,
-                    prefill_lens: req.prefill_lens.clone(),
-                    context: req.shapes.context,
-                },
+                shapes: ShapeInfo { batch: req.batch, prefill_lens: req.prefill_lens.clone(), context: req.context },
             };
             Some(write_artifact(out, &source, feedback.progress)?)
         }
         None => None,
     };
-    Ok(Compiled { module, programs, report, executables, artifact })
+    Ok(Compiled { programs, report, executables, artifact })
 }

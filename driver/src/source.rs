@@ -56,15 +56,18 @@ impl ModelSource {
             );
         }
         let target = Target::by_name(&compiled_for).map_err(anyhow::Error::msg)?;
-        let own = artifact.manifest.options.clone();
-        if options != PipelineOptions::default() && options.describe() != own {
-            let theirs = if own.is_empty() { "no options".to_string() } else { own };
+        // The manifest records the options as `describe` names them: empty, or a `--quantize` value.
+        let recorded = &artifact.manifest.options;
+        let own = PipelineOptions::from_quantize(Some(recorded.as_str()).filter(|o| !o.is_empty()))
+            .map_err(|e| anyhow::anyhow!("artifact {label}: manifest options: {e}"))?;
+        if options != PipelineOptions::default() && options != own {
+            let theirs = if recorded.is_empty() { "no options" } else { recorded };
             bail!(
                 "artifact {label} was compiled with {theirs}, not {}; compile the checkpoint again with those",
                 options.describe()
             );
         }
-        let options = artifact_options(&artifact.manifest.options)?;
+        let options = own;
         Ok(ModelSource { config, tokenizer, target, options, label, kind: Kind::Artifact(Box::new(artifact)) })
     }
 
@@ -108,20 +111,15 @@ impl ModelSource {
             bail!("artifact {} holds generation entry points only; evaluate its checkpoint", self.label)
         };
         let shapes = Shapes { batch: 1, prefill_len: chunk, context };
-        let mut module = emit_scoring_module(&model.config, model.weights.clone(), &shapes)?;
+        let module = emit_scoring_module(&model.config, model.weights.clone(), &shapes)?;
         g4c_ir::verify_module(&module)?;
-        run_passes(&mut module, self.target, &self.options, None, &mut |_, _| {})?;
-        Ok(Arc::new(module))
+        self.prepared(module)
     }
 
     /// The module after the target's passes, for `shapes` (an artifact only has its own).
     pub fn module(&self, shapes: &Shapes) -> Result<Arc<Module>> {
         match &self.kind {
-            Kind::Checkpoint(_) => {
-                let mut module = self.emit(shapes)?;
-                run_passes(&mut module, self.target, &self.options, None, &mut |_, _| {})?;
-                Ok(Arc::new(module))
-            }
+            Kind::Checkpoint(_) => self.prepared(self.emit(shapes)?),
             Kind::Artifact(a) => {
                 let s = &a.manifest.shapes;
                 if (s.batch, s.longest_prefill(), s.context) != (shapes.batch, shapes.prefill_len, shapes.context) {
@@ -141,6 +139,12 @@ impl ModelSource {
         }
     }
 
+    /// A verified module after the target's passes.
+    fn prepared(&self, mut module: Module) -> Result<Arc<Module>> {
+        run_passes(&mut module, self.target, &self.options, None, &mut |_, _| {})?;
+        Ok(Arc::new(module))
+    }
+
     /// The weights: the checkpoint (converted at load as the IR declares) or the artifact's own.
     pub fn weights(&self) -> Arc<dyn WeightStore> {
         match &self.kind {
@@ -148,13 +152,4 @@ impl ModelSource {
             Kind::Artifact(a) => a.weights.clone(),
         }
     }
-}
-
-/// The pipeline options an artifact's manifest records (`w4a16:g32`, or empty).
-fn artifact_options(recorded: &str) -> Result<PipelineOptions> {
-    if recorded.is_empty() {
-        return Ok(PipelineOptions::default());
-    }
-    let group = PipelineOptions::parse_quantize(recorded).map_err(anyhow::Error::msg)?;
-    Ok(PipelineOptions { quantize_group: Some(group) })
 }

@@ -37,20 +37,22 @@ pub struct PipelineOptions {
 }
 
 impl PipelineOptions {
-    /// `--quantize`: `w4a16` (groups of 32) or `w4a16:g<N>`.
-    pub fn parse_quantize(text: &str) -> Result<usize, String> {
+    /// The options `--quantize` asks for: `w4a16` (groups of 32) or `w4a16:g<N>`; none without it.
+    pub fn from_quantize(quantize: Option<&str>) -> Result<PipelineOptions, String> {
+        let Some(text) = quantize else { return Ok(PipelineOptions::default()) };
         let group = match text.split_once(':') {
-            None if text == "w4a16" => Ok(32),
-            Some(("w4a16", g)) => g
-                .strip_prefix('g')
-                .and_then(|n| n.parse().ok())
-                .filter(|&n: &usize| n > 0 && n.is_multiple_of(8))
-                .ok_or(()),
-            _ => Err(()),
+            None if text == "w4a16" => Some(32),
+            Some(("w4a16", g)) => {
+                g.strip_prefix('g').and_then(|n| n.parse().ok()).filter(|&n: &usize| n > 0 && n.is_multiple_of(8))
+            }
+            _ => None,
         };
-        group.map_err(|_| {
-            format!("--quantize: expected w4a16 or w4a16:g<N> with N a multiple of 8 (e.g. w4a16:g64), found `{text}`")
-        })
+        match group {
+            Some(g) => Ok(PipelineOptions { quantize_group: Some(g) }),
+            None => Err(format!(
+                "--quantize: expected w4a16 or w4a16:g<N> with N a multiple of 8 (e.g. w4a16:g64), found `{text}`"
+            )),
+        }
     }
 
     /// How the options name themselves in reports and cache keys (`w4a16:g32`, or empty).

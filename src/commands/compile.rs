@@ -39,16 +39,16 @@ pub struct CompileArgs {
 
 pub fn run(args: CompileArgs) -> Result<()> {
     let target = Target::by_name(&args.target).map_err(anyhow::Error::msg)?;
-    let mut shapes = args.shapes.shapes();
+    let shapes = &args.shapes;
     let prefill_lens = match &args.prefill_buckets {
         Some(list) => super::parse_buckets(list, shapes.context)?,
         None => vec![shapes.prefill_len],
     };
-    shapes.prefill_len = *prefill_lens.last().expect("at least one length");
     let request = CompileRequest {
         model_dir: &args.model_dir,
         target,
-        shapes,
+        batch: shapes.batch,
+        context: shapes.context,
         prefill_lens,
         options: args.pipeline.options()?,
         plugin: args.plugin.clone(),

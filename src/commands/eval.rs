@@ -71,7 +71,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
     let target = session.source.target.name;
     if args.json {
         let mut out = json!({
-            "model": args.model_dir.display().to_string(), "target": target, "backend": args.execution.backend.kind().name(),
+            "model": args.model_dir.display().to_string(), "target": target, "backend": session.backend.name(),
             "quantize": session.source.options.quantize(), "tokens": ids.len(), "perplexity": ppl,
         });
         if let Some(d) = &divergence {

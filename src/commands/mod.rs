@@ -87,8 +87,7 @@ pub struct PipelineArgs {
 
 impl PipelineArgs {
     pub fn options(&self) -> anyhow::Result<g4c_passes::PipelineOptions> {
-        let quantize_group = self.quantize.as_deref().map(g4c_passes::PipelineOptions::parse_quantize).transpose();
-        Ok(g4c_passes::PipelineOptions { quantize_group: quantize_group.map_err(anyhow::Error::msg)? })
+        g4c_passes::PipelineOptions::from_quantize(self.quantize.as_deref()).map_err(anyhow::Error::msg)
     }
 }
 

@@ -164,7 +164,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             "generated_ids": generation.generated_ids,
             "text": text,
             "stop_reason": generation.stop.name(),
-            "backend": args.execution.backend.kind().name(),
+            "backend": session.backend.name(),
         });
         println!("{out}");
     }
