@@ -7,16 +7,8 @@ use g4c_ir::{
     parse_module, print_module, verify_module, BinaryOp, DType, FunctionBuilder, Module, ReduceKind, ResultRole,
     TensorType, UnaryOp,
 };
-use g4c_runtime::{Interpreter, Tensor, WeightDecl, WeightStore};
+use g4c_runtime::{Interpreter, NoWeights, Tensor};
 use std::sync::Arc;
-
-struct NoWeights;
-
-impl WeightStore for NoWeights {
-    fn load(&self, decl: &WeightDecl) -> g4c_runtime::Result<Tensor> {
-        unreachable!("this module declares no weights, yet {} was asked for", decl.name)
-    }
-}
 
 fn main() {
     let mut module = Module::new("example");

@@ -19,7 +19,7 @@ fn run_stops_at_eos_unless_ignored() {
     // Greedy tiny generation from the golden "single" case; make its first generated token the EOS id
     // through generation_config.json and check that generation stops right there.
     let case = golden_cases("tiny").into_iter().find(|c| c.name == "single").unwrap();
-    let dir = crate::common::tiny_published_copy();
+    let dir = crate::common::published_copy("tiny");
     let eos = case.generated_ids[2];
     std::fs::write(dir.path().join("generation_config.json"), format!("{{\"eos_token_id\": [1, {eos}]}}")).unwrap();
     let path = dir.path().to_str().unwrap();

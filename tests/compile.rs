@@ -68,7 +68,11 @@ fn converts_in_text(path: &std::path::Path) -> serde_json::Value {
 
 /// The E2B module (weights declared from the config, bf16 as published) after `target`'s pipeline.
 fn e2b_report(target: &str) -> serde_json::Value {
-    let mut m = Preset::E2b.declared_module(&Shapes { batch: 1, prefill_len: 128, context: 4096 }).unwrap();
+    preset_report(Preset::E2b, target)
+}
+
+fn preset_report(preset: Preset, target: &str) -> serde_json::Value {
+    let mut m = preset.declared_module(&Shapes { batch: 1, prefill_len: 128, context: 4096 }).unwrap();
     let target = Target::by_name(target).unwrap();
     let pipeline = Pipeline::for_target(target);
     pipeline.run_all(&mut m).unwrap();
@@ -118,15 +122,8 @@ fn e2b_report_counts_fifteen_kv_layers() {
 #[test]
 fn e2b_qat_on_tpu_v6e_holds_4_bit_linears() {
     use g4c_frontend::expected_tensors;
-    let m = Preset::E2bQat.declared_module(&Shapes { batch: 1, prefill_len: 128, context: 4096 }).unwrap();
-    let target = Target::by_name("tpu-v6e").unwrap();
-    let mut module = m;
-    let pipeline = Pipeline::for_target(target);
-    pipeline.run_all(&mut module).unwrap();
-    let report = compile_report(&module, target, &pipeline.names());
-    let cfg =
-        g4c_frontend::Gemma4Config::from_json_str(&Preset::E2bQat.config_json().to_string(), std::path::Path::new("-"))
-            .unwrap();
+    let report = preset_report(Preset::E2bQat, "tpu-v6e");
+    let cfg = Preset::E2bQat.config().unwrap();
     let size = |t: &g4c_frontend::ExpectedTensor| t.shape.iter().product::<usize>() as u64;
     let tensors = expected_tensors(&cfg);
     let linear: u64 = tensors.iter().filter(|t| t.linear).map(size).sum();

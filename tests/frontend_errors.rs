@@ -1,7 +1,7 @@
 //! Bad checkpoints and configs: each is refused with one line that names the file, tensor or field,
 //! what was expected and what was found; `g4c` exits non-zero without panicking.
 
-use crate::common::{assert_one_line_error, g4c, tiny_published_copy};
+use crate::common::{assert_one_line_error, g4c, published_copy};
 use g4c_frontend::Model;
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
@@ -47,7 +47,7 @@ const P: &str = "model.language_model.";
 
 #[test]
 fn every_missing_tensor_is_named_in_one_error() {
-    let dir = tiny_published_copy();
+    let dir = published_copy("tiny");
     let gone =
         [format!("{P}layers.3.mlp.up_proj.weight"), format!("{P}norm.weight"), format!("{P}layers.7.layer_scalar")];
     rewrite(dir.path(), |n, d, s, b| (!gone.iter().any(|g| g == n)).then_some((d, s, b)));
@@ -61,7 +61,7 @@ fn every_missing_tensor_is_named_in_one_error() {
 
 #[test]
 fn misshaped_tensor_names_expected_and_found() {
-    let dir = tiny_published_copy();
+    let dir = published_copy("tiny");
     rewrite(dir.path(), |n, d, s, b| {
         if n == format!("{P}layers.4.self_attn.q_proj.weight") {
             // Same bytes, the shape a single-head-dim loader would wrongly expect.
@@ -76,7 +76,7 @@ fn misshaped_tensor_names_expected_and_found() {
 
 #[test]
 fn unreadable_element_type_is_reported() {
-    let dir = tiny_published_copy();
+    let dir = published_copy("tiny");
     rewrite(
         dir.path(),
         |n, d, s, b| {
@@ -95,7 +95,7 @@ fn unreadable_element_type_is_reported() {
 fn dead_and_foreign_tensors_are_ignored() {
     // The published copy carries K/V of KV-shared layers and a vision tensor; dropping them all
     // changes nothing, and neither does their presence.
-    let dir = tiny_published_copy();
+    let dir = published_copy("tiny");
     Model::open(dir.path()).unwrap();
     rewrite(dir.path(), |n, d, s, b| {
         let dead = n.contains("vision_tower")
@@ -110,7 +110,7 @@ fn dead_and_foreign_tensors_are_ignored() {
 
 #[test]
 fn truncated_safetensors() {
-    let dir = tiny_published_copy();
+    let dir = published_copy("tiny");
     let path = dir.path().join("model.safetensors");
     let bytes = std::fs::read(&path).unwrap();
     std::fs::write(&path, &bytes[..bytes.len() - 1000]).unwrap();
@@ -123,7 +123,7 @@ fn truncated_safetensors() {
 
 #[test]
 fn corrupt_safetensors_header() {
-    let dir = tiny_published_copy();
+    let dir = published_copy("tiny");
     let path = dir.path().join("model.safetensors");
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[8..16].copy_from_slice(b"garbage!");
@@ -134,7 +134,7 @@ fn corrupt_safetensors_header() {
 
 #[test]
 fn missing_weights_file() {
-    let dir = tiny_published_copy();
+    let dir = published_copy("tiny");
     std::fs::remove_file(dir.path().join("model.safetensors")).unwrap();
     let msg = open_error(dir.path());
     assert!(msg.contains("no model.safetensors or model.safetensors.index.json"), "{msg}");
@@ -142,7 +142,7 @@ fn missing_weights_file() {
 
 #[test]
 fn invalid_json_config() {
-    let dir = tiny_published_copy();
+    let dir = published_copy("tiny");
     std::fs::write(dir.path().join("config.json"), "{\"model_type\": \"gemma4\",").unwrap();
     let msg = open_error(dir.path());
     assert!(msg.contains("config.json: invalid JSON"), "{msg}");
@@ -161,7 +161,7 @@ fn unsupported_models_and_features() {
         ),
     ];
     for (edit, needle) in cases {
-        let dir = tiny_published_copy();
+        let dir = published_copy("tiny");
         edit_config(dir.path(), edit);
         let msg = open_error(dir.path());
         assert!(msg.contains("unsupported") && msg.contains(needle), "{msg}");
@@ -196,7 +196,7 @@ fn bad_config_fields_name_field_expected_and_found() {
         ),
     ];
     for (edit, needle) in cases {
-        let dir = tiny_published_copy();
+        let dir = published_copy("tiny");
         edit_config(dir.path(), edit);
         let msg = open_error(dir.path());
         assert!(msg.contains("config.json") && msg.contains(needle), "{msg}");
@@ -205,28 +205,19 @@ fn bad_config_fields_name_field_expected_and_found() {
 
 #[test]
 fn cli_exits_nonzero_with_one_line_on_a_broken_checkpoint() {
-    let dir = tiny_published_copy();
+    let dir = published_copy("tiny");
     rewrite(dir.path(), |n, d, s, b| (n != format!("{P}layers.0.self_attn.k_norm.weight")).then_some((d, s, b)));
     let out = g4c(&["run", dir.path().to_str().unwrap(), "--prompt-ids", "2,3"]);
     assert_one_line_error(&out, &["missing", "layers.0.self_attn.k_norm.weight"]);
 }
 
 /// A copy of the pack-quantized tiny model in the published layout, for tests that damage it.
-fn tiny_qat_copy() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let src = crate::common::golden_dir("tiny-qat").join("published");
-    for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
-    }
-    dir
-}
-
 #[test]
 fn damaged_pack_quantized_tensors_are_named() {
     let q = |s: &str| format!("{P}layers.2.mlp.up_proj.{s}");
     // Truncated words, scales of the wrong shape, a float weight where a packed one belongs, and a
     // weight_shape that disagrees.
-    let dir = tiny_qat_copy();
+    let dir = published_copy("tiny-qat");
     rewrite(dir.path(), |n, d, s, b| {
         if n == q("weight_packed") {
             Some((d, vec![s[0], s[1] - 1], b[..b.len() - 4 * s[0]].to_vec()))
@@ -279,7 +270,7 @@ fn quantization_configs_g4c_cannot_run_are_refused_by_field() {
         ),
     ];
     for (edit, needle) in cases {
-        let dir = tiny_qat_copy();
+        let dir = published_copy("tiny-qat");
         edit_config(dir.path(), edit);
         let msg = open_error(dir.path());
         assert!(msg.contains(needle), "expected {needle:?} in: {msg}");

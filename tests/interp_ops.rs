@@ -1,15 +1,7 @@
 //! Interpreter ops against results worked out by hand.
 
 use g4c_ir::{parse_module, verify_module};
-use g4c_runtime::{Interpreter, Tensor, WeightDecl, WeightStore};
-
-struct NoWeights;
-
-impl WeightStore for NoWeights {
-    fn load(&self, decl: &WeightDecl) -> g4c_runtime::Result<Tensor> {
-        panic!("unexpected weight {}", decl.name)
-    }
-}
+use g4c_runtime::{Interpreter, NoWeights, Tensor};
 
 /// Runs the single function `@f` whose signature and body are given.
 fn run(sig: &str, body: &str, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, String> {

@@ -26,4 +26,4 @@ pub use generate::{generate, GenerateOptions, Generation, ModelShape, StopReason
 pub use progress::{Progress, Silent, Unit};
 pub use sampling::SamplingParams;
 pub use tensor::{Data, Tensor};
-pub use weights::WeightStore;
+pub use weights::{NoWeights, WeightStore};

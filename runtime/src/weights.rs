@@ -37,6 +37,16 @@ pub trait WeightStore: Send + Sync {
     fn release(&self, _decl: &WeightDecl) {}
 }
 
+/// The store of a module that declares no weights (op tests, conformance cases, examples): asking it
+/// for one is an error naming the weight.
+pub struct NoWeights;
+
+impl WeightStore for NoWeights {
+    fn load(&self, decl: &WeightDecl) -> Result<Tensor> {
+        Err(weight_error(decl, "this module was given no weights".to_string()))
+    }
+}
+
 fn weight_error(decl: &WeightDecl, message: String) -> RuntimeError {
     RuntimeError::Weight { name: decl.name.clone(), source_key: decl.source.clone(), message }
 }

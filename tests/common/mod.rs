@@ -171,12 +171,12 @@ pub fn assert_one_line_error(out: &Output, needles: &[&str]) {
     }
 }
 
-/// A copy of the tiny golden model in the published layout, in a temporary directory, for tests
+/// A copy of golden model `model` (`tiny`, `tiny-qat`) in the published layout, in a temporary directory, for tests
 /// that damage it.
-pub fn tiny_published_copy() -> tempfile::TempDir {
+pub fn published_copy(model: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(golden_dir("tiny").join("published").join(f), dir.path().join(f)).unwrap();
+        std::fs::copy(golden_dir(model).join("published").join(f), dir.path().join(f)).unwrap();
     }
     dir
 }

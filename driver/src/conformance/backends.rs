@@ -6,7 +6,7 @@ use crate::stablehlo_programs;
 use anyhow::{ensure, Result};
 use g4c_ir::Module;
 use g4c_runtime::backend::pjrt::Client;
-use g4c_runtime::{Interpreter, Tensor, WeightDecl, WeightStore};
+use g4c_runtime::{Interpreter, NoWeights, Tensor};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -14,14 +14,6 @@ use std::sync::Arc;
 pub struct InterpBackend;
 
 /// Case modules declare no weights.
-struct NoWeights;
-
-impl WeightStore for NoWeights {
-    fn load(&self, decl: &WeightDecl) -> g4c_runtime::Result<Tensor> {
-        Err(g4c_runtime::RuntimeError::Invalid(format!("conformance cases read no weights, asked for @{}", decl.name)))
-    }
-}
-
 impl OpBackend for InterpBackend {
     fn name(&self) -> &str {
         "interp"

@@ -49,7 +49,8 @@ impl Preset {
         }
     }
 
-    fn config(self) -> Result<Gemma4Config> {
+    /// The preset's config, parsed as a checkpoint's would be.
+    pub fn config(self) -> Result<Gemma4Config> {
         Gemma4Config::from_json_str(&self.config_json().to_string(), Path::new("(synthetic config)"))
     }
 
