@@ -46,19 +46,19 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             use clap::error::ErrorKind;
-            if matches!(
-                e.kind(),
-                ErrorKind::DisplayHelp
-                    | ErrorKind::DisplayVersion
-                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
-            ) {
-                let _ = e.print();
-                return ExitCode::SUCCESS;
+            match e.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+                    let _ = e.print();
+                    return ExitCode::SUCCESS;
+                }
+                // `g4c` alone asked for nothing: help, on stderr, and a failure.
+                ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                    let _ = e.print();
+                    return ExitCode::from(2);
+                }
+                _ => {}
             }
-            // One line: clap's first line names the flag or value and what was wrong with it.
-            let rendered = e.render().to_string();
-            let first = rendered.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
-            eprintln!("g4c: error: {first} (see `g4c --help`)");
+            eprintln!("g4c: error: {} (see `g4c --help`)", clap_error_line(&e.render().to_string()));
             return ExitCode::from(2);
         }
     };
@@ -81,6 +81,18 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// clap's error in one line: what was wrong, the missing arguments, possible values and "did you
+/// mean" tips; not the usage block or the pointer to --help that follow them.
+fn clap_error_line(rendered: &str) -> String {
+    let detail: Vec<&str> = rendered
+        .lines()
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .map(|l| l.trim().trim_start_matches("error: "))
+        .filter(|l| !l.is_empty())
+        .collect();
+    one_line(&detail.join(" "))
 }
 
 fn one_line(s: &str) -> String {

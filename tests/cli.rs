@@ -85,10 +85,6 @@ fn bad_invocations_get_one_line_errors() {
         (vec!["run", tiny, "--prompt-ids", "2", "--plugin", "/nonexistent/plugin.so"], vec!["/nonexistent/plugin.so"]),
         (vec!["run", tiny, "--prompt-ids", "2", "--plugin", "/etc/hostname"], vec!["/etc/hostname", "cannot load"]),
         (
-            vec!["run", tiny, "--prompt-ids", "2,3,4", "--context", "8", "--max-new-tokens", "6"],
-            vec!["3 tokens", "context of 8"],
-        ),
-        (
             vec!["run", tiny, "--prompt-ids", "2", "--prefill-buckets", "256,128"],
             vec!["--prefill-buckets", "increasing"],
         ),

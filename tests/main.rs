@@ -12,6 +12,7 @@ mod eval;
 mod filetests;
 mod frontend_errors;
 mod goldens;
+mod hardening;
 mod interp_ops;
 mod ir_text;
 mod passes;

@@ -76,14 +76,18 @@ impl ModelSource {
         self.artifact().map(|a| a.manifest.shapes.clone())
     }
 
-    /// The context to run with: an artifact's own (refusing another), else `asked` or `default`,
-    /// capped at the model's `max_position_embeddings`.
+    /// The context to run with: an artifact's own (refusing another), else `asked` (refused beyond the
+    /// model's `max_position_embeddings`) or `default` (capped there).
     pub fn context(&self, asked: Option<usize>, default: usize) -> Result<usize> {
         match (self.fixed_shapes(), asked) {
             (Some(s), Some(c)) if c != s.context => {
                 bail!("--context {c}: artifact {} was compiled for a context of {}", self.label, s.context)
             }
             (Some(s), _) => Ok(s.context),
+            (None, Some(c)) if c > self.config.max_position_embeddings => bail!(
+                "--context {c}: expected at most the model's max_position_embeddings ({})",
+                self.config.max_position_embeddings
+            ),
             (None, c) => Ok(c.unwrap_or(default).min(self.config.max_position_embeddings)),
         }
     }

@@ -27,6 +27,8 @@ pub enum StopReason {
     Eos,
     StopId,
     MaxTokens,
+    /// The sequence reached the last position of the context.
+    Context,
 }
 
 impl StopReason {
@@ -35,6 +37,7 @@ impl StopReason {
             StopReason::Eos => "eos",
             StopReason::StopId => "stop_id",
             StopReason::MaxTokens => "max_tokens",
+            StopReason::Context => "context",
         }
     }
 }
@@ -108,7 +111,7 @@ impl ModelShape {
 }
 
 /// Generates up to `max_new_tokens` tokens after `prompt`, greedily unless `opts.sampling` says
-/// otherwise, calling `on_token` with each as it comes.
+/// otherwise, calling `on_token` with each as it comes; stops early where the context ends.
 pub fn generate(
     exec: &mut dyn Executor,
     prompt: &[u32],
@@ -125,11 +128,12 @@ pub fn generate(
     if let Some(bad) = prompt.iter().find(|&&id| id as usize >= shape.vocab) {
         return invalid(format!("prompt token id {bad} is outside the vocabulary (0..{})", shape.vocab));
     }
-    if prompt.len() + opts.max_new_tokens > shape.context {
+    // Generated token i takes position prompt.len() + i, so the context holds this many.
+    let room = shape.context.saturating_sub(prompt.len());
+    if room == 0 && opts.max_new_tokens > 0 {
         return invalid(format!(
-            "prompt of {} tokens plus {} new tokens exceeds the context of {} positions",
+            "prompt of {} tokens leaves no room to generate in the context of {} positions",
             prompt.len(),
-            opts.max_new_tokens,
             shape.context
         ));
     }
@@ -168,6 +172,10 @@ pub fn generate(
             break;
         }
         if gen.generated_ids.len() == opts.max_new_tokens {
+            break;
+        }
+        if gen.generated_ids.len() == room {
+            gen.stop = StopReason::Context;
             break;
         }
         logits = logits_row(decode(exec, &shape, &[token], position)?);

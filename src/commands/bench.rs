@@ -16,16 +16,16 @@ pub struct BenchArgs {
     #[arg(long, default_value = "128", value_name = "LIST")]
     pub prompt_len: String,
     /// Tokens generated per run (the first comes from prefill, the rest from decode steps)
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = super::sizes::positions)]
     pub gen: usize,
     /// Sequences per call
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = super::sizes::batch)]
     pub batch: usize,
     /// Timed runs per prompt length (after one untimed warm-up run)
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = super::sizes::repetitions)]
     pub reps: usize,
     /// Positions a sequence may reach (sizes the full-attention caches; default 4096 or the artifact's)
-    #[arg(long)]
+    #[arg(long, value_parser = super::sizes::positions)]
     pub context: Option<usize>,
     /// Target (see `g4c targets`; default `cpu`, or the artifact's own)
     #[arg(long)]
@@ -70,14 +70,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let lengths: Vec<usize> = args
         .prompt_len
         .split(',')
-        .map(|s| s.trim().parse::<usize>().ok().filter(|&n| n > 0))
-        .collect::<Option<_>>()
-        .ok_or_else(|| {
-            anyhow::anyhow!("--prompt-len: expected positive integers separated by commas, found `{}`", args.prompt_len)
-        })?;
-    if args.reps == 0 || args.gen == 0 {
-        bail!("--reps and --gen: expected at least 1");
-    }
+        .map(super::sizes::positions)
+        .collect::<Result<_, _>>()
+        .map_err(|e| anyhow::anyhow!("--prompt-len `{}`: {e}", args.prompt_len))?;
     let fixed = source.fixed_shapes();
     if let Some(s) = &fixed {
         if args.batch != s.batch {
@@ -92,6 +87,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // bandwidth bounds decode, not the target's datasheet.
     let mut on_host = false;
     for &prompt_len in &lengths {
+        // Both are at most MAX_CONTEXT (sizes::positions), so the sum cannot overflow.
         if prompt_len + args.gen > context {
             bail!("--prompt-len {prompt_len} plus --gen {} exceeds the context of {context}", args.gen);
         }

@@ -25,7 +25,7 @@ pub struct EvalArgs {
     #[arg(long, value_name = "FILE")]
     pub save_logits: Option<PathBuf>,
     /// Tokens per scoring call (the sequence goes through in chunks; caches carry between them)
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = super::sizes::positions)]
     pub chunk: usize,
     #[command(flatten)]
     pub execution: super::ExecutionArgs,
@@ -52,9 +52,6 @@ pub fn run(args: EvalArgs) -> Result<()> {
     };
     if ids.len() < 2 {
         bail!("the sequence has {} token(s); scoring needs at least 2", ids.len());
-    }
-    if args.chunk == 0 {
-        bail!("--chunk: expected at least 1");
     }
     let chunk = args.chunk.min(ids.len());
     let module = session.source.scoring_module(chunk, ids.len())?;

@@ -5,6 +5,7 @@ pub mod eval;
 pub mod inspect;
 pub mod ir;
 pub mod run;
+pub mod sizes;
 pub mod synth;
 pub mod targets;
 
@@ -14,13 +15,13 @@ use clap::Args;
 #[derive(Args, Clone, Debug)]
 pub struct ShapeArgs {
     /// Sequences per call
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = sizes::batch)]
     pub batch: usize,
     /// Tokens per sequence in one prefill call
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = sizes::positions)]
     pub prefill_len: usize,
     /// Positions a sequence may reach (sizes the full-attention caches)
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = sizes::positions)]
     pub context: usize,
 }
 

@@ -22,7 +22,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub prompt: Option<String>,
     /// Most tokens to generate
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = super::sizes::new_tokens)]
     pub max_new_tokens: usize,
     /// Keep generating after an end-of-sequence token
     #[arg(long)]
@@ -34,7 +34,7 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
     /// Sample among the K most likely tokens only (0: all)
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = super::sizes::top_k)]
     pub top_k: usize,
     /// Sample among the most likely tokens whose probabilities add up to P (1: all)
     #[arg(long, default_value_t = 1.0)]
@@ -48,9 +48,10 @@ pub struct RunArgs {
     /// Write the logits of every generated token to FILE (safetensors, F32 `logits` [N, vocab])
     #[arg(long, value_name = "FILE")]
     pub logits_out: Option<PathBuf>,
-    /// Positions a sequence may reach, prompt included, capped at the model's max_position_embeddings
-    /// (default: 4096 for pjrt; the prompt plus --max-new-tokens for interp, which needs no fixed shapes)
-    #[arg(long)]
+    /// Positions a sequence may reach, prompt included, at most the model's max_position_embeddings
+    /// (default: 4096 for pjrt; the prompt plus --max-new-tokens for interp, which needs no fixed
+    /// shapes); generation stops there (stop_reason `context`)
+    #[arg(long, value_parser = super::sizes::positions)]
     pub context: Option<usize>,
     /// Prefill lengths to choose from, increasing (default for pjrt: 128, 256, … up to the context;
     /// for interp: the prompt's length; an artifact has its own). The prompt is prefilled in the
@@ -83,14 +84,8 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     let fixed = source.fixed_shapes();
     let fixed_shapes = matches!(args.execution.backend, super::Backend::Pjrt);
+    // The interpreter sizes its caches to the run; generation stops where the context ends.
     let context = source.context(args.context, if fixed_shapes { 4096 } else { prompt.len() + args.max_new_tokens })?;
-    if prompt.len() + args.max_new_tokens > context {
-        bail!(
-            "prompt of {} tokens plus --max-new-tokens {} exceeds the context of {context} positions (--context)",
-            prompt.len(),
-            args.max_new_tokens
-        );
-    }
     let requested = args.prefill_buckets.as_deref().map(|list| super::parse_buckets(list, context)).transpose()?;
     // A checkpoint is emitted with the one prefill length the prompt needs (the smallest bucket that
     // holds it, else the largest, in chunks); an artifact has all of its own.

@@ -1,6 +1,7 @@
 //! What several g4c crates share and none of them owns: files written atomically (checkpoints,
-//! artifacts, cache entries) and a streaming safetensors writer (synthetic checkpoints, artifact
-//! weights).
+//! artifacts, cache entries), a streaming safetensors writer (synthetic checkpoints, artifact
+//! weights) and the limits on the sizes g4c accepts.
 
 pub mod atomic;
+pub mod limits;
 pub mod safetensors_writer;

