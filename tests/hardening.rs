@@ -3,6 +3,7 @@
 //! argument errors, read-only caches, `inspect`, and messages that point the wrong way.
 
 use crate::common::{assert_one_line_error, g4c, golden_dir};
+use std::path::Path;
 
 fn tiny() -> String {
     golden_dir("tiny").join("published").to_str().unwrap().to_string()
@@ -84,4 +85,56 @@ fn argument_errors_keep_their_detail() {
     let out = g4c(&[]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("Usage: g4c"));
+}
+
+/// `g4c` run in `cwd` with HOME at `home` (where the cache goes unless `env` sets G4C_CACHE_DIR).
+fn g4c_in(cwd: &Path, home: &Path, env: &[(&str, &std::ffi::OsStr)], args: &[&str]) -> std::process::Output {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_g4c"));
+    command.current_dir(cwd).env("HOME", home).env_remove("XDG_CACHE_HOME").env_remove("G4C_CACHE_DIR");
+    command.envs(env.iter().map(|(k, v)| (k, v))).args(args).output().expect("g4c runs")
+}
+
+/// An artifact's executables do not depend on the user's cache being writable: with a cache that
+/// cannot be created, `compile -o` still writes every executable, and a run loads them.
+#[test]
+fn artifacts_hold_their_executables_whatever_the_cache() {
+    let tmp = tempfile::tempdir().unwrap();
+    let not_a_dir = tmp.path().join("file");
+    std::fs::write(&not_a_dir, "").unwrap();
+    let out = tmp.path().join("artifact");
+    let cache = [("G4C_CACHE_DIR", not_a_dir.as_os_str())];
+    let compiled = g4c_in(
+        tmp.path(),
+        tmp.path(),
+        &cache,
+        &["compile", &tiny(), "-o", out.to_str().unwrap(), "--prefill-len", "8", "--context", "32"],
+    );
+    assert!(compiled.status.success(), "{}", String::from_utf8_lossy(&compiled.stderr));
+    let files = std::fs::read_dir(out.join("executables")).unwrap().count();
+    assert_eq!(files, 2, "prefill and decode");
+    let args = ["run", out.to_str().unwrap(), "--prompt-ids", "2", "--max-new-tokens", "2", "--stats"];
+    let ran = g4c_in(tmp.path(), tmp.path(), &cache, &args);
+    assert!(ran.status.success(), "{}", String::from_utf8_lossy(&ran.stderr));
+    assert!(
+        String::from_utf8_lossy(&ran.stderr).contains("compile: cached"),
+        "{}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+}
+
+/// Empty variables count as unset, and a plugin named without a slash is the file in the working
+/// directory, not a search of the library path.
+#[test]
+fn empty_variables_and_bare_plugin_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    let empty = std::ffi::OsStr::new("");
+    let run = ["run", &tiny(), "--prompt-ids", "2", "--max-new-tokens", "1"];
+    let out = g4c_in(tmp.path(), tmp.path(), &[("G4C_CACHE_DIR", empty), ("G4C_PJRT_PLUGIN", empty)], &run);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!tmp.path().join("executables").exists(), "G4C_CACHE_DIR=\"\" made a cache in the working directory");
+    assert!(tmp.path().join(".cache/g4c/executables").is_dir(), "the cache falls back to HOME");
+
+    let plugin = g4c_runtime::backend::pjrt::find_cpu_plugin().expect("scripts/setup installs the CPU plugin");
+    let out = g4c_in(plugin.parent().unwrap(), tmp.path(), &[], &[&run[..], &["--plugin", "xla_cpu_pjrt.so"]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }

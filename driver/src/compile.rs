@@ -3,7 +3,7 @@
 
 use crate::pjrt::{check_platform, executables, open_client, Caches, CompileSummary};
 use crate::{stablehlo_programs, Feedback};
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use g4c_frontend::{emit_module_with_prefills, Model, Shapes};
 use g4c_ir::{Module, Platform, Target};
 use g4c_passes::{compile_report, PassTiming, Pipeline, PipelineOptions};
@@ -86,15 +86,36 @@ pub fn compile(req: &CompileRequest, feedback: &Feedback) -> Result<Compiled> {
     }
     let label = req.model_dir.display().to_string();
     let plugin = req.plugin.clone().or_else(|| (target.platform == Platform::Cpu).then(find_cpu_plugin).flatten());
+    // Executables for an artifact are staged apart from the user's cache (which may be read-only)
+    // and every one must be there; without -o they only warm the user's cache.
+    let staging = match req.out {
+        Some(_) => Some(
+            tempfile::Builder::new().prefix("g4c-executables-").tempdir().context("creating a staging directory")?,
+        ),
+        None => None,
+    };
+    let caches = match &staging {
+        Some(dir) => Caches::Staging { staging: dir.path().to_path_buf() },
+        None => Caches::User { artifact: None },
+    };
     let executables = match plugin {
         Some(path) => {
             let client = open_client(Some(path))?;
             check_platform(&client, target, "compiling for")?;
-            let caches = Caches::User { artifact: None };
             Some(executables(&client, &programs, target, &label, &caches, feedback)?.1)
         }
         None => None,
     };
+    if let (Some(out), Some(summary)) = (req.out, &executables) {
+        if let Some(e) = summary.events.iter().find(|e| e.cache_file().is_none()) {
+            bail!(
+                "artifact {}: the executable of @{} could not be staged: {}",
+                out.display(),
+                e.entry,
+                e.not_stored.as_deref().unwrap_or("no file was written")
+            );
+        }
+    }
     let report = compile_report(&module, target, &pipeline.names());
     let artifact = match req.out {
         Some(out) => {

@@ -44,6 +44,9 @@ pub enum Caches {
     /// Look in `artifact` (an artifact's `executables/`, never written) when given, then in the
     /// user's cache, and store what is compiled in the user's cache.
     User { artifact: Option<PathBuf> },
+    /// Look in the user's cache (when there is one), and store what is compiled in `staging` only:
+    /// an artifact's executables must not depend on the user's cache being writable.
+    Staging { staging: PathBuf },
 }
 
 /// What getting the executables took, for `--stats` and reports.
@@ -79,6 +82,13 @@ fn compiler<'c>(client: &'c Client, target: &Target, label: &str, caches: &Cache
             match artifact {
                 Some(dir) => compiler.also_reading(ExecutableCache::at(dir, false)),
                 None => compiler,
+            }
+        }
+        Caches::Staging { staging } => {
+            let compiler = Compiler::new(client, target.name, label, Some(ExecutableCache::at(staging, true)))?;
+            match ExecutableCache::user() {
+                Ok(user) => compiler.also_reading(ExecutableCache::at(user.dir(), false)),
+                Err(_) => compiler,
             }
         }
     })

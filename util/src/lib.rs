@@ -1,7 +1,8 @@
 //! What several g4c crates share and none of them owns: files written atomically (checkpoints,
 //! artifacts, cache entries), a streaming safetensors writer (synthetic checkpoints, artifact
-//! weights) and the limits on the sizes g4c accepts.
+//! weights), paths from the environment, and the limits on the sizes g4c accepts.
 
 pub mod atomic;
+pub mod env;
 pub mod limits;
 pub mod safetensors_writer;

@@ -85,15 +85,15 @@ impl ExecutableCache {
 
     /// The user's cache: `$G4C_CACHE_DIR`, else `$XDG_CACHE_HOME/g4c`, else `~/.cache/g4c`.
     pub fn user() -> Result<ExecutableCache> {
-        let root =
-            match (std::env::var_os("G4C_CACHE_DIR"), std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME")) {
-                (Some(dir), _, _) => PathBuf::from(dir),
-                (None, Some(xdg), _) => PathBuf::from(xdg).join("g4c"),
-                (None, None, Some(home)) => PathBuf::from(home).join(".cache/g4c"),
-                (None, None, None) => {
-                    return Err(RuntimeError::Invalid("no cache directory: set G4C_CACHE_DIR or HOME".into()))
-                }
-            };
+        use g4c_util::env::path_var;
+        let root = match (path_var("G4C_CACHE_DIR"), path_var("XDG_CACHE_HOME"), path_var("HOME")) {
+            (Some(dir), _, _) => dir,
+            (None, Some(xdg), _) => xdg.join("g4c"),
+            (None, None, Some(home)) => home.join(".cache/g4c"),
+            (None, None, None) => {
+                return Err(RuntimeError::Invalid("no cache directory: set G4C_CACHE_DIR or HOME".into()))
+            }
+        };
         Ok(ExecutableCache::at(root.join("executables"), true))
     }
 

@@ -53,8 +53,10 @@ impl Api {
     /// Loads a plugin shared object and initialises it.
     pub fn load(path: &Path) -> Result<Arc<Api>> {
         let fail = |m: String| pjrt_error(format!("plugin {}: {m}", path.display()));
+        // A bare file name would make dlopen search the library path instead of opening the file here.
+        let file = if path.components().count() == 1 { Path::new(".").join(path) } else { path.to_path_buf() };
         // SAFETY: loading a PJRT plugin runs its initialisers, which is what using it requires.
-        let library = unsafe { libloading::Library::new(path) }.map_err(|e| fail(format!("cannot load: {e}")))?;
+        let library = unsafe { libloading::Library::new(&file) }.map_err(|e| fail(format!("cannot load: {e}")))?;
         let table = unsafe {
             let get: libloading::Symbol<unsafe extern "C" fn() -> *const sys::PJRT_Api> =
                 library.get(b"GetPjrtApi\0").map_err(|_| fail("no `GetPjrtApi` symbol: not a PJRT plugin".into()))?;
@@ -352,8 +354,8 @@ fn buffer_type(dtype: DType) -> Result<sys::PJRT_Buffer_Type> {
 /// Where to find the PJRT CPU plugin: `G4C_PJRT_PLUGIN`, else the one `scripts/setup` installed into
 /// a `.venv` in the current directory or above the running executable (a checkout's `target/…`).
 pub fn find_cpu_plugin() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("G4C_PJRT_PLUGIN") {
-        return Some(PathBuf::from(p));
+    if let Some(p) = g4c_util::env::path_var("G4C_PJRT_PLUGIN") {
+        return Some(p);
     }
     let mut roots: Vec<PathBuf> = std::env::current_dir().into_iter().collect();
     if let Ok(exe) = std::env::current_exe() {
