@@ -138,3 +138,80 @@ fn empty_variables_and_bare_plugin_names() {
     let out = g4c_in(plugin.parent().unwrap(), tmp.path(), &[], &[&run[..], &["--plugin", "xla_cpu_pjrt.so"]].concat());
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// A temporary named after a process that cannot exist (above Linux's largest pid_max), as a
+/// `kill -9` leaves one.
+fn plant_stale_temporary(dir: &Path, name: &str, as_dir: bool) -> std::path::PathBuf {
+    let path = dir.join(format!("{}4194305-0-{name}", g4c_util::atomic::TEMP_PREFIX));
+    match as_dir {
+        true => std::fs::create_dir_all(path.join("executables")).unwrap(),
+        false => std::fs::write(&path, b"half of it").unwrap(),
+    }
+    path
+}
+
+/// Temporaries of killed writers are removed by the next writer into the same directory and
+/// reported by `cache ls`, removed by `cache verify`; a failed write leaves none.
+#[test]
+fn temporaries_do_not_pile_up() {
+    let tmp = tempfile::tempdir().unwrap();
+    let env = [("G4C_CACHE_DIR", tmp.path().join("cache").into_os_string())];
+    let env: Vec<(&str, &std::ffi::OsStr)> = env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
+    let g4c = |args: &[&str]| g4c_in(tmp.path(), tmp.path(), &env, args);
+
+    let stale_artifact = plant_stale_temporary(tmp.path(), "artifact", true);
+    let out = g4c(&["compile", &tiny(), "-o", "artifact", "--prefill-len", "8", "--context", "32"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!stale_artifact.exists(), "compile -o removes what a killed compile left");
+
+    let out = g4c(&["run", &tiny(), "--prompt-ids", "2", "--max-new-tokens", "1", "--logits-out", "artifact"]);
+    assert_one_line_error(&out, &["artifact"]);
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.iter().all(|n| !n.to_string_lossy().starts_with(".tmp-")), "a failed --logits-out left {left:?}");
+
+    let cache = tmp.path().join("cache/executables");
+    let stale_entry = plant_stale_temporary(&cache, "x.g4cx", false);
+    let ls = g4c(&["cache", "ls"]);
+    assert!(String::from_utf8_lossy(&ls.stdout).contains("writer is gone"), "{}", String::from_utf8_lossy(&ls.stdout));
+    let verify = g4c(&["cache", "verify"]);
+    assert!(verify.status.success(), "{}", String::from_utf8_lossy(&verify.stderr));
+    assert!(!stale_entry.exists(), "cache verify removes temporaries of dead writers");
+}
+
+/// What cannot be removed is not reported as removed. (A directory where an entry belongs cannot
+/// be removed as a file, even by root, for whom permissions would not stop it.)
+#[test]
+fn a_cache_that_cannot_be_emptied_says_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let stuck = tmp.path().join("executables/0123-4567.g4cx");
+    std::fs::create_dir_all(stuck.join("inside")).unwrap();
+    let cache = |action: &str| crate::common::g4c_with_cache(tmp.path(), &["cache", action]);
+    assert_one_line_error(&cache("clear"), &["could not remove 1 of 1", "0123-4567.g4cx"]);
+    let verify = cache("verify");
+    assert!(!verify.status.success());
+    let stderr = String::from_utf8_lossy(&verify.stderr);
+    assert!(stderr.contains("0 removed, 1 could not be") && !stderr.contains("was removed"), "{stderr}");
+}
+
+/// `inspect` reads the multimodal config form, and `--verify` checks everything a run relies on:
+/// the executables listed in the manifest and the programs.
+#[test]
+fn inspect_reads_nested_configs_and_verifies_what_run_checks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let artifact = tmp.path().join("artifact");
+    let a = artifact.to_str().unwrap();
+    let g4c = |args: &[&str]| crate::common::g4c_with_cache(tmp.path(), args);
+    assert!(g4c(&["compile", &tiny(), "-o", a, "--prefill-len", "8", "--context", "32"]).status.success());
+    let shown = String::from_utf8(g4c(&["inspect", a]).stdout).unwrap();
+    assert!(shown.contains("10 layers, hidden 64, vocab 512"), "{shown}");
+    assert!(g4c(&["inspect", a, "--verify"]).status.success());
+
+    let program = artifact.join("stablehlo/decode.mlir");
+    let text = std::fs::read_to_string(&program).unwrap();
+    std::fs::write(&program, text.replace("stablehlo.add", "stablehlo.subtract")).unwrap();
+    assert_one_line_error(&g4c(&["inspect", a, "--verify"]), &["stablehlo/decode.mlir", "differs"]);
+    std::fs::write(&program, text).unwrap();
+
+    std::fs::remove_dir_all(artifact.join("executables")).unwrap();
+    assert_one_line_error(&g4c(&["inspect", a, "--verify"]), &["executables/", "is missing"]);
+}

@@ -216,10 +216,7 @@ impl Report<'_> {
             self.bandwidth_source,
             100.0 * rate / max,
         );
-        s += &format!(
-            "peak memory: {}\n",
-            self.peak.map_or("unknown".into(), |b| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64))
-        );
+        s += &format!("peak memory: {}\n", self.peak.map_or("unknown".into(), super::fmt_bytes));
         s
     }
 

@@ -1,6 +1,7 @@
+use crate::ui::ui;
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
-use g4c_runtime::cache::ExecutableCache;
+use g4c_runtime::cache::{ExecutableCache, Miss};
 
 #[derive(Args)]
 pub struct CacheArgs {
@@ -23,7 +24,9 @@ pub fn run(args: CacheArgs) -> Result<()> {
     match args.action {
         CacheAction::Ls => {
             let entries = cache.list()?;
-            let mut out = format!("{}: {} entries\n", cache.dir().display(), entries.len());
+            let temporaries = cache.temporaries();
+            let stale = g4c_util::atomic::stale_temporaries(cache.dir());
+            let mut out = format!("{}: {}\n", cache.dir().display(), super::count(entries.len(), "entry", "entries"));
             for e in &entries {
                 let name = e.path.file_name().unwrap_or_default().to_string_lossy();
                 let size = format!("{:.1} MB", e.bytes as f64 / 1e6);
@@ -40,25 +43,48 @@ pub fn run(args: CacheArgs) -> Result<()> {
                     Err(error) => out += &format!("{name}  {size:>9}  unreadable: {error}\n"),
                 }
             }
+            for path in &temporaries {
+                let name = path.file_name().unwrap_or_default().to_string_lossy();
+                let stale = stale.contains(path);
+                out += &format!(
+                    "{name}  temporary, {}\n",
+                    if stale { "its writer is gone (cache verify removes it)" } else { "being written" }
+                );
+            }
             super::write_stdout(&out)
         }
         CacheAction::Clear => {
             let (files, bytes) = cache.clear()?;
             super::write_stdout(&format!(
-                "removed {files} files ({:.1} MB) from {}\n",
-                bytes as f64 / 1e6,
+                "removed {} ({}) from {}\n",
+                super::count(files, "file", "files"),
+                super::fmt_bytes(bytes),
                 cache.dir().display()
             ))
         }
         CacheAction::Verify => {
-            let (good, bad) = cache.verify()?;
-            for miss in &bad {
+            let verified = cache.verify()?;
+            let (good, bad) = (verified.good, &verified.bad);
+            for path in &verified.stale_removed {
+                ui().note(&format!("removed {}, a temporary whose writer is gone", path.display()));
+            }
+            for miss in bad {
                 eprintln!("g4c: {miss}");
             }
             if !bad.is_empty() {
-                bail!("{} of {} cache entries failed verification (removed)", bad.len(), good + bad.len());
+                let removed = bad.iter().filter(|m| matches!(m, Miss::Corrupt { removed: true, .. })).count();
+                bail!(
+                    "{} of {} cache entries failed verification ({removed} removed, {} could not be)",
+                    bad.len(),
+                    good + bad.len(),
+                    bad.len() - removed
+                );
             }
-            super::write_stdout(&format!("{good} entries verified in {}\n", cache.dir().display()))
+            super::write_stdout(&format!(
+                "{} verified in {}\n",
+                super::count(good, "entry", "entries"),
+                cache.dir().display()
+            ))
         }
     }
 }

@@ -74,15 +74,15 @@ pub fn run(args: CompileArgs) -> Result<()> {
     if args.json {
         super::write_stdout(&format!("{report}\n"))
     } else {
-        let kib = report["kv_bytes_per_token"].as_u64().unwrap_or(0) as f64 / 1024.0;
         let bytes = |k: &str| super::fmt_bytes(report[k].as_u64().unwrap_or(0));
         let entries: Vec<&str> = compiled.programs.iter().map(|p| p.entry.as_str()).collect();
         super::write_stdout(&format!(
-            "compiled {} for {}: entries {}; {} KV layers, {kib:.1} KiB KV per token; weights {} on device, {} on host\n",
+            "compiled {} for {}: entries {}; {} KV layers, {} KV per token; weights {} on device, {} on host\n",
             args.model_dir.display(),
             target.name,
             entries.join(", "),
             report["kv_layers"],
+            bytes("kv_bytes_per_token"),
             bytes("device_weight_bytes"),
             bytes("host_weight_bytes"),
         ))

@@ -1,7 +1,6 @@
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Args;
 use g4c_runtime::artifact::{Artifact, Manifest};
-use g4c_runtime::cache::ExecutableCache;
 use std::fmt::Write;
 use std::path::PathBuf;
 
@@ -22,10 +21,8 @@ pub fn run(args: InspectArgs) -> Result<()> {
     let manifest = if args.verify {
         let artifact = Artifact::open(&args.artifact)?;
         artifact.verify_weights()?;
-        let (_, bad) = ExecutableCache::at(artifact.executables_dir(), false).verify()?;
-        if let Some(first) = bad.first() {
-            bail!("artifact {}: {first}", args.artifact.display());
-        }
+        artifact.check_programs(&g4c_driver::stablehlo_programs(&artifact.module)?)?;
+        artifact.verify_executables()?;
         artifact.manifest
     } else {
         Artifact::read_manifest(&args.artifact)?
@@ -35,7 +32,8 @@ pub fn run(args: InspectArgs) -> Result<()> {
     }
     let mut out = describe(&args.artifact.display().to_string(), &manifest);
     if args.verify {
-        out += "verified: the weights match their content hash; every executable passes its checks\n";
+        out += "verified: the weights match their content hash, the programs the lowering of the IR, and \
+                every executable is present and passes its checks\n";
     }
     super::write_stdout(&out)
 }
@@ -43,6 +41,8 @@ pub fn run(args: InspectArgs) -> Result<()> {
 fn describe(path: &str, m: &Manifest) -> String {
     let t = &m.target;
     let c = &m.model.config;
+    // The multimodal form (what Gemma 4 publishes and `synth` writes) nests the text model's sizes.
+    let text = c.get("text_config").filter(|t| t.is_object()).unwrap_or(c);
     let w = &m.model.weights;
     let r = &m.report;
     let mut s = String::new();
@@ -65,9 +65,9 @@ fn describe(path: &str, m: &Manifest) -> String {
         "model     {} ({}, {} layers, hidden {}, vocab {})",
         m.model.source,
         c["model_type"].as_str().unwrap_or("?"),
-        c["num_hidden_layers"],
-        c["hidden_size"],
-        c["vocab_size"]
+        text["num_hidden_layers"],
+        text["hidden_size"],
+        text["vocab_size"]
     );
     let _ = writeln!(
         s,

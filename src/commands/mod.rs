@@ -125,6 +125,11 @@ pub fn write_logits(
     write_atomic(path, &safetensors::serialize(views, None)?)
 }
 
+/// `1 entry`, `2 entries`: a count with its noun in the right number.
+pub fn count(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// Bytes in the largest unit that keeps a number ≥ 1 (decimal: kB, MB, GB).
 pub fn fmt_bytes(bytes: u64) -> String {
     let b = bytes as f64;

@@ -183,14 +183,15 @@ fn print_stats(args: &RunArgs, target: &Target, shape: &ModelShape, g: &Generati
     let rate = if t.decode_seconds > 0.0 { decoded as f64 / t.decode_seconds } else { 0.0 };
     let calls: Vec<String> = shape.prefill_plan(g.prompt_ids.len()).iter().map(|(_, t, _)| t.to_string()).collect();
     eprintln!(
-        "stats: backend {} (target {}), prefill {} tokens (calls of {}) {:.1} ms, decode {decoded} tokens {:.2} tok/s, peak memory {}",
+        "stats: backend {} (target {}), prefill {} (calls of {}) {:.1} ms, decode {} {:.2} tok/s, peak memory {}",
         args.execution.backend.kind().name(),
         target.name,
-        g.prompt_ids.len(),
+        super::count(g.prompt_ids.len(), "token", "tokens"),
         calls.join(" + "),
         t.prefill_seconds * 1e3,
+        super::count(decoded, "token", "tokens"),
         rate,
-        super::peak_memory().map_or("unknown".into(), |b| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)),
+        super::peak_memory().map_or("unknown".into(), super::fmt_bytes),
     );
 }
 

@@ -1,7 +1,8 @@
 //! Files and directories that appear whole or not at all: written under a uniquely named temporary
 //! sibling, then renamed over the destination. Readers see the old file or the complete new one, two
 //! writers of the same path both leave a complete file, and an interrupted write leaves only a
-//! temporary (removed when its writer is dropped).
+//! temporary: removed when its writer is dropped or fails, and, when the process was killed first,
+//! by the next writer into the same directory (`remove_stale_temporaries`).
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -26,6 +27,7 @@ pub struct AtomicFile {
 
 impl AtomicFile {
     pub fn create(path: &Path) -> io::Result<AtomicFile> {
+        remove_stale_temporaries(parent_of(path));
         let tmp = temp_sibling(path);
         let file = io::BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
         Ok(AtomicFile { file: Some(file), tmp, path: path.to_path_buf() })
@@ -33,8 +35,15 @@ impl AtomicFile {
 
     pub fn commit(mut self) -> io::Result<()> {
         let file = self.file.take().expect("committed once");
-        file.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-        std::fs::rename(&self.tmp, &self.path)
+        let done = file
+            .into_inner()
+            .map_err(|e| e.into_error())
+            .and_then(|f| f.sync_all())
+            .and_then(|()| std::fs::rename(&self.tmp, &self.path));
+        if done.is_err() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+        done
     }
 }
 
@@ -65,6 +74,7 @@ pub struct AtomicDir {
 
 impl AtomicDir {
     pub fn create(path: &Path) -> io::Result<AtomicDir> {
+        remove_stale_temporaries(parent_of(path));
         let tmp = temp_sibling(path);
         std::fs::create_dir_all(&tmp)?;
         Ok(AtomicDir { tmp: Some(tmp), path: path.to_path_buf() })
@@ -75,16 +85,30 @@ impl AtomicDir {
         self.tmp.as_deref().expect("not committed")
     }
 
+    /// Moves the directory into place. An existing one is swapped with it in one step where the
+    /// filesystem can (Linux `RENAME_EXCHANGE`), so the path never stops existing, then removed.
     pub fn commit(mut self) -> io::Result<()> {
-        let tmp = self.tmp.take().expect("committed once");
-        if self.path.exists() {
+        let tmp = self.tmp.clone().expect("committed once");
+        // What is left to remove once the new directory is in place: the old one, if any.
+        let old = if !self.path.exists() {
+            std::fs::rename(&tmp, &self.path)?;
+            None
+        } else if exchange(&tmp, &self.path).is_ok() {
+            Some(tmp)
+        } else {
+            // No exchange here (another OS, or a filesystem without it): two renames, with a moment
+            // between them where the path does not exist.
             let old = temp_sibling(&self.path);
             std::fs::rename(&self.path, &old)?;
-            std::fs::rename(&tmp, &self.path)?;
-            std::fs::remove_dir_all(&old)
-        } else {
-            std::fs::rename(&tmp, &self.path)
-        }
+            if let Err(e) = std::fs::rename(&tmp, &self.path) {
+                let _ = std::fs::rename(&old, &self.path);
+                return Err(e);
+            }
+            Some(old)
+        };
+        // Dropping `self` removes it.
+        self.tmp = old;
+        Ok(())
     }
 }
 
@@ -96,6 +120,62 @@ impl Drop for AtomicDir {
     }
 }
 
+/// Swaps two paths in one step.
+#[cfg(target_os = "linux")]
+fn exchange(a: &Path, b: &Path) -> io::Result<()> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let c =
+        |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e));
+    let (a, b) = (c(a)?, c(b)?);
+    // SAFETY: both are valid NUL-terminated paths that outlive the call.
+    let rc = unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_EXCHANGE) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn exchange(_: &Path, _: &Path) -> io::Result<()> {
+    Err(io::Error::new(io::ErrorKind::Unsupported, "no atomic exchange of paths here"))
+}
+
+fn parent_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// Temporaries in `dir` whose writing process is gone: it was killed before it could remove them.
+/// A temporary is named after its writer's process id, which is taken to be in this machine's (and
+/// this PID namespace's) process table; where there is no `/proc`, none is judged stale.
+pub fn stale_temporaries(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return vec![] };
+    entries.flatten().map(|e| e.path()).filter(|p| writer_of(p).is_some_and(|pid| !process_exists(pid))).collect()
+}
+
+/// Removes `stale_temporaries(dir)` (files or directories); returns those it removed.
+pub fn remove_stale_temporaries(dir: &Path) -> Vec<PathBuf> {
+    stale_temporaries(dir)
+        .into_iter()
+        .filter(|p| if p.is_dir() { std::fs::remove_dir_all(p) } else { std::fs::remove_file(p) }.is_ok())
+        .collect()
+}
+
+/// The process id in a temporary's name (`.tmp-PID-COUNTER-NAME`).
+fn writer_of(path: &Path) -> Option<u32> {
+    let name = path.file_name()?.to_str()?;
+    name.strip_prefix(TEMP_PREFIX)?.split('-').next()?.parse().ok()
+}
+
+fn process_exists(pid: u32) -> bool {
+    let proc = Path::new("/proc");
+    !proc.is_dir() || proc.join(pid.to_string()).exists()
+}
+
 /// A sibling of `path` with a name no other writer uses (process id and a counter).
 fn temp_sibling(path: &Path) -> PathBuf {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -105,4 +185,55 @@ fn temp_sibling(path: &Path) -> PathBuf {
         std::process::id(),
         COUNTER.fetch_add(1, Ordering::Relaxed)
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> =
+            std::fs::read_dir(dir).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_failed_commit_leaves_no_temporary() {
+        let dir = std::env::temp_dir().join(format!("g4c-atomic-commit-{}", std::process::id()));
+        let target = dir.join("occupied");
+        std::fs::create_dir_all(target.join("inside")).unwrap();
+        assert!(write_atomic(&target, b"bytes").is_err(), "a file cannot replace a non-empty directory");
+        assert_eq!(names(&dir), ["occupied"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn temporaries_of_dead_writers_are_removed_by_the_next_writer() {
+        let dir = std::env::temp_dir().join(format!("g4c-atomic-stale-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Above Linux's largest pid_max (2^22): no process has this id.
+        let dead = dir.join(format!("{TEMP_PREFIX}4194305-0-artifact"));
+        std::fs::create_dir_all(dead.join("executables")).unwrap();
+        let live = dir.join(format!("{TEMP_PREFIX}{}-99-logits", std::process::id()));
+        std::fs::write(&live, b"being written").unwrap();
+        assert_eq!(stale_temporaries(&dir), [dead]);
+        write_atomic(&dir.join("logits"), b"done").unwrap();
+        assert_eq!(names(&dir), [format!("{TEMP_PREFIX}{}-99-logits", std::process::id()), "logits".into()]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_directory_is_replaced_whole() {
+        let dir = std::env::temp_dir().join(format!("g4c-atomic-dir-{}", std::process::id()));
+        let out = dir.join("out");
+        for content in ["old", "new"] {
+            let staged = AtomicDir::create(&out).unwrap();
+            std::fs::write(staged.path().join(content), content).unwrap();
+            staged.commit().unwrap();
+        }
+        assert_eq!(names(&out), ["new"]);
+        assert_eq!(names(&dir), ["out"], "no temporary is left");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

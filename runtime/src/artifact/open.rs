@@ -88,6 +88,23 @@ impl Artifact {
         Ok(())
     }
 
+    /// Checks that every executable the manifest lists is there and passes its header and checksum
+    /// checks (an artifact is never modified: nothing is removed).
+    pub fn verify_executables(&self) -> Result<()> {
+        for entry in &self.manifest.entries {
+            if let Some(rel) = &entry.executable {
+                if !self.dir.join(rel).is_file() {
+                    return Err(bad(&self.dir, format!("{rel}, the executable of @{}, is missing", entry.name)));
+                }
+            }
+        }
+        let verified = crate::cache::ExecutableCache::at(self.executables_dir(), false).verify()?;
+        match verified.bad.first() {
+            Some(first) => Err(bad(&self.dir, first)),
+            None => Ok(()),
+        }
+    }
+
     /// Hashes the weights file and compares it with the manifest's content hash.
     pub fn verify_weights(&self) -> Result<()> {
         let path = self.dir.join(&self.manifest.model.weights.file);

@@ -71,6 +71,17 @@ impl std::fmt::Display for Miss {
     }
 }
 
+/// What `verify` found.
+pub struct Verified {
+    pub good: usize,
+    /// Entries that failed a check (each says whether it was removed).
+    pub bad: Vec<Miss>,
+    /// Temporaries of writers that no longer run, removed.
+    pub stale_removed: Vec<PathBuf>,
+    /// Temporaries left after that: being written now, or not removable.
+    pub temporaries: Vec<PathBuf>,
+}
+
 /// One entry as `g4c cache ls` shows it.
 pub struct Listed {
     pub path: PathBuf,
@@ -158,7 +169,12 @@ impl ExecutableCache {
     }
 
     /// Reads every entry in full and checks it; removes (when writable) and returns those that fail.
-    pub fn verify(&self) -> Result<(usize, Vec<Miss>)> {
+    /// Temporaries left by killed writers are removed too.
+    pub fn verify(&self) -> Result<Verified> {
+        let stale_removed = match self.writable {
+            true => g4c_util::atomic::remove_stale_temporaries(&self.dir),
+            false => vec![],
+        };
         let mut good = 0;
         let mut bad = vec![];
         for path in self.files()? {
@@ -180,18 +196,31 @@ impl ExecutableCache {
                 Err(error) => bad.push(self.corrupt(path, error)),
             }
         }
-        Ok((good, bad))
+        Ok(Verified { good, bad, stale_removed, temporaries: self.temporaries() })
     }
 
-    /// Removes every entry and leftover temporary file; returns how many files and bytes.
+    /// Removes every entry and leftover temporary; returns how many files and bytes. Fails, naming
+    /// the first, if any could not be removed.
     pub fn clear(&self) -> Result<(usize, u64)> {
         let mut removed = (0, 0);
+        let mut failed = vec![];
         for path in self.files()?.into_iter().chain(self.temporaries()) {
             let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-            if std::fs::remove_file(&path).is_ok() {
-                removed.0 += 1;
-                removed.1 += bytes;
+            match std::fs::remove_file(&path) {
+                Ok(()) => {
+                    removed.0 += 1;
+                    removed.1 += bytes;
+                }
+                Err(e) => failed.push(format!("{}: {e}", path.display())),
             }
+        }
+        if let Some(first) = failed.first() {
+            return Err(RuntimeError::Invalid(format!(
+                "could not remove {} of {} files from {} (first: {first})",
+                failed.len(),
+                failed.len() + removed.0,
+                self.dir.display()
+            )));
         }
         Ok(removed)
     }
@@ -227,10 +256,13 @@ impl ExecutableCache {
         Ok(files)
     }
 
-    fn temporaries(&self) -> Vec<PathBuf> {
-        std::fs::read_dir(&self.dir)
+    /// Files being written (or left by a writer that was killed).
+    pub fn temporaries(&self) -> Vec<PathBuf> {
+        let mut found: Vec<PathBuf> = std::fs::read_dir(&self.dir)
             .map(|d| d.flatten().map(|e| e.path()).filter(|p| is_temporary(p)).collect())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        found.sort();
+        found
     }
 }
 
