@@ -9,7 +9,10 @@ use std::path::Path;
 
 /// Rewrites `dir/model.safetensors` through `edit(name, dtype, shape, bytes)`, which returns the
 /// tensor to write in its place or `None` to drop it.
-fn rewrite(dir: &Path, edit: impl Fn(&str, Dtype, Vec<usize>, Vec<u8>) -> Option<(Dtype, Vec<usize>, Vec<u8>)>) {
+pub(crate) fn rewrite(
+    dir: &Path,
+    edit: impl Fn(&str, Dtype, Vec<usize>, Vec<u8>) -> Option<(Dtype, Vec<usize>, Vec<u8>)>,
+) {
     let path = dir.join("model.safetensors");
     let bytes = std::fs::read(&path).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
@@ -34,7 +37,7 @@ fn open_error(dir: &Path) -> String {
     }
 }
 
-fn edit_config(dir: &Path, edit: impl Fn(&mut serde_json::Value)) {
+pub(crate) fn edit_config(dir: &Path, edit: impl Fn(&mut serde_json::Value)) {
     let path = dir.join("config.json");
     let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     edit(&mut v);

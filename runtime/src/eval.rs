@@ -30,16 +30,22 @@ pub fn score(exec: &mut dyn Executor, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
         let inputs = StepInputs { ids: Tensor::i32([1, t], tokens), pos: Tensor::i32([1, t], pos), last: None };
         let logits = exec.step(&entry, &inputs)?;
         let values = logits.as_f32().expect("float logits");
-        rows.extend(values.chunks(vocab).take(chunk.len()).map(|r| r.to_vec()));
+        for (i, row) in values.chunks(vocab).take(chunk.len()).enumerate() {
+            rows.push(crate::generate::finite(row.to_vec(), || format!("position {}", c * t + i))?);
+        }
     }
     Ok(rows)
 }
 
+/// `log Σ exp` of one row, in f64.
+fn log_sum_exp(row: &[f32]) -> f64 {
+    let max = row.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
+    max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln()
+}
+
 /// `log softmax` of one row, in f64.
 fn log_softmax(row: &[f32]) -> Vec<f64> {
-    let max = row.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
-    let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
-    let log_sum = max + sum.ln();
+    let log_sum = log_sum_exp(row);
     row.iter().map(|&x| x as f64 - log_sum).collect()
 }
 
@@ -47,7 +53,7 @@ fn log_softmax(row: &[f32]) -> Vec<f64> {
 /// negative log-likelihood of tokens 1..N.
 pub fn perplexity(logits: &[Vec<f32>], ids: &[u32]) -> f64 {
     let n = ids.len().saturating_sub(1).min(logits.len());
-    let nll: f64 = (0..n).map(|i| -log_softmax(&logits[i])[ids[i + 1] as usize]).sum();
+    let nll: f64 = (0..n).map(|i| log_sum_exp(&logits[i]) - logits[i][ids[i + 1] as usize] as f64).sum();
     (nll / n.max(1) as f64).exp()
 }
 

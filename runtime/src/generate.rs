@@ -150,7 +150,7 @@ pub fn generate(
     }
 
     let started = Instant::now();
-    let mut logits = logits_row(prefill(exec, &shape, &[prompt])?);
+    let mut logits = finite(logits_row(prefill(exec, &shape, &[prompt])?), || "the prefill".into())?;
     gen.timings.prefill_seconds = started.elapsed().as_secs_f64();
     let started = Instant::now();
     let mut sampler = Sampler::new(opts.sampling);
@@ -178,7 +178,10 @@ pub fn generate(
             gen.stop = StopReason::Context;
             break;
         }
-        logits = logits_row(decode(exec, &shape, &[token], position)?);
+        let step = gen.generated_ids.len();
+        logits = finite(logits_row(decode(exec, &shape, &[token], position)?), || {
+            format!("decode step {step} (position {position})")
+        })?;
         position += 1;
     }
     gen.timings.decode_seconds = started.elapsed().as_secs_f64();
@@ -225,6 +228,15 @@ pub fn decode(exec: &mut dyn Executor, shape: &ModelShape, tokens: &[u32], posit
         last: None,
     };
     exec.step(&shape.decode, &inputs)
+}
+
+/// `logits` if every value is finite; else an error naming the call that produced them (`what`),
+/// rather than a token picked from NaNs.
+pub(crate) fn finite(logits: Vec<f32>, what: impl FnOnce() -> String) -> Result<Vec<f32>> {
+    match logits.iter().position(|x| !x.is_finite()) {
+        None => Ok(logits),
+        Some(i) => invalid(format!("the logits of {} are not finite ({} at token {i})", what(), logits[i])),
+    }
 }
 
 /// The logits of sequence 0.

@@ -147,6 +147,26 @@ pub fn convert_float_bytes(from: DType, to: DType, bytes: &[u8]) -> Result<Vec<u
 }
 
 /// `convert_float_bytes` into `out` (cleared first), reusing its allocation.
+/// The index of the first NaN or infinity in little-endian float `bytes` of `dtype` (none for
+/// integer types): an all-ones exponent, tested on the bits without converting.
+pub fn first_non_finite(dtype: DType, bytes: &[u8]) -> Option<usize> {
+    fn scan<const N: usize>(bytes: &[u8], exponent: u32) -> Option<usize> {
+        let bits = |c: &[u8]| c.iter().rev().fold(0u32, |acc, &b| (acc << 8) | u32::from(b));
+        // Any hit at all is rare: test whole blocks first (vectorizes), locate only in a bad one.
+        let block = 4096 * N;
+        bytes.chunks(block).enumerate().find_map(|(i, chunk)| {
+            let bad = chunk.chunks_exact(N).fold(false, |any, c| any | (bits(c) & exponent == exponent));
+            bad.then(|| i * 4096 + chunk.chunks_exact(N).position(|c| bits(c) & exponent == exponent).unwrap())
+        })
+    }
+    match dtype {
+        DType::F32 => scan::<4>(bytes, 0x7f80_0000),
+        DType::BF16 => scan::<2>(bytes, 0x7f80),
+        DType::F16 => scan::<2>(bytes, 0x7c00),
+        _ => None,
+    }
+}
+
 pub fn convert_float_bytes_into(from: DType, to: DType, bytes: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
     let decode: fn(&[u8]) -> f32 = match from {
         DType::F32 => |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]),

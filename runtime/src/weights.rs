@@ -4,7 +4,7 @@
 
 use crate::error::{Result, RuntimeError};
 use crate::quantize;
-use crate::tensor::{convert_float_bytes, convert_float_bytes_into, pack_i4, Tensor};
+use crate::tensor::{convert_float_bytes, convert_float_bytes_into, first_non_finite, pack_i4, Tensor};
 use g4c_frontend::Checkpoint;
 use g4c_ir::{DType, SourceLayout, WeightDecl};
 use std::borrow::Cow;
@@ -84,6 +84,10 @@ fn mapped_or_built<'c>(ckpt: &'c Checkpoint, decl: &WeightDecl, out: &mut Vec<u8
     if t.shape != want.shape.as_slice() || (t.dtype != want.dtype && !widening) {
         let found = format!("checkpoint has {}{:?}, the IR expects {want}", t.dtype, t.shape);
         return Err(weight_error(decl, found));
+    }
+    // Non-finite weights would only surface as NaN logits, far from their cause.
+    if let Some(i) = first_non_finite(t.dtype, t.bytes) {
+        return Err(weight_error(decl, format!("element {i} is NaN or infinite; expected finite numbers")));
     }
     let (from, to) = (t.dtype, decl.ty.dtype);
     match decl.layout {
