@@ -96,7 +96,7 @@ fn eval_rejects_bad_input_in_one_line() {
             vec!["--reference".into(), path(&write("bad.safetensors", b"\x10\0\0")).into()],
             vec!["bad.safetensors", "not a safetensors file"],
         ),
-        (write("chunk.txt", b"1,2,3"), vec!["--chunk".into(), "0".into()], vec!["--chunk", "at least 1"]),
+        (write("chunk.txt", b"1,2,3"), vec!["--chunk".into(), "0".into()], vec!["--chunk", "found 0"]),
     ];
     for (ids, extra, needles) in cases {
         let mut args = vec!["eval", path(&model), "--ids", path(&ids)];
