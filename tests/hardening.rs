@@ -245,3 +245,99 @@ fn non_finite_numbers_are_errors() {
         assert_one_line_error(&run(huge.path(), backend), &["logits of the prefill are not finite"]);
     }
 }
+
+/// `g4c` that is killed (and the test failed) if it has not finished in `seconds`: for inputs that
+/// once made it hang.
+fn g4c_within(seconds: u64, args: &[&str]) -> std::process::Output {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_g4c"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    for _ in 0..seconds * 10 {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    child.kill().unwrap();
+    panic!("g4c {args:?} did not finish in {seconds} s");
+}
+
+/// Rewrites the JSON header of `dir/model.safetensors` through `edit`, keeping the data.
+fn edit_header(dir: &Path, edit: impl Fn(&mut serde_json::Value)) {
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + len]).unwrap();
+    edit(&mut header);
+    let text = header.to_string();
+    let out = [&(text.len() as u64).to_le_bytes()[..], text.as_bytes(), &bytes[8 + len..]].concat();
+    std::fs::write(&path, out).unwrap();
+}
+
+/// Errors name what is wrong where the user can fix it, in a line of readable length.
+#[test]
+fn messages_point_at_the_cause() {
+    use crate::frontend_errors::edit_config;
+    const NORM: &str = "model.language_model.norm.weight";
+    let broken = |edit: &dyn Fn(&Path)| {
+        let dir = crate::common::published_copy("tiny");
+        edit(dir.path());
+        let out = g4c(&["run", dir.path().to_str().unwrap(), "--prompt-ids", "2", "--max-new-tokens", "1"]);
+        (dir, out)
+    };
+    type Edit = Box<dyn Fn(&Path)>;
+    let cases: Vec<(Edit, Vec<&str>)> = vec![
+        (
+            Box::new(|d| edit_header(d, |h| h[NORM]["shape"] = serde_json::json!([32]))),
+            vec![NORM, "BF16 [32] (64 bytes)", "holds 128 bytes"],
+        ),
+        (
+            Box::new(|d| {
+                edit_config(d, |c| c["text_config"].as_object_mut().unwrap().remove("hidden_size").map(drop).unwrap())
+            }),
+            vec!["tensor problems", "more (does config.json describe this checkpoint?)"],
+        ),
+        (
+            Box::new(|d| {
+                edit_config(d, |c| c["text_config"].as_object_mut().unwrap().remove("layer_types").map(drop).unwrap())
+            }),
+            vec!["num_kv_shared_layers", "no `layer_types` given"],
+        ),
+        (
+            Box::new(|d| edit_config(d, |c| c["text_config"]["hidden_size_per_layer_input"] = 0.into())),
+            vec!["embed_tokens_per_layer.weight` is present", "hidden_size_per_layer_input is 0"],
+        ),
+        (
+            Box::new(|d| {
+                edit_config(d, |c| {
+                    c["text_config"]["rope_parameters"]["full_attention"]["partial_rotary_factor"] = 2.0.into()
+                })
+            }),
+            vec!["partial_rotary_factor", "(0, 1]", "found 2"],
+        ),
+        (
+            Box::new(|d| edit_config(d, |c| c["text_config"]["vocab_size"] = (1u64 << 40).into())),
+            vec!["vocab_size", "at most 16777216"],
+        ),
+    ];
+    for (edit, needles) in cases {
+        let (_dir, out) = broken(&*edit);
+        assert_one_line_error(&out, &needles);
+        assert!(out.stderr.len() < 1000, "{} bytes of error", out.stderr.len());
+    }
+
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("tiny");
+    assert!(g4c(&["synth", "--preset", "tiny", "-o", model.to_str().unwrap()]).status.success());
+    let m = model.to_str().unwrap();
+    assert_one_line_error(&g4c(&["run", m, "--prompt", " "]), &["prompt text is empty"]);
+    assert_one_line_error(&g4c(&["run", m, "--prompt", "ba zzqx"]), &["`zzqx`", "not in the vocabulary"]);
+
+    std::fs::remove_file(model.join("model.safetensors")).unwrap();
+    let fifo = std::process::Command::new("mkfifo").arg(model.join("model.safetensors")).status().unwrap();
+    assert!(fifo.success());
+    assert_one_line_error(&g4c_within(30, &["run", m, "--prompt-ids", "2"]), &["model.safetensors", "FIFO"]);
+}

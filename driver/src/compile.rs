@@ -144,7 +144,8 @@ pub fn compile(req: &CompileRequest, feedback: &Feedback) -> Result<Compiled> {
                 report: report.clone(),
                 shapes: ShapeInfo { batch: req.batch, prefill_lens: req.prefill_lens.clone(), context: req.context },
             };
-            Some(write_artifact(out, &source, feedback.progress)?)
+            // Errors name the artifact asked for, not only the temporary being filled.
+            Some(write_artifact(out, &source, feedback.progress).with_context(|| format!("artifact {}", out.display()))?)
         }
         None => None,
     };

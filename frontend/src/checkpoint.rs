@@ -6,7 +6,6 @@ use g4c_ir::DType;
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensorError, SafeTensors};
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 /// Where one tensor's bytes are.
@@ -76,12 +75,12 @@ impl Checkpoint {
             Checkpoint { dir: dir.to_path_buf(), files: vec![], tensors: BTreeMap::new(), unreadable: BTreeMap::new() };
         for name in shard_names {
             let path = dir.join(&name);
-            let file = File::open(&path).map_err(|e| io_error(&path, e))?;
+            let file = g4c_util::files::open(&path).map_err(|e| io_error(&path, e))?;
             // SAFETY: the mapping is read-only; a checkpoint modified while g4c runs is outside what
             // any loader can defend against.
             let mmap = unsafe { Mmap::map(&file) }.map_err(|e| io_error(&path, e))?;
             let (header_len, metadata) =
-                SafeTensors::read_metadata(&mmap).map_err(|e| safetensors_error(&path, mmap.len(), e))?;
+                SafeTensors::read_metadata(&mmap).map_err(|e| safetensors_error(&path, &mmap, e))?;
             let data_start = 8 + header_len;
             let file_index = ckpt.files.len();
             for (name, info) in metadata.tensors() {
@@ -156,7 +155,7 @@ impl Checkpoint {
 }
 
 fn read_index(path: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(path).map_err(|e| io_error(path, e))?;
+    let text = g4c_util::files::read_to_string(path).map_err(|e| io_error(path, e))?;
     let v: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| FrontendError::Json { path: path.into(), message: e.to_string() })?;
     let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| FrontendError::Config {
@@ -179,7 +178,8 @@ fn read_index(path: &Path) -> Result<Vec<String>> {
     Ok(shards.into_iter().collect())
 }
 
-fn safetensors_error(path: &Path, len: usize, e: SafeTensorError) -> FrontendError {
+fn safetensors_error(path: &Path, bytes: &[u8], e: SafeTensorError) -> FrontendError {
+    let len = bytes.len();
     let message = match e {
         SafeTensorError::HeaderTooSmall | SafeTensorError::InvalidHeaderLength => {
             format!("not a safetensors file or truncated inside its header ({len} bytes)")
@@ -187,7 +187,33 @@ fn safetensors_error(path: &Path, len: usize, e: SafeTensorError) -> FrontendErr
         SafeTensorError::MetadataIncompleteBuffer => {
             format!("file size ({len} bytes) does not match the tensors its header describes (truncated or corrupt)")
         }
+        SafeTensorError::TensorInvalidInfo => match mismatched_tensor(bytes) {
+            Some(found) => format!("corrupt safetensors header: {found}"),
+            None => format!("corrupt safetensors header: {e}"),
+        },
         other => format!("corrupt safetensors header: {other}"),
     };
     FrontendError::Safetensors { path: path.into(), message }
+}
+
+/// The first tensor whose dtype and shape do not fit its byte range, described (the safetensors
+/// crate reports that one exists, not which).
+fn mismatched_tensor(bytes: &[u8]) -> Option<String> {
+    let len = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?) as usize;
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(bytes.get(8..8 + len)?).ok()?;
+    header.iter().filter(|(name, _)| *name != "__metadata__").find_map(|(name, info)| {
+        let dtype: Dtype = serde_json::from_value(info["dtype"].clone()).ok()?;
+        let shape: Vec<u64> = serde_json::from_value(info["shape"].clone()).ok()?;
+        let [start, end]: [u64; 2] = serde_json::from_value(info["data_offsets"].clone()).ok()?;
+        let needed =
+            shape.iter().try_fold(dtype.bitsize() as u64, |n, &d| n.checked_mul(d)).map(|bits| bits.div_ceil(8));
+        let held = end.checked_sub(start);
+        (needed != held).then(|| {
+            format!(
+                "tensor `{name}` is {dtype:?} {shape:?} ({}) but its byte range {start}..{end} holds {}",
+                needed.map_or("more than 2^64 bytes".into(), |n| format!("{n} bytes")),
+                held.map_or("a negative length".into(), |n| format!("{n} bytes"))
+            )
+        })
+    })
 }

@@ -96,10 +96,12 @@ impl Gemma4Config {
     /// Reads `DIR/config.json` (and `DIR/generation_config.json` for extra EOS ids, if present).
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| io_error(&path, e))?;
+        let text = g4c_util::files::read_to_string(&path).map_err(|e| io_error(&path, e))?;
         let mut cfg = Self::from_json_str(&text, &path)?;
         let gen_path = dir.join("generation_config.json");
-        if let Ok(text) = std::fs::read_to_string(&gen_path) {
+        // Optional: absent is fine, anything else there must be readable.
+        if gen_path.symlink_metadata().is_ok() {
+            let text = g4c_util::files::read_to_string(&gen_path).map_err(|e| io_error(&gen_path, e))?;
             let v: Value = serde_json::from_str(&text)
                 .map_err(|e| FrontendError::Json { path: gen_path.clone(), message: e.to_string() })?;
             let r = Reader { path: gen_path, prefix: String::new(), obj: v.as_object().cloned().unwrap_or_default() };
@@ -170,6 +172,10 @@ fn parse_text_config(r: &Reader) -> Result<Gemma4Config> {
     let vocab_size = r.positive("vocab_size", Some(262_144))?;
     let hidden_size = r.positive("hidden_size", Some(2304))?;
     let num_layers = r.positive("num_hidden_layers", Some(30))?;
+    if num_layers > g4c_util::limits::MAX_LAYERS {
+        let limit = g4c_util::limits::MAX_LAYERS;
+        return Err(r.bad("num_hidden_layers", format!("at most {limit} (g4c's limit)"), num_layers.to_string()));
+    }
     let num_attention_heads = r.positive("num_attention_heads", Some(8))?;
     let num_kv_heads = r.positive("num_key_value_heads", Some(4))?;
     let head_dim = r.positive("head_dim", Some(256))?;
@@ -185,6 +191,7 @@ fn parse_text_config(r: &Reader) -> Result<Gemma4Config> {
         ));
     }
 
+    let given_layer_types = r.obj.get("layer_types").is_some_and(|v| !v.is_null());
     let mut kinds = match r.obj.get("layer_types").filter(|v| !v.is_null()) {
         None => (0..num_layers)
             .map(|i| if (i + 1) % 6 == 0 { AttentionKind::Full } else { AttentionKind::Sliding })
@@ -269,9 +276,15 @@ fn parse_text_config(r: &Reader) -> Result<Gemma4Config> {
     let mut kv_source: Vec<usize> = (0..num_layers).collect();
     for l in first_shared..num_layers {
         let src = (0..first_shared).rev().find(|&s| kinds[s] == kinds[l]).ok_or_else(|| {
+            // Without `layer_types` the kinds are the default pattern's, which may be what is wrong.
+            let assumed =
+                if given_layer_types { "" } else { " (no `layer_types` given: every 6th layer full, and the last)" };
             r.bad(
                 "num_kv_shared_layers",
-                format!("a non-shared {} layer before layer {first_shared} to share keys/values from", kinds[l].name()),
+                format!(
+                    "a non-shared {} layer before layer {first_shared} to share keys/values from{assumed}",
+                    kinds[l].name()
+                ),
                 num_shared.to_string(),
             )
         })?;
@@ -305,7 +318,13 @@ fn parse_text_config(r: &Reader) -> Result<Gemma4Config> {
         let factor = sub.float("factor", Some(1.0))?;
         let partial = match rope_type.as_str() {
             "default" => 1.0,
-            "proportional" => sub.float("partial_rotary_factor", Some(1.0))?,
+            "proportional" => {
+                let f = sub.float("partial_rotary_factor", Some(1.0))?;
+                if !(f > 0.0 && f <= 1.0) {
+                    return Err(sub.bad("partial_rotary_factor", "a fraction in (0, 1]".into(), f.to_string()));
+                }
+                f
+            }
             other => return Err(sub.unsupported(format!("rope_type `{other}` (expected default or proportional)"))),
         };
         Ok(Rope { theta, partial_rotary_factor: partial, factor })
@@ -393,12 +412,15 @@ impl Reader {
         }
     }
 
+    /// A size: a non-negative integer up to `MAX_CONFIG_DIM`, so that products of sizes cannot overflow.
     pub(crate) fn usize(&self, field: &str, default: Option<usize>) -> Result<usize> {
+        use g4c_util::limits::MAX_CONFIG_DIM;
         match (self.get(field), default) {
-            (Some(v), _) => v
-                .as_u64()
-                .map(|x| x as usize)
-                .ok_or_else(|| self.bad(field, "a non-negative integer".into(), kind_of(v))),
+            (Some(v), _) => match v.as_u64() {
+                Some(x) if x <= MAX_CONFIG_DIM as u64 => Ok(x as usize),
+                Some(x) => Err(self.bad(field, format!("at most {MAX_CONFIG_DIM} (g4c's limit)"), x.to_string())),
+                None => Err(self.bad(field, "a non-negative integer".into(), kind_of(v))),
+            },
             (None, Some(d)) => Ok(d),
             (None, None) => Err(self.missing(field, "a non-negative integer")),
         }

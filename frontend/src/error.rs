@@ -17,11 +17,29 @@ pub enum FrontendError {
     Safetensors { path: PathBuf, message: String },
     #[error("{message}")]
     Invalid { message: String },
-    #[error("checkpoint {dir}: {} tensor problem(s): {}", problems.len(), problems.join("; "))]
+    #[error("checkpoint {dir}: {}", summarize(problems))]
     Tensors { dir: PathBuf, problems: Vec<String> },
 }
 
 pub type Result<T> = std::result::Result<T, FrontendError>;
+
+/// The first few problems and how many more: a config that does not describe the checkpoint makes
+/// every tensor a problem, and one line of thousands of them helps no one.
+fn summarize(problems: &[String]) -> String {
+    const SHOWN: usize = 5;
+    let mut text = match problems.len() {
+        1 => "1 tensor problem: ".to_string(),
+        n => format!("{n} tensor problems: "),
+    };
+    text += &problems[..problems.len().min(SHOWN)].join("; ");
+    if problems.len() > SHOWN {
+        text += &format!("; and {} more", problems.len() - SHOWN);
+        if problems.iter().filter(|p| p.contains("has shape")).count() > SHOWN {
+            text += " (does config.json describe this checkpoint?)";
+        }
+    }
+    text
+}
 
 pub(crate) fn io_error(path: &std::path::Path, e: std::io::Error) -> FrontendError {
     FrontendError::Io { path: path.to_path_buf(), message: e.to_string() }

@@ -15,18 +15,34 @@ impl TextTokenizer {
         if !path.exists() {
             return Ok(None);
         }
-        let inner = tokenizers::Tokenizer::from_file(&path)
-            .map_err(|e| FrontendError::Io { path: path.clone(), message: format!("cannot load tokenizer: {e}") })?;
+        let cannot = |message: String| FrontendError::Io {
+            path: path.clone(),
+            message: format!("cannot load tokenizer: {message}"),
+        };
+        g4c_util::files::regular(&path).map_err(|e| cannot(e.to_string()))?;
+        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| cannot(e.to_string()))?;
         Ok(Some(TextTokenizer { inner, bos }))
     }
 
     /// Token ids of `text`, with BOS first: Gemma's tokenizer does not add it, and without it the model
-    /// echoes the prompt (gemma4.md §6 item 13).
+    /// echoes the prompt (gemma4.md §6 item 13). Empty text, and text the vocabulary cannot spell
+    /// (it would silently become the unknown token), are errors.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode(text, false)
-            .map_err(|e| FrontendError::Invalid { message: format!("cannot tokenize the prompt: {e}") })?;
+        let invalid = |message: String| FrontendError::Invalid { message };
+        if text.trim().is_empty() {
+            return Err(invalid("the prompt text is empty".into()));
+        }
+        let enc = self.inner.encode(text, false).map_err(|e| invalid(format!("cannot tokenize the prompt: {e}")))?;
+        if let Some((unk, unk_id)) = ["<unk>", "[UNK]"].iter().find_map(|&u| Some((u, self.inner.token_to_id(u)?))) {
+            for (&id, &(start, end)) in enc.get_ids().iter().zip(enc.get_offsets()) {
+                let piece = text.get(start..end).unwrap_or("");
+                if id == unk_id && piece != unk {
+                    return Err(invalid(format!(
+                        "the prompt's `{piece}` (bytes {start}..{end}) is not in the vocabulary; it would become {unk}"
+                    )));
+                }
+            }
+        }
         Ok(self.bos.into_iter().chain(enc.get_ids().iter().copied()).collect())
     }
 

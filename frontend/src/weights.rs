@@ -118,6 +118,14 @@ pub fn bind_weights(cfg: &Gemma4Config, ckpt: &Checkpoint) -> Result<Vec<WeightD
             },
         }
     }
+    // Without per-layer inputs the PLE tensors are not read; a checkpoint that has them was saved for
+    // another config, and dropping them silently would run a different model.
+    if cfg.per_layer_input_size == 0 {
+        let key = format!("{prefix}embed_tokens_per_layer.weight");
+        if ckpt.entry(&key).is_some() {
+            problems.push(format!("`{key}` is present but hidden_size_per_layer_input is 0 (per-layer inputs off)"));
+        }
+    }
     if problems.is_empty() {
         Ok(decls)
     } else {

@@ -25,7 +25,8 @@ impl Artifact {
     pub fn open(dir: &Path) -> Result<Artifact> {
         let manifest = Artifact::read_manifest(dir)?;
         let module_path = dir.join(files::MODULE);
-        let text = std::fs::read_to_string(&module_path).map_err(|e| bad(dir, format!("{}: {e}", files::MODULE)))?;
+        let text =
+            g4c_util::files::read_to_string(&module_path).map_err(|e| bad(dir, format!("{}: {e}", files::MODULE)))?;
         let module = g4c_ir::parse_module(&text).map_err(|e| bad(dir, format!("{}: {e}", files::MODULE)))?;
         g4c_ir::verify_module(&module).map_err(|e| bad(dir, format!("{}: {e}", files::MODULE)))?;
         let weights_path = dir.join(&manifest.model.weights.file);
@@ -45,7 +46,7 @@ impl Artifact {
 
     pub fn read_manifest(dir: &Path) -> Result<Manifest> {
         let path = dir.join(files::MANIFEST);
-        let text = std::fs::read_to_string(&path).map_err(|e| bad(dir, format!("{}: {e}", files::MANIFEST)))?;
+        let text = g4c_util::files::read_to_string(&path).map_err(|e| bad(dir, format!("{}: {e}", files::MANIFEST)))?;
         let version = serde_json::from_str::<serde_json::Value>(&text)
             .map_err(|e| bad(dir, format!("{}: {e}", files::MANIFEST)))?["format_version"]
             .as_u64();
@@ -72,7 +73,7 @@ impl Artifact {
         for p in programs {
             let entry = self.manifest.entries.iter().find(|e| e.name == p.entry);
             let Some(entry) = entry else { return Err(bad(&self.dir, format!("the manifest lists no @{}", p.entry))) };
-            let recorded = std::fs::read_to_string(self.dir.join(&entry.program))
+            let recorded = g4c_util::files::read_to_string(&self.dir.join(&entry.program))
                 .map_err(|e| bad(&self.dir, format!("{}: {e}", entry.program)))?;
             if recorded != p.text {
                 return Err(bad(
