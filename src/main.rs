@@ -14,7 +14,8 @@ struct Cli {
     /// Print no progress bars or notes (errors and warnings still go to stderr)
     #[arg(short, long, global = true)]
     quiet: bool,
-    /// Print details: where each executable came from and how long getting it took
+    /// Print details (for commands that compile: where each executable came from and how long getting
+    /// it took)
     #[arg(short, long, global = true, conflicts_with = "quiet")]
     verbose: bool,
 }

@@ -341,3 +341,58 @@ fn messages_point_at_the_cause() {
     assert!(fifo.success());
     assert_one_line_error(&g4c_within(30, &["run", m, "--prompt-ids", "2"]), &["model.safetensors", "FIFO"]);
 }
+
+/// Cold runs at once take turns compiling each program into the shared cache: between them every
+/// program is compiled once, not once per run.
+#[test]
+fn concurrent_cold_runs_compile_each_program_once() {
+    let cache = tempfile::tempdir().unwrap();
+    let tiny = tiny();
+    let args = ["run", &tiny, "--prompt-ids", "2,17", "--max-new-tokens", "2", "--context", "64", "--stats"];
+    let runs: Vec<std::process::Child> = (0..4)
+        .map(|_| {
+            std::process::Command::new(env!("CARGO_BIN_EXE_g4c"))
+                .env("G4C_CACHE_DIR", cache.path())
+                .args(args)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let compiled: usize = runs
+        .into_iter()
+        .map(|run| {
+            let out = run.wait_with_output().unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert!(out.status.success(), "{stderr}");
+            match stderr.split("compile: compiled ").nth(1) {
+                Some(rest) => rest.split(' ').next().unwrap().parse::<usize>().unwrap(),
+                None if stderr.contains("compile: cached") => 0,
+                None => panic!("no compile statistics: {stderr}"),
+            }
+        })
+        .sum();
+    assert_eq!(compiled, 2, "prefill and decode, each compiled by one of the four runs");
+}
+
+/// `--check-on-cpu` says what it checked, and its executables are cached like any others.
+#[test]
+fn check_on_cpu_reports_and_is_cached() {
+    let cache = tempfile::tempdir().unwrap();
+    let tiny = tiny();
+    let args = ["compile", &tiny, "--target", "tpu-v6e", "--check-on-cpu", "--prefill-len", "8", "--context", "32"];
+    let notes: Vec<String> = (0..2)
+        .map(|_| {
+            let out = crate::common::g4c_with_cache(cache.path(), &args);
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8_lossy(&out.stderr).into_owned()
+        })
+        .collect();
+    assert!(
+        notes[0].contains("--check-on-cpu: the CPU plugin accepts every entry point (compiled 2 of 2"),
+        "{}",
+        notes[0]
+    );
+    assert!(notes[1].contains("--check-on-cpu: the CPU plugin accepts every entry point (cached"), "{}", notes[1]);
+}

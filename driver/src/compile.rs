@@ -8,7 +8,7 @@ use g4c_frontend::{emit_module_with_prefills, Model, Shapes};
 use g4c_ir::{Module, Platform, Target};
 use g4c_passes::{compile_report, PassTiming, Pipeline, PipelineOptions};
 use g4c_runtime::artifact::{check_output_dir, write_artifact, ArtifactSource, Manifest, ShapeInfo};
-use g4c_runtime::backend::pjrt::{find_cpu_plugin, Compiler, PROGRAM_FORMAT};
+use g4c_runtime::backend::pjrt::{find_cpu_plugin, PROGRAM_FORMAT};
 use g4c_runtime::Program;
 use std::path::{Path, PathBuf};
 
@@ -63,6 +63,8 @@ pub struct Compiled {
     pub report: serde_json::Value,
     /// How the executables were obtained; `None` when no plugin for the target's platform was here.
     pub executables: Option<CompileSummary>,
+    /// `--check-on-cpu` for another platform's target: how the CPU plugin's executables were had.
+    pub cpu_check: Option<CompileSummary>,
     pub artifact: Option<Manifest>,
 }
 
@@ -77,13 +79,17 @@ pub fn compile(req: &CompileRequest, feedback: &Feedback) -> Result<Compiled> {
     let mut module = emit(&model, &shapes, shorter)?;
     let (pipeline, _) = run_passes(&mut module, target, &req.options, None, &mut |_, _| {})?;
     let programs = stablehlo_programs(&module)?;
-    if req.check_on_cpu && target.platform != Platform::Cpu {
-        let client = open_client(None)?;
-        let compiler = Compiler::new(&client, target.name, "check", None)?;
-        for p in &programs {
-            compiler.executable(p).with_context(|| format!("the CPU plugin rejected @{}", p.entry))?;
+    // What the CPU plugin compiled for the check is cached like any executable (keyed by target and
+    // plugin), so a second check of the same programs is a lookup.
+    let cpu_check = match req.check_on_cpu && target.platform != Platform::Cpu {
+        true => {
+            let client = open_client(None)?;
+            let caches = Caches::User { artifact: None };
+            let checked = executables(&client, &programs, target, "check", &caches, feedback);
+            Some(checked.context("the CPU plugin rejected the programs")?.1)
         }
-    }
+        false => None,
+    };
     let label = req.model_dir.display().to_string();
     let plugin = req.plugin.clone().or_else(|| (target.platform == Platform::Cpu).then(find_cpu_plugin).flatten());
     // Executables for an artifact are staged apart from the user's cache (which may be read-only)
@@ -145,9 +151,12 @@ pub fn compile(req: &CompileRequest, feedback: &Feedback) -> Result<Compiled> {
                 shapes: ShapeInfo { batch: req.batch, prefill_lens: req.prefill_lens.clone(), context: req.context },
             };
             // Errors name the artifact asked for, not only the temporary being filled.
-            Some(write_artifact(out, &source, feedback.progress).with_context(|| format!("artifact {}", out.display()))?)
+            Some(
+                write_artifact(out, &source, feedback.progress)
+                    .with_context(|| format!("artifact {}", out.display()))?,
+            )
         }
         None => None,
     };
-    Ok(Compiled { programs, report, executables, artifact })
+    Ok(Compiled { programs, report, executables, cpu_check, artifact })
 }

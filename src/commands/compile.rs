@@ -56,6 +56,9 @@ pub fn run(args: CompileArgs) -> Result<()> {
         out: args.out.as_deref(),
     };
     let compiled = with_feedback(|feedback| compile(&request, feedback))?;
+    if let Some(check) = &compiled.cpu_check {
+        ui().note(&format!("--check-on-cpu: the CPU plugin accepts every entry point ({})", check.describe()));
+    }
     match &compiled.executables {
         Some(summary) => ui().note(&format!("executables: {}", summary.describe())),
         None => ui().note(&format!(

@@ -133,6 +133,17 @@ impl ExecutableCache {
         Miss::Corrupt { path, error, removed }
     }
 
+    /// Holds the turn to compile `program` into this cache until dropped (or `release`d): another
+    /// process compiling the same program waits, then finds the entry. `None` where this cache is
+    /// not written or the lock cannot be had (then both compile, as without a lock).
+    pub fn compile_turn(&self, program: &ProgramKey, env: &Environment) -> Option<g4c_util::lock::FileLock> {
+        if !self.writable || std::fs::create_dir_all(&self.dir).is_err() {
+            return None;
+        }
+        let name = file_name(program, &env.digest());
+        g4c_util::lock::FileLock::exclusive(&self.dir.join(format!("{name}.lock"))).ok()
+    }
+
     /// Stores a serialized executable; `meta` describes it for listings (model, entry, target, …).
     pub fn store(
         &self,

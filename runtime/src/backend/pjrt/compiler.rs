@@ -103,30 +103,47 @@ impl<'c> Compiler<'c> {
         Ok((executables, events))
     }
 
+    /// `program`'s executable from `cache`, or why not (a corrupt entry is reported and, where the
+    /// cache is written, removed).
+    fn load(&self, cache: &ExecutableCache, program: &ProgramKey) -> std::result::Result<(PathBuf, Executable), Miss> {
+        match cache.lookup(program, &self.env) {
+            Lookup::Hit { path, body } => match self.client.deserialize(&body) {
+                Ok(executable) => Ok((path, executable)),
+                Err(e) => Err(cache.corrupt(path, format!("the plugin could not load it: {e}"))),
+            },
+            Lookup::Miss(m) => Err(m),
+        }
+    }
+
     pub fn executable(&self, p: &Program) -> Result<(Executable, CompileEvent)> {
         let started = Instant::now();
         let program = ProgramKey::new(&self.target, &p.entry, &COMPILE_OPTIONS, &p.text);
         let mut corrupt = vec![];
         let mut miss = Miss::Absent;
+        let loaded = |path: PathBuf, executable: Executable, corrupt: Vec<Miss>| {
+            let provenance = Provenance::Loaded(path);
+            let seconds = started.elapsed().as_secs_f64();
+            let event = CompileEvent { entry: p.entry.clone(), provenance, seconds, corrupt, not_stored: None };
+            (executable, event)
+        };
         for cache in self.read_only.iter().chain(&self.store) {
-            match cache.lookup(&program, &self.env) {
-                Lookup::Hit { path, body } => match self.client.deserialize(&body) {
-                    Ok(executable) => {
-                        let provenance = Provenance::Loaded(path);
-                        let seconds = started.elapsed().as_secs_f64();
-                        let entry = p.entry.clone();
-                        let event = CompileEvent { entry, provenance, seconds, corrupt, not_stored: None };
-                        return Ok((executable, event));
-                    }
-                    Err(e) => corrupt.push(cache.corrupt(path, format!("the plugin could not load it: {e}"))),
-                },
-                Lookup::Miss(m @ Miss::Corrupt { .. }) => corrupt.push(m),
-                Lookup::Miss(m) if m.rank() > miss.rank() => miss = m,
-                Lookup::Miss(_) => {}
+            match self.load(cache, &program) {
+                Ok((path, executable)) => return Ok(loaded(path, executable, corrupt)),
+                Err(m @ Miss::Corrupt { .. }) => corrupt.push(m),
+                Err(m) if m.rank() > miss.rank() => miss = m,
+                Err(_) => {}
             }
         }
         if let Some(first) = corrupt.first() {
             miss = first.clone();
+        }
+        // Another process may be compiling this program into the same cache: wait for it, then
+        // take what it stored rather than compiling again.
+        let turn = self.store.as_ref().and_then(|cache| cache.compile_turn(&program, &self.env));
+        if let (Some(_), Some(cache)) = (&turn, &self.store) {
+            if let Ok((path, executable)) = self.load(cache, &program) {
+                return Ok(loaded(path, executable, corrupt));
+            }
         }
         let executable = self.client.compile(p.text.as_bytes())?;
         let mut not_stored = None;
@@ -149,6 +166,9 @@ impl<'c> Compiler<'c> {
             }
             None => None,
         };
+        if let Some(turn) = turn {
+            turn.release();
+        }
         let provenance = Provenance::Compiled(miss, stored);
         let event = CompileEvent {
             entry: p.entry.clone(),
