@@ -120,9 +120,13 @@ impl WeightQuantization {
                     let text =
                         v.as_str().ok_or_else(|| r.bad(&format!("ignore[{i}]"), "a string".into(), kind_of(v)))?;
                     match text.strip_prefix("re:") {
-                        Some(pattern) => regex::Regex::new(&format!("^(?:{pattern})"))
-                            .map(Ignore::Pattern)
-                            .map_err(|e| r.bad(&format!("ignore[{i}]"), "a valid pattern".into(), e.to_string())),
+                        Some(pattern) => {
+                            regex::Regex::new(&format!("^(?:{pattern})")).map(Ignore::Pattern).map_err(|e| {
+                                // The regex crate draws the error over several lines; errors here are one.
+                                let found = e.to_string().split_whitespace().collect::<Vec<_>>().join(" ");
+                                r.bad(&format!("ignore[{i}]"), "a valid pattern".into(), found)
+                            })
+                        }
                         None => Ok(Ignore::Name(text.to_string())),
                     }
                 })

@@ -64,6 +64,52 @@ impl<'a> Lexer<'a> {
         ParseError { line: self.line, col: self.col, message }
     }
 
+    /// The rest of a string literal after its opening quote, with the escapes Rust's `{:?}` writes
+    /// (the printer's form): `\\`, `\"`, `\'`, `\0`, `\n`, `\r`, `\t` and `\u{HEX}`.
+    fn string(&mut self) -> Result<String, ParseError> {
+        let mut bytes = Vec::new();
+        loop {
+            if self.pos >= self.src.len() {
+                return Err(self.err("unterminated string".into()));
+            }
+            match self.bump() {
+                b'"' => break,
+                b'\\' if self.pos < self.src.len() => {
+                    let c = match self.bump() {
+                        b'n' => '\n',
+                        b'r' => '\r',
+                        b't' => '\t',
+                        b'0' => '\0',
+                        b'u' => self.unicode_escape()?,
+                        c @ (b'\\' | b'"' | b'\'') => c as char,
+                        other => return Err(self.err(format!("unknown escape of {:?} in a string", other as char))),
+                    };
+                    bytes.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes());
+                }
+                other => bytes.push(other),
+            }
+        }
+        // The source is a `str` and escapes add whole characters, so the bytes are UTF-8.
+        String::from_utf8(bytes).map_err(|_| self.err("a string that is not UTF-8".into()))
+    }
+
+    /// `{HEX}` after `\u`.
+    fn unicode_escape(&mut self) -> Result<char, ParseError> {
+        let rest = &self.src[self.pos..];
+        let end = rest.iter().position(|&b| b == b'}');
+        let hex = match (rest.first(), end) {
+            (Some(b'{'), Some(end)) => std::str::from_utf8(&rest[1..end]).ok(),
+            _ => None,
+        };
+        match hex.and_then(|h| u32::from_str_radix(h, 16).ok()).and_then(char::from_u32) {
+            Some(c) => {
+                self.pos += end.unwrap() + 1;
+                Ok(c)
+            }
+            None => Err(self.err("expected `{HEX}` (a Unicode scalar value) after `\\u`".into())),
+        }
+    }
+
     fn bump(&mut self) -> u8 {
         let c = self.src[self.pos];
         self.pos += 1;
@@ -118,25 +164,7 @@ impl<'a> Lexer<'a> {
                 }
                 b'"' => {
                     self.bump();
-                    let mut s = String::new();
-                    loop {
-                        if self.pos >= self.src.len() {
-                            return Err(self.err("unterminated string".into()));
-                        }
-                        match self.bump() {
-                            b'"' => break,
-                            b'\\' if self.pos < self.src.len() => {
-                                let e = self.bump();
-                                s.push(match e {
-                                    b'n' => '\n',
-                                    b't' => '\t',
-                                    other => other as char,
-                                });
-                            }
-                            other => s.push(other as char),
-                        }
-                    }
-                    Tok::Str(s)
+                    Tok::Str(self.string()?)
                 }
                 b'-' if self.src.get(self.pos + 1) == Some(&b'>') => {
                     self.bump();
@@ -278,6 +306,10 @@ impl Parser {
                 self.expect_punct(',')?;
             }
         }
+        // Element counts are multiplied everywhere downstream; bound them where the text enters.
+        if let Err(e) = g4c_util::limits::tensor_elements(&shape) {
+            return self.err(e);
+        }
         Ok(TensorType::new(dtype, shape))
     }
 
@@ -299,10 +331,17 @@ impl Parser {
                         self.expect_punct(',')?;
                     }
                 }
+                let list = || format!("[{}]", texts.join(", "));
                 if texts.iter().all(|t| is_integer(t)) {
-                    Ok(Attr::Ints(texts.iter().map(|t| t.parse().unwrap()).collect()))
+                    match texts.iter().map(|t| t.parse()).collect() {
+                        Ok(ints) => Ok(Attr::Ints(ints)),
+                        Err(_) => self.err(format!("expected integers below 2^64, found {}", list())),
+                    }
                 } else {
-                    Ok(Attr::Floats(texts.iter().map(|t| t.parse().unwrap()).collect()))
+                    match texts.iter().map(|t| t.parse()).collect() {
+                        Ok(floats) => Ok(Attr::Floats(floats)),
+                        Err(_) => self.err(format!("expected numbers, found {}", list())),
+                    }
                 }
             }
             Tok::Number(s) if is_integer(&s) => Ok(Attr::Int(self.usize()?)),

@@ -3,7 +3,7 @@
 //! Entries are written atomically (temporary file, then rename), so concurrent compiles of one model
 //! leave one valid entry; an entry that fails its header or checksum is reported, removed and rebuilt.
 
-mod entry;
+pub mod entry;
 mod key;
 
 pub use entry::{EntryError, EntryMeta};

@@ -1,0 +1,184 @@
+//! Properties the code relies on, over random well-typed IR (proptest): print → parse → print is the
+//! identity, and every pass of every target's pipeline leaves what the interpreter computes unchanged
+//! on random inputs (bit for bit on `cpu`; within the target's rounding where a pass narrows types).
+//! Programs mix elementwise ops, splat constants (for constant folding), repeated subexpressions (for
+//! CSE), values no result reads (for DCE), reductions, broadcasts, transposes, comparisons and
+//! selects, and conversions; `G4C_FUZZ_CASES` sets how many (default 100).
+
+use g4c_ir::{BinaryOp, CompareDir, DType, FunctionBuilder, Module, ReduceKind, ResultRole, TensorType, UnaryOp};
+use g4c_runtime::{Interpreter, NoWeights, Tensor};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use std::sync::Arc;
+
+const SHAPE: [usize; 2] = [2, 3];
+
+/// One instruction of a random program; operands index the values made so far (modulo their count).
+#[derive(Clone, Debug)]
+enum Step {
+    Unary(usize, usize),
+    Binary(usize, usize, usize),
+    Splat(f64),
+    /// Reduce over the last axis and broadcast back.
+    ReduceBack(usize, usize),
+    /// Transpose there and back.
+    TransposeTwice(usize),
+    Select(usize, usize, usize, usize, usize),
+    /// Through a narrower float type and back.
+    RoundTrip(usize, usize),
+}
+
+const NARROW: [DType; 2] = [DType::BF16, DType::F16];
+const FLOAT_UNARY: [UnaryOp; 10] = [
+    UnaryOp::Neg,
+    UnaryOp::Abs,
+    UnaryOp::Exp,
+    UnaryOp::Log,
+    UnaryOp::Tanh,
+    UnaryOp::Sqrt,
+    UnaryOp::Rsqrt,
+    UnaryOp::Sin,
+    UnaryOp::Cos,
+    UnaryOp::Sign,
+];
+const FLOAT_BINARY: [BinaryOp; 8] = [
+    BinaryOp::Add,
+    BinaryOp::Sub,
+    BinaryOp::Mul,
+    BinaryOp::Div,
+    BinaryOp::Max,
+    BinaryOp::Min,
+    BinaryOp::Pow,
+    BinaryOp::Rem,
+];
+
+fn step() -> impl Strategy<Value = Step> {
+    let v = || 0usize..64;
+    prop_oneof![
+        (0..FLOAT_UNARY.len(), v()).prop_map(|(o, a)| Step::Unary(o, a)),
+        (0..FLOAT_BINARY.len(), v(), v()).prop_map(|(o, a, b)| Step::Binary(o, a, b)),
+        prop_oneof![Just(0.0), Just(-0.0), Just(1.0), Just(0.5), Just(-2.0), Just(3.0e38), Just(1e-40)]
+            .prop_map(Step::Splat),
+        (0..ReduceKind::ALL.len(), v()).prop_map(|(k, a)| Step::ReduceBack(k, a)),
+        v().prop_map(Step::TransposeTwice),
+        (0..CompareDir::ALL.len(), v(), v(), v(), v()).prop_map(|(d, a, b, c, e)| Step::Select(d, a, b, c, e)),
+        (0..NARROW.len(), v()).prop_map(|(t, a)| Step::RoundTrip(t, a)),
+    ]
+}
+
+/// The program as a module with one function `@f(%x, %y) -> (r0, r1)`: the last value and one
+/// chosen earlier (everything else is dead).
+fn build(steps: &[Step], kept: usize) -> Module {
+    let mut module = Module::new("random");
+    let mut b = FunctionBuilder::new("f", &module.weights);
+    let ty = TensorType::new(DType::F32, SHAPE);
+    let mut values = vec![b.input("x", ty.clone()), b.input("y", ty.clone())];
+    for s in steps {
+        let at = |i: usize| values[i % values.len()];
+        let v = match *s {
+            Step::Unary(o, a) => b.unary(FLOAT_UNARY[o], at(a)),
+            Step::Binary(o, a, c) => b.binary(FLOAT_BINARY[o], at(a), at(c)),
+            Step::Splat(x) => b.splat(x, ty.clone()),
+            Step::ReduceBack(k, a) => {
+                let r = b.reduce(ReduceKind::ALL[k], at(a), &[1]);
+                b.broadcast(r, &SHAPE, &[0])
+            }
+            Step::TransposeTwice(a) => {
+                let t = b.transpose(at(a), &[1, 0]);
+                b.transpose(t, &[1, 0])
+            }
+            Step::Select(d, p, q, t, f) => {
+                let c = b.compare(CompareDir::ALL[d], at(p), at(q));
+                b.select(c, at(t), at(f))
+            }
+            Step::RoundTrip(n, a) => {
+                let narrow = b.convert(at(a), NARROW[n]);
+                b.convert(narrow, DType::F32)
+            }
+        };
+        values.push(v);
+    }
+    let last = *values.last().unwrap();
+    let other = values[kept % values.len()];
+    let f = b.finish(vec![("r0", last, ResultRole::Output), ("r1", other, ResultRole::Output)]);
+    module.functions.push(f);
+    module
+}
+
+fn run(module: &Module, inputs: &[Tensor]) -> Vec<Tensor> {
+    let mut interp = Interpreter::new(Arc::new(module.clone()), Arc::new(NoWeights));
+    interp.call("f", inputs.to_vec()).expect("a verified module runs")
+}
+
+/// Equal bit for bit, except that any NaN equals any NaN.
+fn same_bits(a: &[Tensor], b: &[Tensor]) -> Result<(), String> {
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        let (x, y) = (x.as_f32().unwrap(), y.as_f32().unwrap());
+        if let Some(j) = (0..x.len()).find(|&j| x[j].to_bits() != y[j].to_bits() && !(x[j].is_nan() && y[j].is_nan())) {
+            return Err(format!("result {i} element {j}: {} before, {} after", x[j], y[j]));
+        }
+    }
+    Ok(())
+}
+
+fn cases() -> u32 {
+    std::env::var("G4C_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(100)
+}
+
+fn inputs() -> impl Strategy<Value = Vec<Tensor>> {
+    let n = SHAPE.iter().product::<usize>();
+    let value = prop_oneof![-4.0f32..4.0, Just(0.0), Just(-0.0), Just(f32::INFINITY), Just(f32::NAN), Just(1e-42)];
+    prop::collection::vec(prop::collection::vec(value, n), 2)
+        .prop_map(|v| v.into_iter().map(|d| Tensor::f32(SHAPE, d)).collect())
+}
+
+#[test]
+fn random_ir_prints_parses_and_prints_the_same() {
+    let mut runner = TestRunner::new(Config { cases: cases(), failure_persistence: None, ..Config::default() });
+    let strategy = (prop::collection::vec(step(), 1..40), any::<usize>());
+    runner
+        .run(&strategy, |(steps, kept)| {
+            let module = build(&steps, kept);
+            g4c_ir::verify_module(&module).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let text = g4c_ir::print_module(&module);
+            let parsed = g4c_ir::parse_module(&text).map_err(|e| TestCaseError::fail(format!("{e}\n{text}")))?;
+            prop_assert_eq!(g4c_ir::print_module(&parsed), text);
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// After every pass of `cpu`'s pipeline (f32 throughout) the results are the same bits; on the
+/// narrower targets, whose `dtype-legalize` rounds to bf16 or f16, the tokens of a model would be
+/// compared instead (tests/passes.rs), so here only their type-preserving passes are held to bits.
+#[test]
+fn every_pass_preserves_what_the_interpreter_computes() {
+    let mut runner = TestRunner::new(Config { cases: cases(), failure_persistence: None, ..Config::default() });
+    let strategy = (prop::collection::vec(step(), 1..40), any::<usize>(), inputs());
+    runner
+        .run(&strategy, |(steps, kept, inputs)| {
+            let module = build(&steps, kept);
+            let want = run(&module, &inputs);
+            for target in g4c_ir::TARGETS {
+                let pipeline = g4c_passes::Pipeline::for_target(target);
+                let mut m = module.clone();
+                let mut failure = None;
+                let mut legalized = false;
+                pipeline
+                    .run(&mut m, None, &mut |pass, after| {
+                        legalized |= pass == "dtype-legalize";
+                        if failure.is_none() && !legalized && pass != "input" {
+                            if let Err(e) = same_bits(&want, &run(after, &inputs)) {
+                                failure = Some(format!("{} after `{pass}`: {e}", target.name));
+                            }
+                        }
+                    })
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                if let Some(f) = failure {
+                    return Err(TestCaseError::fail(format!("{f}\n{}", g4c_ir::print_module(&module))));
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+}
