@@ -396,3 +396,19 @@ fn check_on_cpu_reports_and_is_cached() {
     );
     assert!(notes[1].contains("--check-on-cpu: the CPU plugin accepts every entry point (cached"), "{}", notes[1]);
 }
+
+/// A compile -o that cannot write names the artifact it was asked for (it once named a cache file).
+#[test]
+fn failed_artifact_writes_name_the_artifact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let not_a_dir = tmp.path().join("file");
+    std::fs::write(&not_a_dir, "").unwrap();
+    let env = [("TMPDIR", not_a_dir.as_os_str())];
+    let out = g4c_in(
+        tmp.path(),
+        tmp.path(),
+        &env,
+        &["compile", &tiny(), "-o", "artifact", "--context", "32", "--prefill-len", "8"],
+    );
+    assert_one_line_error(&out, &["artifact artifact", "staging its executables"]);
+}

@@ -182,3 +182,29 @@ fn every_pass_preserves_what_the_interpreter_computes() {
         })
         .unwrap();
 }
+
+/// A cache entry with any one byte changed, or cut short anywhere, is rejected, never loaded.
+#[test]
+fn every_damaged_cache_entry_is_rejected() {
+    use g4c_runtime::cache::entry::{decode, encode, EntryMeta};
+    let mut runner = TestRunner::new(Config { cases: cases(), failure_persistence: None, ..Config::default() });
+    let strategy = (
+        prop::collection::btree_map("[a-z_]{1,12}", "[ -~]{0,24}", 0..6),
+        prop::collection::vec(any::<u8>(), 0..512),
+        any::<prop::sample::Index>(),
+        1u8..=255,
+        any::<prop::sample::Index>(),
+    );
+    runner
+        .run(&strategy, |(meta, body, at, xor, cut)| {
+            let meta = EntryMeta(meta.into_iter().map(|(k, v)| (k, v.into())).collect());
+            let good = encode(&meta, &body);
+            prop_assert!(decode(&good).is_ok());
+            let mut changed = good.clone();
+            changed[at.index(good.len())] ^= xor;
+            prop_assert!(decode(&changed).is_err(), "a changed byte at {} was accepted", at.index(good.len()));
+            prop_assert!(decode(&good[..cut.index(good.len())]).is_err(), "a truncation was accepted");
+            Ok(())
+        })
+        .unwrap();
+}

@@ -95,9 +95,13 @@ pub fn compile(req: &CompileRequest, feedback: &Feedback) -> Result<Compiled> {
     // Executables for an artifact are staged apart from the user's cache (which may be read-only)
     // and every one must be there; without -o they only warm the user's cache.
     let staging = match req.out {
-        Some(_) => Some(
-            tempfile::Builder::new().prefix("g4c-executables-").tempdir().context("creating a staging directory")?,
-        ),
+        Some(out) => Some(tempfile::Builder::new().prefix("g4c-executables-").tempdir().map_err(|e| {
+            anyhow::anyhow!(
+                "artifact {}: staging its executables in {}: {e}",
+                out.display(),
+                std::env::temp_dir().display()
+            )
+        })?),
         None => None,
     };
     let caches = match &staging {
