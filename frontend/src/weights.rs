@@ -137,7 +137,7 @@ pub fn bind_weights(cfg: &Gemma4Config, ckpt: &Checkpoint) -> Result<Vec<WeightD
 fn float_tensor(ckpt: &Checkpoint, key: &str, shape: &[usize]) -> std::result::Result<DType, String> {
     match ckpt.entry(key) {
         None => match ckpt.unreadable_dtype(key) {
-            Some(dt) => Err(format!("`{key}` has element type {dt}, expected F32, BF16 or F16")),
+            Some(dt) => Err(format!("`{key}` has element type {dt}, expected f32, bf16 or f16")),
             None => Err(format!("missing `{key}` (expected shape {shape:?})")),
         },
         Some(e) if !e.dtype.is_float() => {

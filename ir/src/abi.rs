@@ -215,6 +215,7 @@ pub(crate) fn check_param_type(role: &ParamRole, ty: &TensorType) -> Result<(), 
     let expected = match role {
         ParamRole::LastIndex => "i32[B]",
         ParamRole::KvCache { .. } => "a float [B, Hkv, S, d]",
+        ParamRole::SlotPositions(_) => "i32[B, S]",
         _ => "i32[B, T]",
     };
     if ok {

@@ -231,7 +231,7 @@ fn dequantize_type(
     groups[q.rank() - 1] = n / group;
     if !scale.dtype.is_float() || scale.shape != groups {
         return Err(format!(
-            "dequantize scales must be a float [{groups:?}] for {q} in groups of {group}, found {scale}"
+            "dequantize scales must be a float {groups:?} for {q} in groups of {group}, found {scale}"
         ));
     }
     if !declared.dtype.is_float() || declared.shape != q.shape {

@@ -109,8 +109,9 @@ fn check_abi(m: &Module, f: &Function, names: &ValueNames) -> Vec<String> {
     for (i, p) in f.params.iter().enumerate() {
         let pname = names.get(p.value);
         let singleton = !matches!(p.role, ParamRole::Input | ParamRole::State { .. } | ParamRole::HostGather { .. });
-        if singleton && f.params[..i].iter().any(|q| q.role == p.role) {
-            problems.push(format!("@{}: {pname} has the role of an earlier parameter", f.name));
+        if let Some(earlier) = f.params[..i].iter().find(|q| singleton && q.role == p.role) {
+            let earlier = names.get(earlier.value);
+            problems.push(format!("@{}: {pname} has role {:?} like the earlier {earlier}", f.name, p.role));
         }
         if let Err(e) = check_param_type(&p.role, f.ty(p.value)) {
             problems.push(format!("@{}: {pname} {e}", f.name));

@@ -69,9 +69,10 @@ fn convert(from: DType, to: DType, c: f64) -> f64 {
 fn unary(u: UnaryOp, dtype: DType, c: f64) -> Option<f64> {
     if !dtype.is_float() {
         return match u {
-            UnaryOp::Neg | UnaryOp::Abs => scalar::unary_int(u, dtype, c as i32).map(|v| v as f64),
             UnaryOp::Not if dtype == DType::Bool => Some((c == 0.0) as u8 as f64),
-            _ => None,
+            UnaryOp::Not => None,
+            // `unary_int` says which integer ops it computes.
+            _ => scalar::unary_int(u, dtype, c as i32).map(|v| v as f64),
         };
     }
     let y = scalar::unary_f32(u)?(c as f32);

@@ -20,7 +20,7 @@ pub use dce::Dce;
 pub use dtype_legalize::DtypeLegalize;
 pub use host_tables::HostTables;
 pub use int4_storage::Int4Storage;
-pub use pass::{all_passes, pass_by_name, Pass, PassError, PassTiming, Pipeline, PipelineOptions};
+pub use pass::{pass_by_name, Pass, PassError, PassTiming, Pipeline, PipelineOptions};
 pub use quantize::Quantize;
 pub use report::compile_report;
 pub use weight_dtype::WeightDtype;

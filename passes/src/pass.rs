@@ -67,7 +67,7 @@ impl PipelineOptions {
 }
 
 /// Every pass, in the order pipelines run them (`quantize` only when asked for).
-pub fn all_passes(options: &PipelineOptions) -> Vec<Box<dyn Pass>> {
+fn all_passes(options: &PipelineOptions) -> Vec<Box<dyn Pass>> {
     let quantize = options.quantize_group.map(|group| Box::new(Quantize { group }) as Box<dyn Pass>);
     quantize.into_iter().chain(passes_of_every_pipeline()).collect()
 }
@@ -115,10 +115,6 @@ impl Pipeline {
 
     pub fn new(target: &'static Target, options: &PipelineOptions) -> Pipeline {
         Pipeline { target, passes: all_passes(options).into_iter().filter(|p| p.is_enabled(target)).collect() }
-    }
-
-    pub fn target(&self) -> &'static Target {
-        self.target
     }
 
     pub fn passes(&self) -> impl Iterator<Item = &dyn Pass> {

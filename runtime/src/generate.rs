@@ -82,9 +82,10 @@ impl ModelShape {
         }
         let ids = decode.param_with(&ParamRole::TokenIds).expect("a decode entry point has token ids");
         let batch = decode.ty(ids.value).shape[0];
-        let logits = decode.result_with(ResultRole::Logits).map(|r| decode.ty(r.value).shape.clone());
-        let Some([_, vocab]) = logits.as_deref().and_then(|s| <[usize; 2]>::try_from(s).ok()) else {
-            return invalid("the decode entry point's logits must be f32[B, V]");
+        let logits = decode.result_with(ResultRole::Logits).map(|r| decode.ty(r.value));
+        let Some([_, vocab]) = logits.and_then(|t| <[usize; 2]>::try_from(t.shape.as_slice()).ok()) else {
+            let found = logits.map_or("none".to_string(), |t| t.to_string());
+            return invalid(format!("the decode entry point's logits must be f32[B, V], found {found}"));
         };
         // Full-attention slots are never reused, so their count bounds the positions.
         let context = decode

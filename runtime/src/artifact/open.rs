@@ -59,7 +59,14 @@ impl Artifact {
                 ),
             ));
         }
-        serde_json::from_str(&text).map_err(|e| bad(dir, format!("{}: {e}", files::MANIFEST)))
+        let manifest: Manifest =
+            serde_json::from_str(&text).map_err(|e| bad(dir, format!("{}: {e}", files::MANIFEST)))?;
+        // The only backend whose programs an artifact holds today; another is a future g4c's.
+        let known = crate::backend::pjrt::PROGRAM_FORMAT.backend;
+        if manifest.backend != known {
+            return Err(bad(dir, format!("holds programs for backend `{}`, this g4c runs {known}", manifest.backend)));
+        }
+        Ok(manifest)
     }
 
     /// Where the artifact's serialized executables are.

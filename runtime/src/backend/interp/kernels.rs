@@ -361,9 +361,9 @@ pub fn update_slots(operand: &Tensor, slots: &Tensor, updates: &Tensor, axis: us
 
 /// `q[..., c] · scale[..., c / group]` in f32, rounded to the result's type.
 pub fn dequantize(q: &Tensor, scale: &Tensor, group: usize, ty: &TensorType) -> KResult {
-    let (Some(q), Some(s)) = (q.as_i32(), scale.as_f32()) else {
-        return Err("dequantize of non-integer values or non-float scales".into());
+    let (Some(qv), Some(s)) = (q.as_i32(), scale.as_f32()) else {
+        return Err(format!("dequantize takes integer values and float scales, found {} and {}", q.ty, scale.ty));
     };
-    let out = q.iter().enumerate().map(|(i, &v)| round_float(ty.dtype, v as f32 * s[i / group])).collect();
+    let out = qv.iter().enumerate().map(|(i, &v)| round_float(ty.dtype, v as f32 * s[i / group])).collect();
     Ok(Tensor::of_type(ty.clone(), Data::F32(out)))
 }

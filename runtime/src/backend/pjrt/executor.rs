@@ -88,7 +88,13 @@ impl Executor for PjrtExecutor {
     fn step(&mut self, entry: &str, inputs: &StepInputs) -> Result<Tensor> {
         let module = self.module.clone();
         let f = module.function(entry).ok_or_else(|| RuntimeError::Invalid(format!("no @{entry}")))?;
-        let (executable, sources) = &self.entries[entry];
+        let Some((executable, sources)) = self.entries.get(entry) else {
+            let compiled: Vec<&str> = self.entries.keys().map(String::as_str).collect();
+            return Err(RuntimeError::Invalid(format!(
+                "no executable for @{entry} (compiled: {})",
+                compiled.join(", ")
+            )));
+        };
         // Parameters (inputs uploaded now, state buffers handed over), then the resident weights.
         let params: Vec<Buffer> = bind_args(&module, self.store.as_ref(), f, inputs, &mut self.state)?
             .into_iter()
