@@ -81,3 +81,23 @@ fn transformers_defaults_apply() {
     assert_eq!(cfg.eos_token_ids, [1]);
     assert_eq!(cfg.rope_full.partial_rotary_factor, 0.25);
 }
+
+/// An untied config reads `lm_head.weight` from the checkpoint's root, whether the module is bound
+/// to a checkpoint or declared from the config alone (it once panicked there, the head missing).
+#[test]
+fn untied_configs_declare_their_lm_head() {
+    let mut json = Preset::Tiny.config_json();
+    json["text_config"]["tie_word_embeddings"] = false.into();
+    let cfg = parse(&json);
+    let head =
+        g4c_frontend::expected_tensors(&cfg).into_iter().find(|t| t.name == "lm_head").expect("lm_head expected");
+    assert_eq!(
+        (head.checkpoint_key("model.language_model."), head.shape),
+        ("lm_head.weight".to_string(), vec![512, 64])
+    );
+    let decls = g4c_frontend::declared_weights(&cfg);
+    assert!(decls.iter().any(|d| d.name == "lm_head" && d.source == "lm_head.weight"));
+    let shapes = g4c_frontend::Shapes { batch: 1, prefill_len: 4, context: 16 };
+    let module = g4c_frontend::emit_module(&cfg, decls, &shapes).unwrap();
+    g4c_ir::verify_module(&module).unwrap();
+}

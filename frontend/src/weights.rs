@@ -12,7 +12,8 @@ use g4c_ir::{DType, SourceLayout, TensorType, WeightDecl};
 /// transformers' text-only `Gemma4ForCausalLM` layout, then bare keys.
 const PREFIXES: [&str; 3] = ["model.language_model.", "model.", ""];
 
-/// A tensor the model reads: its IR name, its key relative to the text prefix, and its shape.
+/// A tensor the model reads: its IR name, its key relative to the text prefix (or to the
+/// checkpoint's root: `lm_head`), and its shape.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ExpectedTensor {
     pub name: String,
@@ -21,6 +22,18 @@ pub struct ExpectedTensor {
     /// The weight of a linear layer (`nn.Linear`, `[out, in]`): what a quantized checkpoint
     /// quantizes.
     pub linear: bool,
+    /// Whether `key` is under the text decoder's prefix (every tensor but `lm_head`).
+    pub under_prefix: bool,
+}
+
+impl ExpectedTensor {
+    /// The tensor's key in a checkpoint whose text decoder is under `prefix`.
+    pub fn checkpoint_key(&self, prefix: &str) -> String {
+        match self.under_prefix {
+            true => format!("{prefix}{}", self.key),
+            false => self.key.clone(),
+        }
+    }
 }
 
 /// Every tensor a checkpoint with this config must provide. Dead tensors (keys/values of KV-shared
@@ -37,7 +50,7 @@ pub fn expected_tensors(cfg: &Gemma4Config) -> Vec<ExpectedTensor> {
     }
     let mut add = |name: String, shape: Vec<usize>, kind: Kind| {
         let key = if matches!(kind, Kind::Bare) { name.clone() } else { format!("{name}.weight") };
-        out.push(ExpectedTensor { name, key, shape, linear: matches!(kind, Kind::Linear) });
+        out.push(ExpectedTensor { name, key, shape, linear: matches!(kind, Kind::Linear), under_prefix: true });
     };
     add("embed_tokens".into(), vec![cfg.vocab_size, d], Kind::Weight);
     let (l_count, p) = (cfg.num_layers(), cfg.per_layer_input_size);
@@ -74,6 +87,16 @@ pub fn expected_tensors(cfg: &Gemma4Config) -> Vec<ExpectedTensor> {
         }
         add(y("layer_scalar"), vec![1], Kind::Bare);
     }
+    if !cfg.tie_word_embeddings {
+        let shape = vec![cfg.vocab_size, d];
+        out.push(ExpectedTensor {
+            name: "lm_head".into(),
+            key: "lm_head.weight".into(),
+            shape,
+            linear: true,
+            under_prefix: false,
+        });
+    }
     out
 }
 
@@ -95,17 +118,8 @@ pub fn bind_weights(cfg: &Gemma4Config, ckpt: &Checkpoint) -> Result<Vec<WeightD
     let prefix = text_prefix(ckpt)?;
     let mut problems = Vec::new();
     let mut decls = Vec::new();
-    let mut expected = expected_tensors(cfg);
-    if !cfg.tie_word_embeddings {
-        expected.push(ExpectedTensor {
-            name: "lm_head".into(),
-            key: "lm_head.weight".into(),
-            shape: vec![cfg.vocab_size, cfg.hidden_size],
-            linear: true,
-        });
-    }
-    for t in expected {
-        let key = if t.name == "lm_head" { t.key.clone() } else { format!("{prefix}{}", t.key) };
+    for t in expected_tensors(cfg) {
+        let key = t.checkpoint_key(prefix);
         let module = key.strip_suffix(".weight").unwrap_or(&key);
         match &cfg.quantization {
             Some(q) if t.linear && q.quantizes(module) => match bind_quantized(ckpt, &t, module, q.group_size) {
@@ -214,7 +228,7 @@ pub fn declared_weights(cfg: &Gemma4Config) -> Vec<WeightDecl> {
     const PREFIX: &str = "model.language_model.";
     let mut decls = vec![];
     for t in expected_tensors(cfg) {
-        let key = format!("{PREFIX}{}", t.key);
+        let key = t.checkpoint_key(PREFIX);
         let module = key.strip_suffix(".weight").unwrap_or(&key);
         match &cfg.quantization {
             Some(q) if t.linear && q.quantizes(module) => {

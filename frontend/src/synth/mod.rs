@@ -218,7 +218,7 @@ fn published_tensors(cfg: &Gemma4Config) -> Vec<(String, Vec<usize>, Content)> {
     const PREFIX: &str = "model.language_model.";
     let mut out = vec![];
     for t in expected_tensors(cfg) {
-        let key = format!("{PREFIX}{}", t.key);
+        let key = t.checkpoint_key(PREFIX);
         let module = key.strip_suffix(".weight").unwrap_or(&key).to_string();
         match &cfg.quantization {
             Some(q) if t.linear && q.quantizes(&module) => {
