@@ -216,10 +216,11 @@ fn quantized_decls(
     scale_dtype: DType,
 ) -> [WeightDecl; 2] {
     let i4 = TensorType::new(DType::I4, [out, inputs]);
-    let mut values = WeightDecl::new(format!("{name}.q"), i4, format!("{module}.weight_packed"));
+    let (values_name, scales_name) = g4c_ir::quantized_names(name);
+    let mut values = WeightDecl::new(values_name, i4, format!("{module}.weight_packed"));
     values.layout = SourceLayout::PackedInt4;
     let scale_ty = TensorType::new(scale_dtype, [out, inputs / group]);
-    [values, WeightDecl::new(format!("{name}.scale"), scale_ty, format!("{module}.weight_scale"))]
+    [values, WeightDecl::new(scales_name, scale_ty, format!("{module}.weight_scale"))]
 }
 
 /// The declarations a checkpoint of `cfg` in the published layout binds to, with bf16 floats, and

@@ -34,4 +34,4 @@ pub use substitution::Substitution;
 pub use target::{GpuLimits, MmaShape, Platform, Target, TARGETS};
 pub use types::TensorType;
 pub use verify::{verify_function, verify_module, VerifyError};
-pub use weight::{SourceLayout, WeightDecl};
+pub use weight::{quantized_names, SourceLayout, WeightDecl};

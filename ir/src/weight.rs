@@ -61,6 +61,13 @@ pub struct WeightDecl {
     pub layout: SourceLayout,
 }
 
+/// The IR names of the two weights a quantized linear `name` becomes: its 4-bit values (`NAME.q`)
+/// and its group scales (`NAME.scale`). One rule for the frontend (QAT checkpoints), the quantize
+/// pass and the emitter that reads them.
+pub fn quantized_names(name: &str) -> (String, String) {
+    (format!("{name}.q"), format!("{name}.scale"))
+}
+
 impl WeightDecl {
     pub fn new(name: impl Into<String>, ty: TensorType, source: impl Into<String>) -> Self {
         WeightDecl { name: name.into(), ty, source: source.into(), layout: SourceLayout::Stored }

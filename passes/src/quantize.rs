@@ -9,7 +9,10 @@
 //! A linear whose inputs the group does not divide is an error naming it.
 
 use crate::{Pass, PassError};
-use g4c_ir::{DType, Function, Instr, Module, Op, SourceLayout, Substitution, Target, TensorType, ValueId, WeightDecl};
+use g4c_ir::{
+    quantized_names, DType, Function, Instr, Module, Op, SourceLayout, Substitution, Target, TensorType, ValueId,
+    WeightDecl,
+};
 use std::collections::BTreeSet;
 
 pub struct Quantize {
@@ -45,10 +48,11 @@ impl Pass for Quantize {
                     message: format!("@{} has {cols} inputs, which the group size {group} does not divide", w.name),
                 });
             }
-            let mut values = WeightDecl::new(names(&w.name).0, TensorType::new(DType::I4, [rows, cols]), &w.source);
+            let (values_name, scales_name) = quantized_names(&w.name);
+            let mut values = WeightDecl::new(values_name, TensorType::new(DType::I4, [rows, cols]), &w.source);
             values.layout = SourceLayout::QuantizedValues { group };
             let mut scales =
-                WeightDecl::new(names(&w.name).1, TensorType::new(DType::BF16, [rows, cols / group]), &w.source);
+                WeightDecl::new(scales_name, TensorType::new(DType::BF16, [rows, cols / group]), &w.source);
             scales.layout = SourceLayout::QuantizedScales { group };
             weights.extend([values, scales]);
         }
@@ -58,11 +62,6 @@ impl Pass for Quantize {
         }
         Ok(())
     }
-}
-
-/// The names of the values and the scales of quantized weight `name`.
-fn names(name: &str) -> (String, String) {
-    (format!("{name}.q"), format!("{name}.scale"))
 }
 
 /// Whether every read of weight `name` in `f` is the right operand of `dot_general`s that contract
@@ -93,7 +92,7 @@ fn dequantize_reads(f: &mut Function, linears: &BTreeSet<String>, group: usize, 
         replace.apply_to_op(&mut instr.op);
         match &instr.op {
             Op::Weight { name } if linears.contains(name) => {
-                let (values, scales) = names(name);
+                let (values, scales) = quantized_names(name);
                 let q = f.new_value(decl_ty(&values), None);
                 let scale = f.new_value(decl_ty(&scales), None);
                 body.push(Instr { result: q, op: Op::Weight { name: values } });

@@ -41,7 +41,7 @@ impl<'w> Graph<'w> {
     /// A linear layer's weight `W[out, in]` as f32: the weight converted, or, when the checkpoint
     /// quantizes it (`NAME.q` and `NAME.scale`), its values times their group scales. Once per function.
     fn linear_weight(&mut self, name: &str) -> ValueId {
-        let (q, scale) = (format!("{name}.q"), format!("{name}.scale"));
+        let (q, scale) = g4c_ir::quantized_names(name);
         let Some((q_decl, s_decl)) = self.b.weight_decl(&q).zip(self.b.weight_decl(&scale)) else {
             return self.w(name);
         };
