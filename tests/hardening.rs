@@ -412,3 +412,19 @@ fn failed_artifact_writes_name_the_artifact() {
     );
     assert_one_line_error(&out, &["artifact artifact", "staging its executables"]);
 }
+
+/// Counts agree with their nouns, data sizes are in one system of units, and `-v`'s help says what
+/// it does on any command.
+#[test]
+fn counts_units_and_help_read_right() {
+    let tiny = tiny();
+    let run = g4c(&["run", &tiny, "--prompt-ids", "2,17", "--max-new-tokens", "2", "--ignore-eos", "--stats"]);
+    let stats = String::from_utf8_lossy(&run.stderr);
+    assert!(stats.contains("prefill 2 tokens") && stats.contains("decode 1 token "), "{stats}");
+    assert!(!stats.contains("GiB"), "peak memory in decimal units like every other data size: {stats}");
+    let compiled = g4c(&["compile", &tiny, "--prefill-len", "8", "--context", "32"]);
+    let summary = String::from_utf8_lossy(&compiled.stdout);
+    assert!(summary.contains("1.5 kB KV per token") && !summary.contains("KiB"), "{summary}");
+    let help = String::from_utf8_lossy(&g4c(&["synth", "--help"]).stdout).into_owned();
+    assert!(help.contains("for commands that compile"), "{help}");
+}
