@@ -225,21 +225,19 @@ fn parse_text_config(r: &Reader) -> Result<Gemma4Config> {
     // Per-layer head geometry: `per_layer_config` (what transformers 5.x saves) or `global_head_dim`.
     let head_dims: Vec<usize>;
     let mut kv_heads = vec![num_kv_heads; num_layers];
-    match r.obj.get("per_layer_config").filter(|v| !v.is_null()) {
-        Some(v) => {
+    match r.get("per_layer_config") {
+        Some(_) => {
             let mut dims = vec![head_dim; num_layers];
-            let map = v.as_object().ok_or_else(|| r.bad("per_layer_config", "an object".into(), kind_of(v)))?;
-            for (key, overrides) in map {
-                let field = format!("per_layer_config.{key}");
+            let per_layer = r.child("per_layer_config")?;
+            for key in per_layer.obj.keys() {
                 let layer: usize = key.parse().ok().filter(|&l| l < num_layers).ok_or_else(|| {
-                    r.bad(&field, format!("a layer index below {num_layers}"), format!("key {key:?}"))
+                    per_layer.bad(key, format!("a layer index below {num_layers}"), format!("key {key:?}"))
                 })?;
-                if overrides.is_null() {
+                if per_layer.get(key).is_none() {
                     continue;
                 }
-                let o = overrides.as_object().ok_or_else(|| r.bad(&field, "an object".into(), kind_of(overrides)))?;
-                let sub = Reader { path: r.path.clone(), prefix: format!("{}{field}.", r.prefix), obj: o.clone() };
-                for key in o.keys() {
+                let sub = per_layer.child(key)?;
+                for key in sub.obj.keys() {
                     if !matches!(key.as_str(), "head_dim" | "num_key_value_heads") {
                         return Err(sub.unsupported(format!("per-layer override `{key}` on layer {layer}")));
                     }
@@ -305,14 +303,15 @@ fn parse_text_config(r: &Reader) -> Result<Gemma4Config> {
         })
         .collect();
 
-    let rope_params = r.obj.get("rope_parameters").filter(|v| !v.is_null());
     let rope = |kind: &str, default: Rope| -> Result<Rope> {
-        let Some(all) = rope_params else { return Ok(default) };
-        let all = all.as_object().ok_or_else(|| r.bad("rope_parameters", "an object".into(), kind_of(all)))?;
-        let Some(p) = all.get(kind) else { return Ok(default) };
-        let field = format!("rope_parameters.{kind}");
-        let p = p.as_object().ok_or_else(|| r.bad(&field, "an object".into(), kind_of(p)))?;
-        let sub = Reader { path: r.path.clone(), prefix: format!("{}{field}.", r.prefix), obj: p.clone() };
+        if r.get("rope_parameters").is_none() {
+            return Ok(default);
+        }
+        let all = r.child("rope_parameters")?;
+        if all.get(kind).is_none() {
+            return Ok(default);
+        }
+        let sub = all.child(kind)?;
         let rope_type = sub.string("rope_type", Some("default"))?;
         let theta = sub.float("rope_theta", Some(default.theta))?;
         let factor = sub.float("factor", Some(1.0))?;
@@ -385,6 +384,11 @@ impl Reader {
 
     pub(crate) fn missing(&self, field: &str, expected: &str) -> FrontendError {
         self.bad(field, expected.into(), "nothing (field missing)".into())
+    }
+
+    /// The object at `field`, read by a reader whose errors name `PREFIX.field.…`.
+    pub(crate) fn child(&self, field: &str) -> Result<Reader> {
+        Ok(Reader { path: self.path.clone(), prefix: format!("{}{field}.", self.prefix), obj: self.object(field)? })
     }
 
     pub(crate) fn object(&self, field: &str) -> Result<Map<String, Value>> {

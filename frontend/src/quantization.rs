@@ -36,12 +36,10 @@ impl PartialEq for Ignore {
 impl WeightQuantization {
     /// The `quantization_config` of a `config.json` (`top` is its top-level object), if it has one.
     pub(crate) fn from_config(top: &Reader) -> Result<Option<WeightQuantization>> {
-        let Some(q) = top.get("quantization_config") else { return Ok(None) };
-        let Value::Object(obj) = q else {
-            return Err(top.bad("quantization_config", "an object".into(), kind_of(q)));
-        };
-        let r =
-            Reader { path: top.path.clone(), prefix: format!("{}quantization_config.", top.prefix), obj: obj.clone() };
+        if top.get("quantization_config").is_none() {
+            return Ok(None);
+        }
+        let r = top.child("quantization_config")?;
         let field_is = |field: &str, want: &str, default: Option<&str>| -> Result<()> {
             let found = r.string(field, default)?;
             if found != want {
@@ -64,16 +62,12 @@ impl WeightQuantization {
                 return Err(r.bad(field, format!("{{}} ({what})"), kind_of(v)));
             }
         }
-        let groups = r.object("config_groups")?;
-        let mut entries = groups.iter();
-        let (Some((name, group)), None) = (entries.next(), entries.next()) else {
-            return Err(r.bad("config_groups", "exactly one group".into(), format!("{} groups", groups.len())));
+        let groups = r.child("config_groups")?;
+        let mut names = groups.obj.keys();
+        let (Some(name), None) = (names.next(), names.next()) else {
+            return Err(r.bad("config_groups", "exactly one group".into(), format!("{} groups", groups.obj.len())));
         };
-        let Value::Object(group) = group else {
-            return Err(r.bad(&format!("config_groups.{name}"), "an object".into(), kind_of(group)));
-        };
-        let g =
-            Reader { path: r.path.clone(), prefix: format!("{}config_groups.{name}.", r.prefix), obj: group.clone() };
+        let g = groups.child(name)?;
         if g.get("targets") != Some(&serde_json::json!(["Linear"])) {
             let found = g.get("targets").map_or("nothing".into(), kind_of);
             return Err(g.bad("targets", "[\"Linear\"]".into(), found));
@@ -83,8 +77,7 @@ impl WeightQuantization {
                 return Err(g.bad(activations, "null (W4A16: activations are not quantized)".into(), kind_of(v)));
             }
         }
-        let weights = g.object("weights")?;
-        let w = Reader { path: g.path.clone(), prefix: format!("{}weights.", g.prefix), obj: weights };
+        let w = g.child("weights")?;
         let bits = w.usize("num_bits", None)?;
         if bits != 4 {
             return Err(w.bad("num_bits", "4".into(), bits.to_string()));
