@@ -8,6 +8,7 @@ mod dce;
 mod dtype_legalize;
 mod host_tables;
 mod int4_storage;
+mod linear_reads;
 mod pass;
 mod quantize;
 mod report;

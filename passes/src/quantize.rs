@@ -8,6 +8,7 @@
 //! three per-layer-embedding projections; the embeddings (gathered) and norms (not matrices) stay.
 //! A linear whose inputs the group does not divide is an error naming it.
 
+use crate::linear_reads::read_only_as_linear;
 use crate::{Pass, PassError};
 use g4c_ir::{
     quantized_names, DType, Function, Instr, Module, Op, SourceLayout, Substitution, Target, TensorType, ValueId,
@@ -30,8 +31,7 @@ impl Pass for Quantize {
             .weights
             .iter()
             .filter(|w| w.ty.dtype.is_float() && w.ty.rank() == 2 && w.layout == SourceLayout::Stored)
-            .filter(|w| module.functions.iter().all(|f| only_linear(f, &w.name)))
-            .filter(|w| module.functions.iter().any(|f| f.weight_reads().any(|(_, n)| n == w.name)))
+            .filter(|w| read_only_as_linear(module, &w.name, true))
             .map(|w| w.name.clone())
             .collect();
         let group = self.group;
@@ -62,23 +62,6 @@ impl Pass for Quantize {
         }
         Ok(())
     }
-}
-
-/// Whether every read of weight `name` in `f` is the right operand of `dot_general`s that contract
-/// its dimension 1 with no batch dimensions, directly or through converts to a float type.
-fn only_linear(f: &Function, name: &str) -> bool {
-    let reads: BTreeSet<ValueId> = f.weight_reads().filter(|(_, n)| *n == name).map(|(v, _)| v).collect();
-    let converts: BTreeSet<ValueId> =
-        f.body.iter().filter(|i| matches!(&i.op, Op::Convert { x } if reads.contains(x))).map(|i| i.result).collect();
-    let weight = |v: &ValueId| reads.contains(v) || converts.contains(v);
-    !f.results.iter().any(|r| weight(&r.value))
-        && f.body.iter().all(|i| match &i.op {
-            Op::Convert { x } if reads.contains(x) => f.ty(i.result).dtype.is_float(),
-            Op::DotGeneral { lhs, rhs, dims } if weight(rhs) => {
-                !weight(lhs) && dims.rhs_batch.is_empty() && dims.rhs_contract == [1]
-            }
-            op => !op.operands().iter().any(weight),
-        })
 }
 
 /// Each read of a quantized weight becomes an f32 `dequantize` of reads of its values and scales

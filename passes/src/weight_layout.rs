@@ -5,6 +5,7 @@
 //! `Target::weights_in_major` (XLA's CPU backend otherwise re-lays out every `[out, in]` matrix
 //! inside every call: 7.5 GB per decoded token on E2B).
 
+use crate::linear_reads::read_only_as_linear;
 use crate::{Pass, PassError};
 use g4c_ir::Target;
 use g4c_ir::{Module, Op, ParamRole, SourceLayout, ValueId};
@@ -50,26 +51,12 @@ impl Pass for WeightLayout {
     }
 }
 
-/// Whether weight `name` is read at least once, only ever as the right operand of a `dot_general`
-/// with no batch dimensions that contracts the weight's dimension 1, and is not a host table.
+/// Whether weight `name` is a linear layer's (`read_only_as_linear`) and not a host table.
 fn only_linear_rhs(module: &Module, name: &str) -> bool {
     let host_table = module
         .functions
         .iter()
         .flat_map(|f| &f.params)
         .any(|p| matches!(&p.role, ParamRole::HostGather { table, .. } if table == name));
-    let read = module.functions.iter().any(|f| f.weight_reads().any(|(_, n)| n == name));
-    !host_table
-        && read
-        && module.functions.iter().all(|f| {
-            let reads: HashSet<ValueId> = f.weight_reads().filter(|(_, n)| *n == name).map(|(v, _)| v).collect();
-            let returned = f.results.iter().any(|r| reads.contains(&r.value));
-            !returned
-                && f.body.iter().all(|i| match &i.op {
-                    Op::DotGeneral { lhs, rhs, dims } if reads.contains(rhs) => {
-                        !reads.contains(lhs) && dims.rhs_batch.is_empty() && dims.rhs_contract == [1]
-                    }
-                    op => op.operands().iter().all(|v| !reads.contains(v)),
-                })
-        })
+    !host_table && read_only_as_linear(module, name, false)
 }
