@@ -12,7 +12,7 @@
 //! `G4C_FUZZ_SEED` to explore elsewhere.
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
+use proptest::test_runner::{RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
 use std::path::{Path, PathBuf};
 
 type Target = fn(&[u8]) -> Result<(), String>;
@@ -57,7 +57,7 @@ fn config(bytes: &[u8]) -> Result<(), String> {
     let text = std::str::from_utf8(bytes).map_err(|e| e.to_string())?;
     let cfg = g4c_frontend::Gemma4Config::from_json_str(text, Path::new("config.json")).map_err(|e| e.to_string())?;
     for t in g4c_frontend::expected_tensors(&cfg) {
-        g4c_util::limits::tensor_elements(&t.shape)?;
+        g4c_util::limits::tensor_elements(&t.shape).map_err(|e| format!("BUG: a config was accepted with {e}"))?;
     }
     Ok(())
 }
@@ -233,11 +233,7 @@ fn json_values(value: &mut serde_json::Value, visit: &mut dyn FnMut(&mut serde_j
     count
 }
 
-fn cases() -> u32 {
-    std::env::var("G4C_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(100)
-}
-
-/// The corpus, then `cases()` mutated inputs; a failure is shrunk, written as a crash file, and fails
+/// The corpus, then `G4C_FUZZ_CASES` mutated inputs; a failure is shrunk, written as a crash file, and fails
 /// the test with its path.
 fn fuzz(name: &str, target: Target) {
     let corpus = corpus(name);
@@ -250,7 +246,7 @@ fn fuzz(name: &str, target: Target) {
     let seed = std::env::var("G4C_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0u64);
     let mut seed_bytes = [0u8; 32];
     seed_bytes[..8].copy_from_slice(&seed.to_le_bytes());
-    let config = Config { cases: cases(), failure_persistence: None, ..Config::default() };
+    let config = crate::common::fuzz_config();
     let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes));
     let inputs = corpus.iter().map(|(_, b)| b.clone()).collect::<Vec<_>>();
     let strategy = (0..inputs.len(), 0..inputs.len(), prop::collection::vec(mutation(), 1..6));

@@ -167,7 +167,10 @@ fn temporaries_do_not_pile_up() {
     let out = g4c(&["run", &tiny(), "--prompt-ids", "2", "--max-new-tokens", "1", "--logits-out", "artifact"]);
     assert_one_line_error(&out, &["artifact"]);
     let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.file_name()).collect();
-    assert!(left.iter().all(|n| !n.to_string_lossy().starts_with(".tmp-")), "a failed --logits-out left {left:?}");
+    assert!(
+        left.iter().all(|n| !n.to_string_lossy().starts_with(g4c_util::atomic::TEMP_PREFIX)),
+        "a failed --logits-out left {left:?}"
+    );
 
     let cache = tmp.path().join("cache/executables");
     let stale_entry = plant_stale_temporary(&cache, "x.g4cx", false);
@@ -186,7 +189,7 @@ fn a_cache_that_cannot_be_emptied_says_so() {
     let stuck = tmp.path().join("executables/0123-4567.g4cx");
     std::fs::create_dir_all(stuck.join("inside")).unwrap();
     let cache = |action: &str| crate::common::g4c_with_cache(tmp.path(), &["cache", action]);
-    assert_one_line_error(&cache("clear"), &["could not remove 1 of 1", "0123-4567.g4cx"]);
+    assert_one_line_error(&cache("clear"), &["could not remove 1 of 1 file ", "0123-4567.g4cx"]);
     let verify = cache("verify");
     assert!(!verify.status.success());
     let stderr = String::from_utf8_lossy(&verify.stderr);
@@ -411,6 +414,10 @@ fn failed_artifact_writes_name_the_artifact() {
         &["compile", &tiny(), "-o", "artifact", "--context", "32", "--prefill-len", "8"],
     );
     assert_one_line_error(&out, &["artifact artifact", "staging its executables"]);
+    // Writing the artifact itself fails: its parent is a file.
+    let inside_a_file = not_a_dir.join("artifact");
+    let out = g4c_in(tmp.path(), tmp.path(), &[], &["compile", &tiny(), "-o", inside_a_file.to_str().unwrap()]);
+    assert_one_line_error(&out, &[&format!("artifact {}", inside_a_file.display())]);
 }
 
 /// Counts agree with their nouns, data sizes are in one system of units, and `-v`'s help says what

@@ -9,6 +9,7 @@ use g4c_ir::{Module, Platform, Target};
 use g4c_passes::{compile_report, PassTiming, Pipeline, PipelineOptions};
 use g4c_runtime::artifact::{check_output_dir, write_artifact, ArtifactSource, Manifest, ShapeInfo};
 use g4c_runtime::backend::pjrt::{find_cpu_plugin, PROGRAM_FORMAT};
+use g4c_runtime::cache::ExecutableCache;
 use g4c_runtime::Program;
 use std::path::{Path, PathBuf};
 
@@ -79,12 +80,15 @@ pub fn compile(req: &CompileRequest, feedback: &Feedback) -> Result<Compiled> {
     let mut module = emit(&model, &shapes, shorter)?;
     let (pipeline, _) = run_passes(&mut module, target, &req.options, None, &mut |_, _| {})?;
     let programs = stablehlo_programs(&module)?;
-    // What the CPU plugin compiled for the check is cached like any executable (keyed by target and
-    // plugin), so a second check of the same programs is a lookup.
+    // What the CPU plugin compiled for the check is cached like a run's executables (keyed by target
+    // and plugin), so a second check of the same programs is a lookup; without a user cache, nothing is.
     let cpu_check = match req.check_on_cpu && target.platform != Platform::Cpu {
         true => {
             let client = open_client(None)?;
-            let caches = Caches::User { artifact: None };
+            let caches = match ExecutableCache::user() {
+                Ok(_) => Caches::User { artifact: None },
+                Err(_) => Caches::None,
+            };
             let checked = executables(&client, &programs, target, "check", &caches, feedback);
             Some(checked.context("the CPU plugin rejected the programs")?.1)
         }

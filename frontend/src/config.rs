@@ -145,7 +145,14 @@ impl Gemma4Config {
                 )
             }
         };
-        Ok(Gemma4Config { quantization, ..parse_text_config(&text_reader)? })
+        let cfg = Gemma4Config { quantization, ..parse_text_config(&text_reader)? };
+        // Each size is capped, but their products are what get allocated and multiplied further.
+        for t in crate::weights::expected_tensors(&cfg) {
+            if let Err(limit) = g4c_util::limits::tensor_elements(&t.shape) {
+                return Err(text_reader.unsupported(format!("`{}`: {limit} (g4c's limit)", t.key)));
+            }
+        }
+        Ok(cfg)
     }
 }
 

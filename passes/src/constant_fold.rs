@@ -23,8 +23,13 @@ impl Pass for ConstantFold {
                 let ty = &f.values[instr.result.index()].ty;
                 let splat = |v: &ValueId| splats.get(v).copied();
                 let dtype_of = |v: &ValueId| f.values[v.index()].ty.dtype;
+                if let Op::Constant { literal: Literal::Splat(c) } = &instr.op {
+                    // Its value as the interpreter makes it: the literal rounded to the constant's type
+                    // (a literal a narrower type cannot hold, e.g. after `dtype-legalize`, is not it).
+                    splats.insert(instr.result, if ty.dtype.is_float() { round(ty.dtype, *c as f32) } else { *c });
+                    continue;
+                }
                 let folded = match &instr.op {
-                    Op::Constant { literal: Literal::Splat(c) } => Some(*c),
                     Op::Broadcast { input, .. } => splat(input),
                     Op::Reshape { x } => splat(x),
                     Op::Convert { x } => splat(x).map(|c| convert(dtype_of(x), ty.dtype, c)),

@@ -131,7 +131,7 @@ pub fn generate(
     }
     // Generated token i takes position prompt.len() + i, so the context holds this many.
     let room = shape.context.saturating_sub(prompt.len());
-    if room == 0 && opts.max_new_tokens > 0 {
+    if prompt.len() > shape.context || (room == 0 && opts.max_new_tokens > 0) {
         return invalid(format!(
             "prompt of {} tokens leaves no room to generate in the context of {} positions",
             prompt.len(),

@@ -146,7 +146,6 @@ pub fn convert_float_bytes(from: DType, to: DType, bytes: &[u8]) -> Result<Vec<u
     Ok(out)
 }
 
-/// `convert_float_bytes` into `out` (cleared first), reusing its allocation.
 /// The index of the first NaN or infinity in little-endian float `bytes` of `dtype` (none for
 /// integer types): an all-ones exponent, tested on the bits without converting.
 pub fn first_non_finite(dtype: DType, bytes: &[u8]) -> Option<usize> {
@@ -167,6 +166,7 @@ pub fn first_non_finite(dtype: DType, bytes: &[u8]) -> Option<usize> {
     }
 }
 
+/// `convert_float_bytes` into `out` (cleared first), reusing its allocation.
 pub fn convert_float_bytes_into(from: DType, to: DType, bytes: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
     let decode: fn(&[u8]) -> f32 = match from {
         DType::F32 => |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]),

@@ -25,7 +25,6 @@ pub fn run(args: CacheArgs) -> Result<()> {
         CacheAction::Ls => {
             let entries = cache.list()?;
             let temporaries = cache.temporaries();
-            let stale = g4c_util::atomic::stale_temporaries(cache.dir());
             let mut out = format!("{}: {}\n", cache.dir().display(), super::count(entries.len(), "entry", "entries"));
             for e in &entries {
                 let name = e.path.file_name().unwrap_or_default().to_string_lossy();
@@ -43,9 +42,8 @@ pub fn run(args: CacheArgs) -> Result<()> {
                     Err(error) => out += &format!("{name}  {size:>9}  unreadable: {error}\n"),
                 }
             }
-            for path in &temporaries {
+            for (path, stale) in temporaries {
                 let name = path.file_name().unwrap_or_default().to_string_lossy();
-                let stale = stale.contains(path);
                 out += &format!(
                     "{name}  temporary, {}\n",
                     if stale { "its writer is gone (cache verify removes it)" } else { "being written" }

@@ -38,7 +38,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
     let session = Session::open(&args.model_dir, args.execution.session_options()?)?;
     let ids: Vec<u32> = match (&args.ids, &args.text) {
         (Some(path), _) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            let text = g4c_util::files::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
             let list = text.split(|c: char| c == ',' || c.is_whitespace()).collect::<Vec<_>>().join(",");
             super::parse_list(&list, "--ids", "a token id")?
         }
@@ -46,7 +46,9 @@ pub fn run(args: EvalArgs) -> Result<()> {
             let Some(tokenizer) = &session.source.tokenizer else {
                 bail!("--text needs {}/tokenizer.json, which does not exist; use --ids", args.model_dir.display())
             };
-            tokenizer.encode(&std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?)?
+            tokenizer.encode(
+                &g4c_util::files::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
+            )?
         }
         (None, None) => unreachable!("clap requires --ids or --text"),
     };
@@ -95,7 +97,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
 
 /// The reference logits `[N][vocab]` of `path`; its `ids`, when it has them, must be `ids`.
 fn read_reference(path: &Path, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let bytes = g4c_util::files::read(path).with_context(|| format!("reading {}", path.display()))?;
     let st = SafeTensors::deserialize(&bytes).with_context(|| format!("{}: not a safetensors file", path.display()))?;
     let logits = st.tensor("logits").with_context(|| format!("{}: no `logits` tensor", path.display()))?;
     let [n, vocab] = logits.shape()[..] else {

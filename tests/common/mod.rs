@@ -227,3 +227,10 @@ pub fn run_case(
     };
     (generation, json)
 }
+
+/// proptest's configuration for the fuzz targets and property tests: `G4C_FUZZ_CASES` inputs each
+/// (default 100; `make fuzz` 20,000), no persistence files (failures are kept as corpus files).
+pub fn fuzz_config() -> proptest::test_runner::Config {
+    let cases = std::env::var("G4C_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
+    proptest::test_runner::Config { cases, failure_persistence: None, ..Default::default() }
+}

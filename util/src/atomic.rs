@@ -9,8 +9,9 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Temporary files start with this, so caches can skip and clean them.
-pub const TEMP_PREFIX: &str = ".tmp-";
+/// Temporary files start with this, so caches can skip and clean them; g4c's own prefix, so that
+/// no other program's temporaries are taken for ours.
+pub const TEMP_PREFIX: &str = ".g4c-tmp-";
 
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let mut file = AtomicFile::create(path)?;
@@ -151,7 +152,8 @@ fn parent_of(path: &Path) -> &Path {
 
 /// Temporaries in `dir` whose writing process is gone: it was killed before it could remove them.
 /// A temporary is named after its writer's process id, which is taken to be in this machine's (and
-/// this PID namespace's) process table; where there is no `/proc`, none is judged stale.
+/// this PID namespace's) process table: writers in other containers or on other hosts sharing the
+/// directory are not told apart from dead ones. Elsewhere than Unix none is judged stale.
 pub fn stale_temporaries(dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else { return vec![] };
     entries.flatten().map(|e| e.path()).filter(|p| writer_of(p).is_some_and(|pid| !process_exists(pid))).collect()
@@ -165,15 +167,29 @@ pub fn remove_stale_temporaries(dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// The process id in a temporary's name (`.tmp-PID-COUNTER-NAME`).
+/// The process id in a temporary's name (`PREFIX PID-COUNTER-NAME`, as `temp_sibling` makes it).
 fn writer_of(path: &Path) -> Option<u32> {
     let name = path.file_name()?.to_str()?;
-    name.strip_prefix(TEMP_PREFIX)?.split('-').next()?.parse().ok()
+    let mut parts = name.strip_prefix(TEMP_PREFIX)?.splitn(3, '-');
+    let (pid, counter, rest) = (parts.next()?, parts.next()?, parts.next()?);
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    (digits(counter) && !rest.is_empty()).then_some(())?;
+    pid.parse().ok().filter(|_| digits(pid))
 }
 
+/// Whether a process with this id runs (`kill(pid, 0)`: no signal is sent; a process of another user
+/// answers "not permitted", which still means it exists, also where `/proc` hides it).
+#[cfg(unix)]
 fn process_exists(pid: u32) -> bool {
-    let proc = Path::new("/proc");
-    !proc.is_dir() || proc.join(pid.to_string()).exists()
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
+    // SAFETY: signal 0 only checks whether the process could be signalled.
+    let signalled = unsafe { libc::kill(pid, 0) } == 0;
+    signalled || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+#[cfg(not(unix))]
+fn process_exists(_: u32) -> bool {
+    true
 }
 
 /// A sibling of `path` with a name no other writer uses (process id and a counter).

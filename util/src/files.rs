@@ -24,3 +24,8 @@ pub fn read_to_string(path: &Path) -> io::Result<String> {
     regular(path)?;
     std::fs::read_to_string(path)
 }
+
+pub fn read(path: &Path) -> io::Result<Vec<u8>> {
+    regular(path)?;
+    std::fs::read(path)
+}

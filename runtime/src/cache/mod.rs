@@ -78,8 +78,6 @@ pub struct Verified {
     pub bad: Vec<Miss>,
     /// Temporaries of writers that no longer run, removed.
     pub stale_removed: Vec<PathBuf>,
-    /// Temporaries left after that: being written now, or not removable.
-    pub temporaries: Vec<PathBuf>,
 }
 
 /// One entry as `g4c cache ls` shows it.
@@ -133,7 +131,7 @@ impl ExecutableCache {
         Miss::Corrupt { path, error, removed }
     }
 
-    /// Holds the turn to compile `program` into this cache until dropped (or `release`d): another
+    /// Holds the turn to compile `program` into this cache until dropped: another
     /// process compiling the same program waits, then finds the entry. `None` where this cache is
     /// not written or the lock cannot be had (then both compile, as without a lock).
     pub fn compile_turn(&self, program: &ProgramKey, env: &Environment) -> Option<g4c_util::lock::FileLock> {
@@ -196,10 +194,11 @@ impl ExecutableCache {
                     meta.str("program").get(..32).unwrap_or(""),
                     meta.str("environment").get(..16).unwrap_or("")
                 );
-                if path.file_name().is_some_and(|n| n.to_string_lossy() == expected) {
+                let found = path.file_name().unwrap_or_default().to_string_lossy();
+                if found == expected {
                     Ok(())
                 } else {
-                    Err("its key does not match its file name".into())
+                    Err(format!("its key names the file {expected}, not {found}"))
                 }
             });
             match checked {
@@ -207,7 +206,7 @@ impl ExecutableCache {
                 Err(error) => bad.push(self.corrupt(path, error)),
             }
         }
-        Ok(Verified { good, bad, stale_removed, temporaries: self.temporaries() })
+        Ok(Verified { good, bad, stale_removed })
     }
 
     /// Removes every entry and leftover temporary; returns how many files and bytes. Fails, naming
@@ -215,7 +214,8 @@ impl ExecutableCache {
     pub fn clear(&self) -> Result<(usize, u64)> {
         let mut removed = (0, 0);
         let mut failed = vec![];
-        for path in self.files()?.into_iter().chain(self.temporaries()) {
+        let leftovers = self.temporaries().into_iter().map(|(path, _)| path).chain(self.lock_files());
+        for path in self.files()?.into_iter().chain(leftovers) {
             let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
             match std::fs::remove_file(&path) {
                 Ok(()) => {
@@ -227,9 +227,12 @@ impl ExecutableCache {
         }
         if let Some(first) = failed.first() {
             return Err(RuntimeError::Invalid(format!(
-                "could not remove {} of {} files from {} (first: {first})",
+                "could not remove {} of {} from {} (first: {first})",
                 failed.len(),
-                failed.len() + removed.0,
+                match failed.len() + removed.0 {
+                    1 => "1 file".to_string(),
+                    n => format!("{n} files"),
+                },
                 self.dir.display()
             )));
         }
@@ -267,13 +270,28 @@ impl ExecutableCache {
         Ok(files)
     }
 
-    /// Files being written (or left by a writer that was killed).
-    pub fn temporaries(&self) -> Vec<PathBuf> {
-        let mut found: Vec<PathBuf> = std::fs::read_dir(&self.dir)
-            .map(|d| d.flatten().map(|e| e.path()).filter(|p| is_temporary(p)).collect())
-            .unwrap_or_default();
+    /// Files being written, each with whether its writer is gone (killed before it could remove it).
+    pub fn temporaries(&self) -> Vec<(PathBuf, bool)> {
+        let stale = g4c_util::atomic::stale_temporaries(&self.dir);
+        let mut found: Vec<(PathBuf, bool)> = self
+            .paths()
+            .filter(|p| is_temporary(p))
+            .map(|p| {
+                let gone = stale.contains(&p);
+                (p, gone)
+            })
+            .collect();
         found.sort();
         found
+    }
+
+    /// Lock files left by a process killed while it compiled (`compile_turn`).
+    fn lock_files(&self) -> Vec<PathBuf> {
+        self.paths().filter(|p| p.extension().is_some_and(|e| e == "lock")).collect()
+    }
+
+    fn paths(&self) -> impl Iterator<Item = PathBuf> {
+        std::fs::read_dir(&self.dir).into_iter().flatten().flatten().map(|e| e.path())
     }
 }
 

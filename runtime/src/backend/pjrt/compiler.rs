@@ -166,9 +166,8 @@ impl<'c> Compiler<'c> {
             }
             None => None,
         };
-        if let Some(turn) = turn {
-            turn.release();
-        }
+        // The turn ends when `turn` is dropped, here or on any return above.
+        drop(turn);
         let provenance = Provenance::Compiled(miss, stored);
         let event = CompileEvent {
             entry: p.entry.clone(),
