@@ -119,6 +119,16 @@ fn eval_text_scores_what_the_tokenizer_makes_of_it() {
     };
     let prompt = json(&["run", path(&model), "--prompt", text, "--max-new-tokens", "1", "--json"]);
     let ids: Vec<String> = prompt["prompt_ids"].as_array().unwrap().iter().map(|i| i.to_string()).collect();
+    // The ids read off the vocabulary itself (synth's tokenizer is word-level, split on whitespace),
+    // independently of the tokenizer g4c runs; BOS first.
+    let tokenizer: Value =
+        serde_json::from_str(&std::fs::read_to_string(model.join("tokenizer.json")).unwrap()).unwrap();
+    let vocab = &tokenizer["model"]["vocab"];
+    let expected: Vec<String> = std::iter::once(&vocab["<bos>"])
+        .chain(text.split_whitespace().map(|w| &vocab[w]))
+        .map(|i| i.to_string())
+        .collect();
+    assert_eq!(ids, expected, "the prompt's ids are the vocabulary's");
     let (text_file, ids_file) = (tmp.path().join("text.txt"), tmp.path().join("ids.txt"));
     std::fs::write(&text_file, text).unwrap();
     std::fs::write(&ids_file, ids.join(" ")).unwrap();
