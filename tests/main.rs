@@ -3,6 +3,7 @@
 mod common;
 
 mod artifacts;
+mod batching;
 mod cache;
 mod cli;
 mod compile;

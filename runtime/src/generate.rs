@@ -22,6 +22,24 @@ pub struct GenerateOptions {
     pub forced: Vec<u32>,
 }
 
+impl GenerateOptions {
+    /// Why generation ends after `token`, the `generated`-th token, when the context leaves `room`
+    /// tokens to generate; `None` if it goes on.
+    pub fn stop_after(&self, token: u32, generated: usize, room: usize) -> Option<StopReason> {
+        if !self.ignore_eos && self.eos_ids.contains(&token) {
+            Some(StopReason::Eos)
+        } else if self.stop_ids.contains(&token) {
+            Some(StopReason::StopId)
+        } else if generated >= self.max_new_tokens {
+            Some(StopReason::MaxTokens)
+        } else if generated >= room {
+            Some(StopReason::Context)
+        } else {
+            None
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StopReason {
     Eos,
@@ -71,6 +89,9 @@ pub struct ModelShape {
     pub vocab: usize,
     /// Highest number of positions a sequence may use.
     pub context: usize,
+    /// Slots of each sliding-window ring cache (`None` without sliding layers): position `p` lives
+    /// in slot `p mod sliding_slots` until a later position overwrites it.
+    pub sliding_slots: Option<usize>,
 }
 
 impl ModelShape {
@@ -92,7 +113,9 @@ impl ModelShape {
             .param_with(&ParamRole::SlotPositions(AttentionKind::Full))
             .map(|p| decode.ty(p.value).shape[1])
             .ok_or_else(|| RuntimeError::Invalid("the module has no full-attention slot positions".into()))?;
-        Ok(ModelShape { batch, prefills, decode: decode.name.clone(), vocab, context })
+        let sliding_slots =
+            decode.param_with(&ParamRole::SlotPositions(AttentionKind::Sliding)).map(|p| decode.ty(p.value).shape[1]);
+        Ok(ModelShape { batch, prefills, decode: decode.name.clone(), vocab, context, sliding_slots })
     }
 
     /// The prefill calls for a prompt of `len` tokens: the shortest entry point that holds what is
@@ -164,19 +187,8 @@ pub fn generate(
         gen.generated_ids.push(token);
         gen.logits.push(std::mem::take(&mut logits));
         on_token(token);
-        if !opts.ignore_eos && opts.eos_ids.contains(&token) {
-            gen.stop = StopReason::Eos;
-            break;
-        }
-        if opts.stop_ids.contains(&token) {
-            gen.stop = StopReason::StopId;
-            break;
-        }
-        if gen.generated_ids.len() == opts.max_new_tokens {
-            break;
-        }
-        if gen.generated_ids.len() == room {
-            gen.stop = StopReason::Context;
+        if let Some(stop) = opts.stop_after(token, gen.generated_ids.len(), room) {
+            gen.stop = stop;
             break;
         }
         let step = gen.generated_ids.len();
@@ -258,6 +270,7 @@ mod tests {
             decode: "decode".into(),
             vocab: 10,
             context: 64,
+            sliding_slots: None,
         };
         assert_eq!(shape.prefill_plan(3), [("prefill_4", 4, 3)]);
         assert_eq!(shape.prefill_plan(4), [("prefill_4", 4, 4)]);

@@ -5,6 +5,7 @@
 
 pub mod artifact;
 pub mod backend;
+pub mod batching;
 pub mod bench;
 pub mod cache;
 mod error;
@@ -19,6 +20,7 @@ pub mod weights;
 
 pub use backend::interp::{InterpExecutor, Interpreter};
 pub use backend::Program;
+pub use batching::{BatchEngine, SequenceEvent, SequenceRequest, SequenceSink};
 pub use error::{Result, RuntimeError};
 pub use executor::{Executor, StepInputs};
 pub use g4c_ir::WeightDecl;

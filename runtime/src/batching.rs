@@ -1,0 +1,382 @@
+//! Continuous batching: up to `B` sequences generated together by one module compiled for `B` rows
+//! (static shapes), each row holding one sequence with its own positions and cache slots. Sequences
+//! join between calls and leave at EOS, a stop id, their token limit or the end of the context; a
+//! freed row is given to the next sequence.
+//!
+//! Nothing here needs more than the entry-point ABI (`g4c_ir::abi`): every row carries its own
+//! positions, `-1` marks a token that is not there (it writes no slot and sees nothing), and masks
+//! come from the positions stored in the slots. So a row's stale cache entries, left by the sequence
+//! that held it before, are invisible to the next one: a slot holding position `s` is seen from
+//! position `t` only if `s <= t`, and by then the new sequence has written position `s` itself.
+//!
+//! Each call is either a decode (every generating row feeds its last token; free rows and rows still
+//! prefilling feed padding) or a prefill chunk (every prefilling row feeds its next chunk; the others
+//! feed padding). While both kinds of row exist the two calls alternate, so a long prompt joining
+//! delays running streams by one chunk per token and never stalls them for the whole prompt; and a
+//! row's tokens always go through the same entry points whatever the other rows hold, so a greedy
+//! sequence comes out the same alone or beside others.
+//!
+//! **Prefix reuse.** A row keeps the tokens its caches hold after its sequence leaves. A new sequence
+//! goes to the free row whose cached tokens share the longest prefix with its prompt and prefills
+//! only the rest, as vLLM's prefix caching and llama-server's slot reuse do. Full-attention slots are
+//! never overwritten, but a sliding-window ring holds only its last `sliding_slots` positions, so the
+//! prefix is reused only when every position the next query can see is still in the ring.
+
+use crate::error::{invalid, Result, RuntimeError};
+use crate::executor::{Executor, StepInputs};
+use crate::generate::{finite, GenerateOptions, ModelShape, StopReason};
+use crate::sampling::Sampler;
+use crate::tensor::Tensor;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// A sequence to generate: its prompt and how to generate (`forced` must be empty).
+#[derive(Clone, Debug)]
+pub struct SequenceRequest {
+    pub prompt: Vec<u32>,
+    pub options: GenerateOptions,
+}
+
+/// What the engine tells whoever asked for a sequence, in this order: `Admitted`, then `Token`s, then
+/// `Finished` or `Failed`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SequenceEvent {
+    /// The sequence has row `row`; the first `cached_tokens` tokens of its prompt were found in the
+    /// row's caches and are not prefilled again.
+    Admitted { row: usize, cached_tokens: usize },
+    Token(u32),
+    Finished(StopReason),
+    /// The sequence ended because of an error (its own non-finite logits, or a failed call).
+    Failed(String),
+}
+
+/// Where a sequence's events go.
+pub trait SequenceSink: Send {
+    /// Delivers `event`; `false` if whoever asked is gone (the sequence then leaves its row).
+    fn send(&mut self, event: SequenceEvent) -> bool;
+    /// Whether whoever asked is gone (checked before every call).
+    fn is_gone(&self) -> bool;
+}
+
+/// The two kinds of call a step makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallKind {
+    Prefill,
+    Decode,
+}
+
+/// What one step did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepReport {
+    pub call: CallKind,
+    /// Rows holding a sequence during the call.
+    pub occupied: usize,
+    /// Tokens the call ran that were not padding.
+    pub tokens: usize,
+}
+
+struct Sequence {
+    prompt: Vec<u32>,
+    options: GenerateOptions,
+    sampler: Sampler,
+    generated: Vec<u32>,
+    sink: Box<dyn SequenceSink>,
+}
+
+impl Sequence {
+    /// Whether its whole prompt is in the row's caches (it is generating).
+    fn prefilled(&self, row_cached: usize) -> bool {
+        row_cached >= self.prompt.len()
+    }
+}
+
+#[derive(Default)]
+struct Row {
+    /// The tokens whose keys and values this row's caches hold, at positions `0..cached.len()`.
+    cached: Vec<u32>,
+    /// One past the highest position written since the caches were last emptied: a position `p`
+    /// is still in a sliding ring only if `p + sliding_slots >= high_water` (nothing after it can
+    /// have taken its slot).
+    high_water: usize,
+    sequence: Option<Sequence>,
+    /// The step at which its last sequence left, to give away the least recently used row first.
+    freed_at: u64,
+}
+
+pub struct BatchEngine {
+    exec: Box<dyn Executor>,
+    shape: ModelShape,
+    /// The sliding layers' window: how far back a query sees.
+    window: usize,
+    rows: Vec<Row>,
+    steps: u64,
+    last_call: Option<CallKind>,
+}
+
+impl BatchEngine {
+    /// An engine over `exec` (its module compiled for `B` rows), for a model whose sliding layers
+    /// see `sliding_window` positions.
+    pub fn new(mut exec: Box<dyn Executor>, sliding_window: usize) -> Result<BatchEngine> {
+        let shape = ModelShape::of(exec.module())?;
+        exec.reset()?;
+        let rows = (0..shape.batch).map(|_| Row::default()).collect();
+        Ok(BatchEngine { exec, shape, window: sliding_window, rows, steps: 0, last_call: None })
+    }
+
+    pub fn shape(&self) -> &ModelShape {
+        &self.shape
+    }
+
+    /// Rows holding a sequence.
+    pub fn occupied(&self) -> usize {
+        self.rows.iter().filter(|r| r.sequence.is_some()).count()
+    }
+
+    pub fn has_free_row(&self) -> bool {
+        self.occupied() < self.rows.len()
+    }
+
+    /// Whether `request` can be generated by this module: a non-empty prompt of ids in the
+    /// vocabulary that leaves room in the context to generate.
+    pub fn check(&self, request: &SequenceRequest) -> Result<()> {
+        let (prompt, shape) = (&request.prompt, &self.shape);
+        if prompt.is_empty() {
+            return invalid("the prompt is empty: give at least one token id");
+        }
+        if let Some(bad) = prompt.iter().find(|&&id| id as usize >= shape.vocab) {
+            return invalid(format!("prompt token id {bad} is outside the vocabulary (0..{})", shape.vocab));
+        }
+        if prompt.len() >= shape.context {
+            return invalid(format!(
+                "the prompt has {} tokens; the context holds {} positions, so at most {} can be generated from",
+                prompt.len(),
+                shape.context,
+                shape.context - 1
+            ));
+        }
+        if request.options.max_new_tokens == 0 {
+            return invalid("a sequence must ask for at least one token");
+        }
+        if !request.options.forced.is_empty() {
+            return invalid("batched generation does not force tokens");
+        }
+        Ok(())
+    }
+
+    /// Gives `request` a free row (the one whose caches hold the longest usable prefix of its prompt,
+    /// else the least recently used); its events go to `sink`. Refused if it fails `check` or no row
+    /// is free.
+    pub fn admit(&mut self, request: SequenceRequest, mut sink: Box<dyn SequenceSink>) -> Result<usize> {
+        self.check(&request)?;
+        let best = (0..self.rows.len())
+            .filter(|&i| self.rows[i].sequence.is_none())
+            .max_by_key(|&i| (self.reusable(&self.rows[i], &request.prompt), std::cmp::Reverse(self.rows[i].freed_at)));
+        let Some(index) = best else { return invalid("every row holds a sequence") };
+        let reused = self.reusable(&self.rows[index], &request.prompt);
+        let row = &mut self.rows[index];
+        row.cached.truncate(reused);
+        if !sink.send(SequenceEvent::Admitted { row: index, cached_tokens: reused }) {
+            return Ok(index);
+        }
+        row.sequence = Some(Sequence {
+            sampler: Sampler::new(request.options.sampling),
+            prompt: request.prompt,
+            options: request.options,
+            generated: vec![],
+            sink,
+        });
+        Ok(index)
+    }
+
+    /// How many leading tokens of `prompt` `row`'s caches hold and can serve: the common prefix,
+    /// less the prompt's last token (run again for its logits), and none if a sliding ring no longer
+    /// holds every position the first new query sees.
+    fn reusable(&self, row: &Row, prompt: &[u32]) -> usize {
+        let common = row.cached.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        let reuse = common.min(prompt.len().saturating_sub(1));
+        match self.shape.sliding_slots {
+            // The query at position `reuse` sees positions `reuse + 1 - window ..= reuse`.
+            Some(slots) if (reuse + 1).saturating_sub(self.window) + slots < row.high_water => 0,
+            _ => reuse,
+        }
+    }
+
+    /// Runs one call for the rows that have work, and delivers what it produced; `None` if no row
+    /// holds a sequence. A failed call ends every sequence in it with `Failed` and empties all caches;
+    /// the engine itself goes on (it returns an error only if the executor cannot even be reset).
+    pub fn step(&mut self) -> Result<Option<StepReport>> {
+        self.steps += 1;
+        for index in 0..self.rows.len() {
+            if self.rows[index].sequence.as_ref().is_some_and(|s| s.sink.is_gone()) {
+                self.free(index);
+            }
+        }
+        let prefilling = self.rows.iter().any(|r| r.sequence.as_ref().is_some_and(|s| !s.prefilled(r.cached.len())));
+        let generating = self.rows.iter().any(|r| r.sequence.as_ref().is_some_and(|s| s.prefilled(r.cached.len())));
+        let call = match (prefilling, generating) {
+            (false, false) => return Ok(None),
+            (true, true) if self.last_call == Some(CallKind::Prefill) => CallKind::Decode,
+            (true, _) => CallKind::Prefill,
+            (false, true) => CallKind::Decode,
+        };
+        self.last_call = Some(call);
+        let occupied = self.occupied();
+        let plan = match call {
+            CallKind::Prefill => self.prefill_plan(),
+            CallKind::Decode => self.decode_plan(),
+        };
+        let tokens = plan.fed.iter().map(|f| f.tokens.len()).sum();
+        let outcome = catch_unwind(AssertUnwindSafe(|| self.exec.step(&plan.entry, &plan.inputs)));
+        let logits = match outcome {
+            Ok(Ok(logits)) => logits,
+            Ok(Err(e)) => return self.fail_all(e.to_string()).map(|_| Some(StepReport { call, occupied, tokens })),
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".into());
+                return self.fail_all(format!("the executor panicked: {what}")).map(|_| Some(StepReport { call, occupied, tokens }));
+            }
+        };
+        self.deliver(&plan, &logits);
+        Ok(Some(StepReport { call, occupied, tokens }))
+    }
+
+    /// The next chunk of every prefilling row, through the shortest prefill entry point that holds
+    /// the longest of them (else the longest entry point).
+    fn prefill_plan(&self) -> Plan {
+        let left = |r: &Row| r.sequence.as_ref().map_or(0, |s| s.prompt.len().saturating_sub(r.cached.len()));
+        let most = self.rows.iter().map(left).max().unwrap_or(0);
+        let prefills = &self.shape.prefills;
+        let (t, entry) = prefills.iter().find(|(t, _)| *t >= most).unwrap_or(prefills.last().expect("one"));
+        let fed = self
+            .rows
+            .iter()
+            .map(|r| match &r.sequence {
+                Some(s) if !s.prefilled(r.cached.len()) => {
+                    let start = r.cached.len();
+                    Fed { start, tokens: s.prompt[start..(start + *t).min(s.prompt.len())].to_vec() }
+                }
+                _ => Fed::nothing(),
+            })
+            .collect();
+        Plan::new(entry, *t, fed, true)
+    }
+
+    /// The last token of every generating row.
+    fn decode_plan(&self) -> Plan {
+        let fed = self
+            .rows
+            .iter()
+            .map(|r| match &r.sequence {
+                Some(s) if s.prefilled(r.cached.len()) => {
+                    let last = *s.generated.last().expect("a generating sequence has a token");
+                    Fed { start: r.cached.len(), tokens: vec![last] }
+                }
+                _ => Fed::nothing(),
+            })
+            .collect();
+        Plan::new(&self.shape.decode, 1, fed, false)
+    }
+
+    /// Records what `plan` wrote into each row's caches, then picks the next token of every row
+    /// whose logits the call produced (a row that finished its prompt, or a generating row).
+    fn deliver(&mut self, plan: &Plan, logits: &Tensor) {
+        let vocab = self.shape.vocab;
+        let values = logits.as_f32().unwrap_or(&[]);
+        let context = self.shape.context;
+        for (index, fed) in plan.fed.iter().enumerate() {
+            if fed.tokens.is_empty() {
+                continue;
+            }
+            let row = &mut self.rows[index];
+            row.cached.extend_from_slice(&fed.tokens);
+            row.high_water = row.high_water.max(row.cached.len());
+            let Some(seq) = row.sequence.as_mut() else { continue };
+            if !seq.prefilled(row.cached.len()) {
+                continue;
+            }
+            let what = || format!("row {index} at position {}", row.cached.len() - 1);
+            let logits = match values.get(index * vocab..(index + 1) * vocab) {
+                Some(v) => finite(v.to_vec(), what),
+                None => invalid(format!("the call returned no logits for {}", what())),
+            };
+            let token = match logits {
+                Ok(l) => seq.sampler.pick(&l),
+                Err(e) => {
+                    seq.sink.send(SequenceEvent::Failed(e.to_string()));
+                    // Its caches hold what produced the bad logits: nothing there is reused.
+                    row.cached.clear();
+                    self.free(index);
+                    continue;
+                }
+            };
+            seq.generated.push(token);
+            let room = context - seq.prompt.len();
+            let stop = seq.options.stop_after(token, seq.generated.len(), room);
+            let delivered = seq.sink.send(SequenceEvent::Token(token));
+            if let Some(stop) = stop.filter(|_| delivered) {
+                seq.sink.send(SequenceEvent::Finished(stop));
+            }
+            if stop.is_some() || !delivered {
+                self.free(index);
+            }
+        }
+    }
+
+    fn free(&mut self, index: usize) {
+        let row = &mut self.rows[index];
+        row.sequence = None;
+        row.freed_at = self.steps;
+    }
+
+    /// Ends every sequence with `message` and empties every cache.
+    fn fail_all(&mut self, message: String) -> Result<()> {
+        for row in &mut self.rows {
+            if let Some(mut seq) = row.sequence.take() {
+                seq.sink.send(SequenceEvent::Failed(message.clone()));
+            }
+            row.cached.clear();
+            row.high_water = 0;
+        }
+        self.exec.reset().map_err(|e| RuntimeError::Invalid(format!("{message}; then resetting the caches failed: {e}")))
+    }
+}
+
+/// What one row feeds a call: `tokens` at positions `start..`.
+struct Fed {
+    start: usize,
+    tokens: Vec<u32>,
+}
+
+impl Fed {
+    fn nothing() -> Fed {
+        Fed { start: 0, tokens: vec![] }
+    }
+}
+
+/// One call: the entry point, its inputs, and what each row fed it.
+struct Plan {
+    entry: String,
+    inputs: StepInputs,
+    fed: Vec<Fed>,
+}
+
+impl Plan {
+    /// Inputs of `t` tokens per row, right-padded with position `-1`; a prefill also says which
+    /// token's logits each row wants (its last real one).
+    fn new(entry: &str, t: usize, fed: Vec<Fed>, prefill: bool) -> Plan {
+        let b = fed.len();
+        let mut ids = vec![0i32; b * t];
+        let mut pos = vec![-1i32; b * t];
+        for (row, f) in fed.iter().enumerate() {
+            for (i, &id) in f.tokens.iter().enumerate() {
+                ids[row * t + i] = id as i32;
+                pos[row * t + i] = (f.start + i) as i32;
+            }
+        }
+        let last = prefill.then(|| Tensor::i32([b], fed.iter().map(|f| f.tokens.len().max(1) as i32 - 1).collect()));
+        let inputs = StepInputs { ids: Tensor::i32([b, t], ids), pos: Tensor::i32([b, t], pos), last };
+        Plan { entry: entry.to_string(), inputs, fed }
+    }
+}

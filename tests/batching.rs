@@ -1,0 +1,210 @@
+//! Continuous batching (`g4c_runtime::batching`) on the tiny golden model, compiled for 8 rows:
+//! every sequence, whatever runs beside it and whichever row it lands in, generates the tokens
+//! transformers generated for it alone (the goldens), and a reused row's stale cache entries are
+//! never seen.
+
+use crate::common::{golden_cases, golden_dir, Backend, GoldenCase};
+use g4c_driver::{Feedback, Session, SessionOptions};
+use g4c_frontend::Shapes;
+use g4c_runtime::batching::CallKind;
+use g4c_runtime::{BatchEngine, GenerateOptions, SamplingParams, SequenceEvent, SequenceRequest, SequenceSink};
+use std::sync::{Arc, Mutex};
+
+/// The tiny model in an engine of `batch` rows: prefill chunks of 4 tokens (the golden `long` prompt
+/// of 11 takes three), a context of 40 positions.
+fn engine(batch: usize) -> BatchEngine {
+    let dir = golden_dir("tiny").join("published");
+    let options = SessionOptions { backend: Backend::Pjrt, use_cache: false, ..Default::default() };
+    let session = Session::open(&dir, options).unwrap();
+    let module = session.module(&Shapes { batch, prefill_len: 4, context: 40 }).unwrap();
+    let ready = session.executor(module, &Feedback::silent()).unwrap();
+    BatchEngine::new(ready.executor, session.source.config.sliding_window).unwrap()
+}
+
+/// Records a sequence's events; says it is gone once it has `gone_after` tokens.
+#[derive(Clone, Default)]
+struct Recorder {
+    events: Arc<Mutex<Vec<SequenceEvent>>>,
+    gone_after: Option<usize>,
+}
+
+impl Recorder {
+    fn tokens(&self) -> Vec<u32> {
+        let events = self.events.lock().unwrap();
+        events.iter().filter_map(|e| if let SequenceEvent::Token(t) = e { Some(*t) } else { None }).collect()
+    }
+
+    fn cached_tokens(&self) -> usize {
+        match self.events.lock().unwrap().first() {
+            Some(SequenceEvent::Admitted { cached_tokens, .. }) => *cached_tokens,
+            other => panic!("the first event is not Admitted: {other:?}"),
+        }
+    }
+
+    fn finished(&self) -> bool {
+        matches!(self.events.lock().unwrap().last(), Some(SequenceEvent::Finished(_)))
+    }
+}
+
+impl SequenceSink for Recorder {
+    fn send(&mut self, event: SequenceEvent) -> bool {
+        self.events.lock().unwrap().push(event);
+        !self.is_gone()
+    }
+
+    fn is_gone(&self) -> bool {
+        self.gone_after.is_some_and(|n| self.tokens().len() >= n)
+    }
+}
+
+fn greedy(prompt: &[u32], new_tokens: usize) -> SequenceRequest {
+    let options = GenerateOptions { max_new_tokens: new_tokens, ignore_eos: true, ..Default::default() };
+    SequenceRequest { prompt: prompt.to_vec(), options }
+}
+
+fn admit(engine: &mut BatchEngine, request: SequenceRequest) -> Recorder {
+    let recorder = Recorder::default();
+    engine.admit(request, Box::new(recorder.clone())).unwrap();
+    recorder
+}
+
+/// Steps until no row holds a sequence (bounded).
+fn drain(engine: &mut BatchEngine) {
+    for _ in 0..1000 {
+        if engine.step().unwrap().is_none() {
+            return;
+        }
+    }
+    panic!("the engine did not finish within 1000 steps");
+}
+
+fn case<'a>(cases: &'a [GoldenCase], name: &str) -> &'a GoldenCase {
+    cases.iter().find(|c| c.name == name).unwrap()
+}
+
+#[test]
+fn sequences_joining_at_different_steps_each_generate_their_golden_tokens() {
+    let cases = golden_cases("tiny");
+    let mut engine = engine(8);
+    // Two of each golden case, joining in three waves while the others run.
+    let mut running = vec![];
+    for wave in [&["long", "single"][..], &["short", "window", "long"], &["single", "short", "window"]] {
+        for name in wave {
+            let c = case(&cases, name);
+            running.push((c, admit(&mut engine, greedy(&c.prompt_ids, c.generated_ids.len()))));
+        }
+        for _ in 0..5 {
+            engine.step().unwrap();
+        }
+    }
+    assert_eq!(engine.occupied(), 8);
+    drain(&mut engine);
+    for (c, recorder) in &running {
+        assert!(recorder.finished(), "{}: {:?}", c.name, recorder.events.lock().unwrap());
+        assert_eq!(recorder.tokens(), c.generated_ids, "{} beside 7 others", c.name);
+    }
+}
+
+#[test]
+fn a_sequence_alone_and_beside_seven_others_generates_the_same_tokens() {
+    let cases = golden_cases("tiny");
+    let long = case(&cases, "long");
+    let sampled = |seed| SequenceRequest {
+        prompt: case(&cases, "short").prompt_ids.clone(),
+        options: GenerateOptions {
+            max_new_tokens: 20,
+            ignore_eos: true,
+            sampling: SamplingParams { temperature: 0.9, top_k: 40, top_p: 0.95, seed },
+            ..Default::default()
+        },
+    };
+    let mut engine = engine(8);
+    let alone = admit(&mut engine, greedy(&long.prompt_ids, 24));
+    drain(&mut engine);
+    let sampled_alone = admit(&mut engine, sampled(11));
+    drain(&mut engine);
+
+    // Six other streams, with other sampling parameters, fill the batch first; the two join later.
+    let others: Vec<Recorder> = (0..6).map(|seed| admit(&mut engine, sampled(100 + seed))).collect();
+    for _ in 0..3 {
+        engine.step().unwrap();
+    }
+    let beside = admit(&mut engine, greedy(&long.prompt_ids, 24));
+    let sampled_beside = admit(&mut engine, sampled(11));
+    drain(&mut engine);
+    assert_eq!(alone.tokens(), long.generated_ids, "alone");
+    assert_eq!(beside.tokens(), alone.tokens(), "beside seven others");
+    assert_eq!(sampled_beside.tokens(), sampled_alone.tokens(), "a sampled sequence beside seven others");
+    let distinct: std::collections::HashSet<Vec<u32>> = others.iter().map(|r| r.tokens()).collect();
+    assert!(distinct.len() > 1, "other seeds sample other tokens");
+}
+
+#[test]
+fn a_reused_row_never_sees_the_previous_sequences_cache_entries() {
+    let cases = golden_cases("tiny");
+    let mut engine = engine(1);
+    // `long` fills positions 0..34 of the only row; `single` then starts at position 0 with every
+    // slot past its own still holding `long`'s keys and values (nothing is cleared).
+    let first = admit(&mut engine, greedy(&case(&cases, "long").prompt_ids, 24));
+    drain(&mut engine);
+    assert_eq!(first.tokens(), case(&cases, "long").generated_ids);
+    for name in ["single", "short"] {
+        let c = case(&cases, name);
+        let next = admit(&mut engine, greedy(&c.prompt_ids, c.generated_ids.len()));
+        drain(&mut engine);
+        assert_eq!(next.cached_tokens(), 0, "{name}: the ring no longer holds the shared prefix");
+        assert_eq!(next.tokens(), c.generated_ids, "{name} in a row `long` used");
+    }
+}
+
+#[test]
+fn a_prompt_prefix_still_in_a_freed_row_is_not_prefilled_again() {
+    let cases = golden_cases("tiny");
+    let (window, long) = (case(&cases, "window"), case(&cases, "long"));
+    let mut engine = engine(2);
+    // `window`'s prompt is the first 4 tokens of `long`'s; one token keeps the row's ring intact.
+    let first = admit(&mut engine, greedy(&window.prompt_ids, 1));
+    drain(&mut engine);
+    assert_eq!(first.tokens(), window.generated_ids[..1]);
+    let next = admit(&mut engine, greedy(&long.prompt_ids, 24));
+    let mut prefilled = 0;
+    for _ in 0..100 {
+        match engine.step().unwrap() {
+            Some(report) if report.call == CallKind::Prefill => prefilled += report.tokens,
+            Some(_) => {}
+            None => break,
+        }
+    }
+    assert_eq!(next.cached_tokens(), 4);
+    assert_eq!(prefilled, long.prompt_ids.len() - 4, "only the new part of the prompt is prefilled");
+    assert_eq!(next.tokens(), long.generated_ids, "a reused prefix changes no token");
+}
+
+#[test]
+fn a_sequence_whose_client_is_gone_leaves_its_row_at_the_next_step() {
+    let cases = golden_cases("tiny");
+    let long = case(&cases, "long");
+    let mut engine = engine(1);
+    let leaving = Recorder { gone_after: Some(3), ..Default::default() };
+    engine.admit(greedy(&long.prompt_ids, 24), Box::new(leaving.clone())).unwrap();
+    drain(&mut engine);
+    assert_eq!(leaving.tokens(), long.generated_ids[..3], "no token after the client left");
+    assert!(engine.has_free_row());
+    let next = admit(&mut engine, greedy(&long.prompt_ids, 24));
+    drain(&mut engine);
+    assert_eq!(next.tokens(), long.generated_ids);
+}
+
+#[test]
+fn requests_the_module_cannot_run_are_refused() {
+    let mut engine = engine(1);
+    let refuse = |engine: &mut BatchEngine, request: SequenceRequest, needle: &str| {
+        let err = engine.admit(request, Box::new(Recorder::default())).unwrap_err().to_string();
+        assert!(err.contains(needle), "{err}");
+    };
+    refuse(&mut engine, greedy(&[], 4), "empty");
+    refuse(&mut engine, greedy(&[2, 512], 4), "outside the vocabulary");
+    refuse(&mut engine, greedy(&[2; 40], 4), "the context holds 40 positions");
+    admit(&mut engine, greedy(&[2], 4));
+    refuse(&mut engine, greedy(&[2], 4), "every row holds a sequence");
+}
