@@ -35,7 +35,7 @@ impl ModelSource {
     pub fn open(path: &Path, target: Option<&str>, options: PipelineOptions) -> Result<ModelSource> {
         let label = path.display().to_string();
         let config = Gemma4Config::from_dir(path)?;
-        let tokenizer = TextTokenizer::open(path, config.bos_token_id)?;
+        let tokenizer = TextTokenizer::open(path, config.bos_token_id, config.eos_token_ids.first().copied())?;
         if !is_artifact(path) {
             let target = Target::by_name(target.unwrap_or("cpu")).map_err(anyhow::Error::msg)?;
             let model = Model::open(path)?;

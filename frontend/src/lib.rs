@@ -1,5 +1,6 @@
 //! The g4c frontend: reads a Gemma 4 checkpoint (config + safetensors) and emits IR.
 
+pub mod chat;
 pub mod checkpoint;
 pub mod config;
 pub mod emit;
@@ -9,6 +10,7 @@ pub mod synth;
 pub mod tokenizer;
 pub mod weights;
 
+pub use chat::{ChatMessage, ChatTemplate};
 pub use checkpoint::{Checkpoint, TensorBytes};
 pub use config::{AttentionKind, Gemma4Config, LayerSpec, Rope};
 pub use emit::{emit_module, emit_module_with_prefills, emit_scoring_module, Entry, Shapes};

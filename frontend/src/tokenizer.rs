@@ -6,11 +6,12 @@ use std::path::Path;
 pub struct TextTokenizer {
     inner: tokenizers::Tokenizer,
     bos: Option<u32>,
+    eos: Option<u32>,
 }
 
 impl TextTokenizer {
     /// Opens `DIR/tokenizer.json`; `Ok(None)` when the checkpoint has none.
-    pub fn open(dir: &Path, bos: Option<u32>) -> Result<Option<TextTokenizer>> {
+    pub fn open(dir: &Path, bos: Option<u32>, eos: Option<u32>) -> Result<Option<TextTokenizer>> {
         let path = dir.join("tokenizer.json");
         if !path.exists() {
             return Ok(None);
@@ -21,12 +22,14 @@ impl TextTokenizer {
         };
         g4c_util::files::regular(&path).map_err(|e| cannot(e.to_string()))?;
         let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| cannot(e.to_string()))?;
-        Ok(Some(TextTokenizer { inner, bos }))
+        Ok(Some(TextTokenizer { inner, bos, eos }))
     }
 
     /// Token ids of `text`, with BOS first: Gemma's tokenizer does not add it, and without it the model
-    /// echoes the prompt (gemma4.md §6 item 13). Empty text, and text the vocabulary cannot spell
-    /// (it would silently become the unknown token), are errors.
+    /// echoes the prompt (gemma4.md §6 item 13); text that already starts with it (a rendered chat
+    /// template) keeps one. Special tokens written in the text (`<bos>`, turn markers) are those
+    /// tokens. Empty text, and text the vocabulary cannot spell (it would silently become the
+    /// unknown token), are errors.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let invalid = |message: String| FrontendError::Invalid { message };
         if text.trim().is_empty() {
@@ -43,7 +46,27 @@ impl TextTokenizer {
                 }
             }
         }
-        Ok(self.bos.into_iter().chain(enc.get_ids().iter().copied()).collect())
+        let ids = enc.get_ids();
+        let bos = self.bos.filter(|&b| ids.first() != Some(&b));
+        Ok(bos.into_iter().chain(ids.iter().copied()).collect())
+    }
+
+    pub fn bos(&self) -> Option<u32> {
+        self.bos
+    }
+
+    pub fn eos(&self) -> Option<u32> {
+        self.eos
+    }
+
+    /// The text of token `id` in the vocabulary (`<bos>`), if it has one.
+    pub fn token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// The id of token `text` in the vocabulary, if it is one.
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        self.inner.token_to_id(text)
     }
 
     /// Text of `ids`, special tokens skipped.
@@ -94,7 +117,7 @@ mod tests {
     fn streamed_text_is_the_decoded_text() {
         let json = crate::synth::tokenizer_json(64).to_string();
         let inner = tokenizers::Tokenizer::from_bytes(json.as_bytes()).unwrap();
-        let tokenizer = TextTokenizer { inner, bos: Some(2) };
+        let tokenizer = TextTokenizer { inner, bos: Some(2), eos: Some(1) };
         let ids: Vec<u32> = vec![2, 10, 11, 1, 12, 40, 41, 42, 0, 13];
         let mut stream = tokenizer.stream();
         let streamed: String = ids.iter().filter_map(|&id| stream.push(id).unwrap()).collect();

@@ -5,7 +5,7 @@
 
 mod tokenizer;
 
-pub use tokenizer::tokenizer_json;
+pub use tokenizer::{tokenizer_json, CHAT_TEMPLATE};
 
 use crate::config::Gemma4Config;
 use crate::error::{io_error, FrontendError, Result};
@@ -265,6 +265,8 @@ pub fn synthesize(preset: Preset, seed: u64, out: &Path, on_written: &mut dyn Fn
     write_json(&dir.path().join("config.json"), &config)?;
     if preset == Preset::Tiny {
         write_json(&dir.path().join("tokenizer.json"), &tokenizer_json(cfg.vocab_size))?;
+        let template = dir.path().join("chat_template.jinja");
+        std::fs::write(&template, tokenizer::CHAT_TEMPLATE).map_err(|e| io_error(&template, e))?;
     }
     let specs = published_tensors(&cfg)
         .into_iter()

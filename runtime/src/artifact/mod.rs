@@ -6,7 +6,8 @@
 //! stablehlo/<entry>.mlir each entry point's program, in a folder the backend names (PJRT: StableHLO)
 //! weights.safetensors    every weight in the dtype and layout the target uses
 //! executables/*.g4cx     serialized executables (cache-entry format), when a plugin was present
-//! config.json            the checkpoint's config; tokenizer.json when it had one
+//! config.json            the checkpoint's config; and those of tokenizer.json, generation_config.json,
+//!                        chat_template.jinja and tokenizer_config.json it had
 //! ```
 
 mod manifest;
@@ -44,6 +45,13 @@ pub mod files {
     pub const EXECUTABLES: &str = "executables";
     pub const CONFIG: &str = "config.json";
     pub const TOKENIZER: &str = "tokenizer.json";
+    /// Extra EOS ids (the turn terminator of an instruction-tuned model).
+    pub const GENERATION_CONFIG: &str = "generation_config.json";
+    /// The chat template, on its own or inside the tokenizer config.
+    pub const CHAT_TEMPLATE: &str = "chat_template.jinja";
+    pub const TOKENIZER_CONFIG: &str = "tokenizer_config.json";
+    /// The checkpoint's files an artifact carries as they are, when the checkpoint has them.
+    pub const COPIED: [&str; 5] = [CONFIG, TOKENIZER, GENERATION_CONFIG, CHAT_TEMPLATE, TOKENIZER_CONFIG];
 }
 
 /// Whether `dir` is an artifact (rather than a checkpoint directory).

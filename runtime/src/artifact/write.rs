@@ -21,7 +21,7 @@ pub struct ArtifactSource<'a> {
     pub module: &'a Module,
     /// Where its weights come from (the checkpoint); written in the dtype and layout the IR declares.
     pub store: &'a dyn WeightStore,
-    /// The checkpoint directory (its `config.json` and `tokenizer.json` are copied).
+    /// The checkpoint directory (the files of `files::COPIED` it has are copied).
     pub model_dir: &'a Path,
     /// Every entry point's program, and where the backend keeps them.
     pub programs: &'a [Program],
@@ -89,7 +89,7 @@ pub fn write_artifact(out: &Path, src: &ArtifactSource, progress: &dyn Progress)
         entries.push(entry_info(&module, &p.entry, program, executable));
     }
 
-    for name in [files::CONFIG, files::TOKENIZER] {
+    for name in files::COPIED {
         let from = src.model_dir.join(name);
         if from.exists() {
             std::fs::copy(&from, root.join(name)).map_err(io(&from))?;
