@@ -36,6 +36,8 @@ enum Command {
     Ir(commands::ir::IrArgs),
     /// Generate tokens from a checkpoint or an artifact
     Run(commands::run::RunArgs),
+    /// Serve a checkpoint or an artifact over HTTP with OpenAI's API, batching requests continuously
+    Serve(commands::serve::ServeArgs),
     /// Write a synthetic checkpoint in the published Gemma 4 layout
     Synth(commands::synth::SynthArgs),
     /// List the compilation targets and their properties
@@ -72,6 +74,7 @@ fn main() -> ExitCode {
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Ir(args) => commands::ir::run(args),
         Command::Run(args) => commands::run::run(args),
+        Command::Serve(args) => commands::serve::run(args),
         Command::Synth(args) => commands::synth::run(args),
         Command::Targets(args) => commands::targets::run(args),
     };

@@ -20,6 +20,7 @@ mod ir_text;
 mod passes;
 mod properties;
 mod quantize;
+mod serve;
 mod snapshots;
 mod synth;
 mod verifier;

@@ -35,12 +35,7 @@ impl ChatTemplate {
         env.add_template_owned("chat", source)
             .map_err(|e| FrontendError::Io { path: path.clone(), message: format!("invalid chat template: {e}") })?;
         let token = |id: Option<u32>| id.and_then(|id| tokenizer.token(id)).unwrap_or_default();
-        Ok(Some(ChatTemplate {
-            env,
-            path,
-            bos_token: token(tokenizer.bos()),
-            eos_token: token(tokenizer.eos()),
-        }))
+        Ok(Some(ChatTemplate { env, path, bos_token: token(tokenizer.bos()), eos_token: token(tokenizer.eos()) }))
     }
 
     /// The prompt text of `messages`, ending with the header of the model's reply.
@@ -53,7 +48,11 @@ impl ChatTemplate {
             eos_token => &self.eos_token,
         };
         template.render(ctx).map_err(|e| FrontendError::Invalid {
-            message: format!("the chat template ({}) cannot render these messages: {}", self.path.display(), detail(&e)),
+            message: format!(
+                "the chat template ({}) cannot render these messages: {}",
+                self.path.display(),
+                detail(&e)
+            ),
         })
     }
 }
@@ -144,7 +143,8 @@ mod tests {
     #[test]
     fn a_template_in_tokenizer_config_and_its_raise_exception_are_read() {
         let dir = tempfile::tempdir().unwrap();
-        let source = "{% if messages[0].role != 'user' %}{{ raise_exception('roles must start with user') }}{% endif %}\
+        let source =
+            "{% if messages[0].role != 'user' %}{{ raise_exception('roles must start with user') }}{% endif %}\
                       {{ bos_token }}{{ messages[0].content.strip() }}";
         let config = serde_json::json!({ "chat_template": [{"name": "default", "template": source}] }).to_string();
         let (_, template) = tiny(dir.path(), &[("tokenizer_config.json", &config)]);

@@ -1,6 +1,7 @@
 //! The checkpoint's `tokenizer.json`, through the `tokenizers` crate.
 
 use crate::error::{FrontendError, Result};
+use std::ops::Deref;
 use std::path::Path;
 
 pub struct TextTokenizer {
@@ -77,24 +78,29 @@ impl TextTokenizer {
 
 impl TextTokenizer {
     /// Text of ids given one at a time, as it becomes printable (`TextStream`).
-    pub fn stream(&self) -> TextStream<'_> {
-        TextStream { tokenizer: self, ids: vec![], prefix: 0, read: 0 }
+    pub fn stream(&self) -> TextStream<&TextTokenizer> {
+        TextStream::new(self)
     }
 }
 
 /// Detokenizes a growing sequence in constant work per token: only the ids since the last text it
 /// gave are decoded, with a few before them for context (a token's text can depend on the one
 /// before it, e.g. a leading space), and text is given only once it no longer ends in an incomplete
-/// character (multi-token characters come out whole). As vLLM and transformers' streamers do.
-pub struct TextStream<'t> {
-    tokenizer: &'t TextTokenizer,
+/// character (multi-token characters come out whole). As vLLM and transformers' streamers do. It
+/// holds the tokenizer by reference or by `Arc` (a server's request outlives no borrow).
+pub struct TextStream<T: Deref<Target = TextTokenizer>> {
+    tokenizer: T,
     ids: Vec<u32>,
     /// Where the decoded window starts, and where the text given so far ends.
     prefix: usize,
     read: usize,
 }
 
-impl TextStream<'_> {
+impl<T: Deref<Target = TextTokenizer>> TextStream<T> {
+    pub fn new(tokenizer: T) -> TextStream<T> {
+        TextStream { tokenizer, ids: vec![], prefix: 0, read: 0 }
+    }
+
     /// The new text `id` completes, if any.
     pub fn push(&mut self, id: u32) -> Result<Option<String>> {
         self.ids.push(id);

@@ -42,7 +42,10 @@ pub struct SequenceRequest {
 pub enum SequenceEvent {
     /// The sequence has row `row`; the first `cached_tokens` tokens of its prompt were found in the
     /// row's caches and are not prefilled again.
-    Admitted { row: usize, cached_tokens: usize },
+    Admitted {
+        row: usize,
+        cached_tokens: usize,
+    },
     Token(u32),
     Finished(StopReason),
     /// The sequence ended because of an error (its own non-finite logits, or a failed call).
@@ -163,14 +166,22 @@ impl BatchEngine {
     }
 
     /// Gives `request` a free row (the one whose caches hold the longest usable prefix of its prompt,
-    /// else the least recently used); its events go to `sink`. Refused if it fails `check` or no row
-    /// is free.
+    /// else the least recently used); its events go to `sink`. Refused, with `Failed` sent to the
+    /// sink too, if it fails `check` or no row is free.
     pub fn admit(&mut self, request: SequenceRequest, mut sink: Box<dyn SequenceSink>) -> Result<usize> {
-        self.check(&request)?;
         let best = (0..self.rows.len())
             .filter(|&i| self.rows[i].sequence.is_none())
             .max_by_key(|&i| (self.reusable(&self.rows[i], &request.prompt), std::cmp::Reverse(self.rows[i].freed_at)));
-        let Some(index) = best else { return invalid("every row holds a sequence") };
+        let refusal = match (self.check(&request), best) {
+            (Err(e), _) => Some(e),
+            (Ok(()), None) => Some(RuntimeError::Invalid("every row holds a sequence".into())),
+            (Ok(()), Some(_)) => None,
+        };
+        if let Some(e) = refusal {
+            sink.send(SequenceEvent::Failed(e.to_string()));
+            return Err(e);
+        }
+        let index = best.expect("a free row");
         let reused = self.reusable(&self.rows[index], &request.prompt);
         let row = &mut self.rows[index];
         row.cached.truncate(reused);
@@ -235,7 +246,9 @@ impl BatchEngine {
                     .map(|s| s.to_string())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "a panic".into());
-                return self.fail_all(format!("the executor panicked: {what}")).map(|_| Some(StepReport { call, occupied, tokens }));
+                return self
+                    .fail_all(format!("the executor panicked: {what}"))
+                    .map(|_| Some(StepReport { call, occupied, tokens }));
             }
         };
         self.deliver(&plan, &logits);
@@ -339,7 +352,9 @@ impl BatchEngine {
             row.cached.clear();
             row.high_water = 0;
         }
-        self.exec.reset().map_err(|e| RuntimeError::Invalid(format!("{message}; then resetting the caches failed: {e}")))
+        self.exec
+            .reset()
+            .map_err(|e| RuntimeError::Invalid(format!("{message}; then resetting the caches failed: {e}")))
     }
 }
 

@@ -5,6 +5,7 @@ pub mod eval;
 pub mod inspect;
 pub mod ir;
 pub mod run;
+pub mod serve;
 pub mod sizes;
 pub mod synth;
 pub mod targets;

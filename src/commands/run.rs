@@ -197,7 +197,7 @@ fn print_stats(args: &RunArgs, target: &Target, shape: &ModelShape, g: &Generati
 
 /// Streams generated tokens to stdout: text when there is a tokenizer, else ids.
 struct StreamPrinter<'t> {
-    text: Option<TextStream<'t>>,
+    text: Option<TextStream<&'t TextTokenizer>>,
     enabled: bool,
     printed: usize,
 }

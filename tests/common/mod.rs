@@ -151,8 +151,13 @@ pub fn assert_matches_golden(what: &str, got: &Generation, golden: &GoldenCase) 
 
 /// Runs the `g4c` binary with an executable cache shared by this test run (never the user's).
 pub fn g4c(args: &[&str]) -> Output {
+    g4c_with_cache(test_cache(), args)
+}
+
+/// The executable cache this test run's `g4c` commands share.
+pub fn test_cache() -> &'static Path {
     static CACHE: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
-    g4c_with_cache(CACHE.get_or_init(|| tempfile::tempdir().unwrap()).path(), args)
+    CACHE.get_or_init(|| tempfile::tempdir().unwrap()).path()
 }
 
 /// Runs the `g4c` binary with its executable cache in `cache`.

@@ -8,7 +8,8 @@ use serde_json::json;
 pub const SPECIAL: [&str; 4] = ["<pad>", "<eos>", "<bos>", "<unk>"];
 
 /// Gemma 4's turn markers (special tokens), then the role names its chat template writes.
-const CHAT: [(&str, bool); 5] = [("<|turn>", true), ("<turn|>", true), ("system", false), ("user", false), ("model", false)];
+const CHAT: [(&str, bool); 5] =
+    [("<|turn>", true), ("<turn|>", true), ("system", false), ("user", false), ("model", false)];
 
 /// A chat template in the form of Gemma 4's (`<|turn>ROLE\n…<turn|>\n`, the reply's turn opened at
 /// the end, BOS first; `assistant` is written `model`), over the tokens above.

@@ -1,0 +1,415 @@
+//! The request bodies of `/v1/chat/completions` and `/v1/completions`, parsed and checked into an
+//! `Ask`. As OpenAI does, unknown fields are ignored; a known field of the wrong type or out of range
+//! is a `400` naming it, and so is a feature this server does not have (`n` > 1, log probabilities,
+//! penalties, tools), rather than a request quietly served without it.
+
+use crate::error::ApiError;
+use g4c_frontend::ChatMessage;
+use serde::Deserialize;
+use serde_json::Value;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completion,
+}
+
+impl Endpoint {
+    pub fn name(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "chat",
+            Endpoint::Completion => "completion",
+        }
+    }
+}
+
+/// What to generate from, before tokenization.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PromptSpec {
+    /// Rendered with the model's chat template.
+    Messages(Vec<ChatMessage>),
+    /// Tokenized with BOS first.
+    Text(String),
+    /// Used as given.
+    Ids(Vec<u32>),
+}
+
+/// A checked request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ask {
+    pub endpoint: Endpoint,
+    pub model: Option<String>,
+    pub prompt: PromptSpec,
+    pub max_tokens: Option<usize>,
+    pub temperature: f32,
+    pub top_p: f32,
+    /// 0: all tokens.
+    pub top_k: usize,
+    pub seed: Option<u64>,
+    pub stop: Vec<String>,
+    pub stop_ids: Vec<u32>,
+    pub stream: bool,
+    /// `stream_options.include_usage`: a last chunk with the usage.
+    pub include_usage: bool,
+    /// vLLM's `ignore_eos`.
+    pub ignore_eos: bool,
+    /// vLLM's `return_token_ids`: choices carry the generated ids, the response the prompt's.
+    pub return_token_ids: bool,
+}
+
+/// The most tokens a request may ask for: as many positions as any context has.
+const MAX_TOKENS_LIMIT: u64 = g4c_util::limits::MAX_CONTEXT as u64;
+
+pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Ask, ApiError> {
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("the body is not JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::invalid("the body must be a JSON object"));
+    }
+    let field =
+        |name: &str| -> Result<Option<Value>, ApiError> { Ok(value.get(name).filter(|v| !v.is_null()).cloned()) };
+    let common: Common = typed(&value, "request")?;
+    let prompt = match endpoint {
+        Endpoint::Chat => {
+            let messages = field("messages")?.ok_or_else(|| ApiError::param("messages", "`messages` is required"))?;
+            let messages: Vec<MessageBody> = typed(&messages, "messages")?;
+            PromptSpec::Messages(chat_messages(messages)?)
+        }
+        Endpoint::Completion => {
+            let prompt = field("prompt")?.ok_or_else(|| ApiError::param("prompt", "`prompt` is required"))?;
+            completion_prompt(typed(&prompt, "prompt")?)?
+        }
+    };
+    common.check(endpoint, prompt)
+}
+
+/// `value` (field `what` of the body, or `request`: the body) as `T`, or a `400` naming the field
+/// at fault and serde's reason.
+fn typed<T: serde::de::DeserializeOwned>(value: &Value, what: &str) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let inner = e.path().to_string();
+        let field = match (what, inner.as_str()) {
+            ("request", ".") => "request".to_string(),
+            ("request", path) => path.to_string(),
+            (what, ".") => what.to_string(),
+            (what, path) if path.starts_with('[') => format!("{what}{path}"),
+            (what, path) => format!("{what}.{path}"),
+        };
+        // OpenAI's `param` names the top-level field.
+        let param = field.split(['.', '[']).next().unwrap_or(what).to_string();
+        ApiError::param(&param, format!("`{field}`: {}", e.into_inner()))
+    })
+}
+
+#[derive(Deserialize)]
+struct Common {
+    model: Option<String>,
+    max_tokens: Option<u64>,
+    max_completion_tokens: Option<u64>,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    top_k: Option<i64>,
+    seed: Option<i64>,
+    stop: Option<Stop>,
+    stop_token_ids: Option<Vec<u32>>,
+    n: Option<u64>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    ignore_eos: Option<bool>,
+    return_token_ids: Option<bool>,
+    // Accepted only at the values that ask for nothing.
+    logprobs: Option<Value>,
+    top_logprobs: Option<u64>,
+    echo: Option<bool>,
+    best_of: Option<u64>,
+    presence_penalty: Option<f64>,
+    frequency_penalty: Option<f64>,
+    logit_bias: Option<serde_json::Map<String, Value>>,
+    tools: Option<Vec<Value>>,
+    suffix: Option<String>,
+    response_format: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    include_usage: Option<bool>,
+}
+
+/// `stop`: a string, or a list of strings and token ids.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Stop {
+    One(String),
+    Many(Vec<StopItem>),
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum StopItem {
+    Text(String),
+    Id(u32),
+}
+
+#[derive(Deserialize)]
+struct MessageBody {
+    role: String,
+    content: Option<Content>,
+}
+
+/// A message's content: text, or a list of parts of which only text is supported.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Deserialize)]
+struct Part {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+}
+
+/// A completion's `prompt`: text, token ids, or a list of one of either.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+    Texts(Vec<String>),
+    IdLists(Vec<Vec<u32>>),
+}
+
+fn chat_messages(messages: Vec<MessageBody>) -> Result<Vec<ChatMessage>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::param("messages", "`messages` is empty: give at least one message"));
+    }
+    messages
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| {
+            if !["system", "developer", "user", "assistant"].contains(&m.role.as_str()) {
+                return Err(ApiError::param(
+                    "messages",
+                    format!("messages[{i}].role: expected system, developer, user or assistant, found `{}`", m.role),
+                ));
+            }
+            let content = match m.content {
+                None => String::new(),
+                Some(Content::Text(text)) => text,
+                Some(Content::Parts(parts)) => {
+                    let mut text = String::new();
+                    for part in parts {
+                        match (part.kind.as_str(), part.text) {
+                            ("text", Some(t)) => text += &t,
+                            (kind, _) => {
+                                return Err(ApiError::param(
+                                    "messages",
+                                    format!("messages[{i}].content: only text parts are supported, found `{kind}`"),
+                                ))
+                            }
+                        }
+                    }
+                    text
+                }
+            };
+            // Gemma's templates have no developer turn; OpenAI's newer clients send one for system.
+            let role = if m.role == "developer" { "system".to_string() } else { m.role };
+            Ok(ChatMessage { role, content })
+        })
+        .collect()
+}
+
+fn completion_prompt(prompt: Prompt) -> Result<PromptSpec, ApiError> {
+    let one = |n: usize| match n {
+        1 => Ok(()),
+        n => Err(ApiError::param("prompt", format!("`prompt`: one prompt per request is supported, found {n}"))),
+    };
+    let spec = match prompt {
+        Prompt::Text(text) => PromptSpec::Text(text),
+        Prompt::Ids(ids) => PromptSpec::Ids(ids),
+        Prompt::Texts(mut texts) => {
+            one(texts.len())?;
+            PromptSpec::Text(texts.remove(0))
+        }
+        Prompt::IdLists(mut lists) => {
+            one(lists.len())?;
+            PromptSpec::Ids(lists.remove(0))
+        }
+    };
+    match &spec {
+        PromptSpec::Text(t) if t.is_empty() => Err(ApiError::param("prompt", "`prompt` is empty")),
+        PromptSpec::Ids(ids) if ids.is_empty() => Err(ApiError::param("prompt", "`prompt` is empty")),
+        _ => Ok(spec),
+    }
+}
+
+impl Common {
+    fn check(self, endpoint: Endpoint, prompt: PromptSpec) -> Result<Ask, ApiError> {
+        let unsupported = |name: &str, what: &str| {
+            Err(ApiError::param(name, format!("`{name}`: {what} is not supported by this server")))
+        };
+        if self.n.is_some_and(|n| n != 1) {
+            return unsupported("n", "more than one choice");
+        }
+        if self.best_of.is_some_and(|n| n != 1) {
+            return unsupported("best_of", "more than one candidate");
+        }
+        if matches!(&self.logprobs, Some(v) if !(v.is_null() || v == &Value::Bool(false))) {
+            return unsupported("logprobs", "returning log probabilities");
+        }
+        if self.top_logprobs.is_some_and(|n| n > 0) {
+            return unsupported("top_logprobs", "returning log probabilities");
+        }
+        if self.echo == Some(true) {
+            return unsupported("echo", "echoing the prompt");
+        }
+        for (name, value) in
+            [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)]
+        {
+            if value.is_some_and(|v| v != 0.0) {
+                return unsupported(name, "a penalty");
+            }
+        }
+        if self.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
+            return unsupported("logit_bias", "biasing logits");
+        }
+        if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+            return unsupported("tools", "tool calling");
+        }
+        if self.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
+            return unsupported("suffix", "a suffix");
+        }
+        if matches!(&self.response_format, Some(f) if f.get("type").and_then(Value::as_str) != Some("text")) {
+            return unsupported("response_format", "a response format other than text");
+        }
+        let max_tokens = match (self.max_completion_tokens, self.max_tokens) {
+            (Some(n), _) => Some(("max_completion_tokens", n)),
+            (None, Some(n)) => Some(("max_tokens", n)),
+            (None, None) => None,
+        };
+        if let Some((name, n)) = max_tokens {
+            if n == 0 || n > MAX_TOKENS_LIMIT {
+                return Err(ApiError::param(name, format!("`{name}`: expected 1 to {MAX_TOKENS_LIMIT}, found {n}")));
+            }
+        }
+        let temperature = self.temperature.unwrap_or(1.0);
+        if !(0.0..=2.0).contains(&temperature) {
+            return Err(ApiError::param("temperature", format!("`temperature`: expected 0 to 2, found {temperature}")));
+        }
+        let top_p = self.top_p.unwrap_or(1.0);
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(ApiError::param("top_p", format!("`top_p`: expected a number in (0, 1], found {top_p}")));
+        }
+        let top_k = match self.top_k {
+            None | Some(-1) | Some(0) => 0,
+            Some(k) if k > 0 => k as usize,
+            Some(k) => {
+                return Err(ApiError::param("top_k", format!("`top_k`: expected -1, 0 (all) or more, found {k}")))
+            }
+        };
+        let (mut stop, mut stop_ids) = (vec![], self.stop_token_ids.unwrap_or_default());
+        match self.stop {
+            None => {}
+            Some(Stop::One(s)) => stop.push(s),
+            Some(Stop::Many(items)) => {
+                for item in items {
+                    match item {
+                        StopItem::Text(s) => stop.push(s),
+                        StopItem::Id(id) => stop_ids.push(id),
+                    }
+                }
+            }
+        }
+        if stop.iter().any(|s| s.is_empty()) {
+            return Err(ApiError::param("stop", "`stop`: a stop string is empty"));
+        }
+        Ok(Ask {
+            endpoint,
+            model: self.model,
+            prompt,
+            max_tokens: max_tokens.map(|(_, n)| n as usize),
+            temperature: temperature as f32,
+            top_p: top_p as f32,
+            top_k,
+            seed: self.seed.map(|s| s as u64),
+            stop,
+            stop_ids,
+            stream: self.stream.unwrap_or(false),
+            include_usage: self.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+            return_token_ids: self.return_token_ids.unwrap_or(false),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(body: Value) -> Result<Ask, ApiError> {
+        parse(Endpoint::Chat, body.to_string().as_bytes())
+    }
+
+    fn completion(body: Value) -> Result<Ask, ApiError> {
+        parse(Endpoint::Completion, body.to_string().as_bytes())
+    }
+
+    #[test]
+    fn a_chat_request_with_every_supported_field() {
+        let ask = chat(serde_json::json!({
+            "model": "m", "messages": [{"role": "developer", "content": "be brief"},
+                                       {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "max_completion_tokens": 5, "temperature": 0.5, "top_p": 0.9, "top_k": 7, "seed": 3,
+            "stop": ["x", 17], "stream": true, "stream_options": {"include_usage": true}, "n": 1,
+            "logprobs": false, "frequency_penalty": 0, "some_future_field": {"ignored": true}
+        }))
+        .unwrap();
+        let messages = vec![
+            ChatMessage { role: "system".into(), content: "be brief".into() },
+            ChatMessage { role: "user".into(), content: "hi".into() },
+        ];
+        assert_eq!(ask.prompt, PromptSpec::Messages(messages));
+        assert_eq!((ask.max_tokens, ask.temperature, ask.top_p, ask.top_k, ask.seed), (Some(5), 0.5, 0.9, 7, Some(3)));
+        assert_eq!((ask.stop, ask.stop_ids), (vec!["x".to_string()], vec![17]));
+        assert!(ask.stream && ask.include_usage);
+    }
+
+    #[test]
+    fn completion_prompts_text_ids_and_lists_of_one() {
+        let prompt = |p: Value| completion(serde_json::json!({"prompt": p})).map(|a| a.prompt);
+        assert_eq!(prompt("ba de".into()).unwrap(), PromptSpec::Text("ba de".into()));
+        assert_eq!(prompt(serde_json::json!([2, 5])).unwrap(), PromptSpec::Ids(vec![2, 5]));
+        assert_eq!(prompt(serde_json::json!([[2, 5]])).unwrap(), PromptSpec::Ids(vec![2, 5]));
+        assert_eq!(prompt(serde_json::json!(["a"])).unwrap(), PromptSpec::Text("a".into()));
+        assert!(prompt(serde_json::json!(["a", "b"])).unwrap_err().message.contains("one prompt per request"));
+        assert!(prompt(serde_json::json!([])).unwrap_err().message.contains("empty"));
+    }
+
+    #[test]
+    fn wrong_and_unsupported_fields_are_400s_naming_the_field() {
+        let cases = [
+            (serde_json::json!({"messages": []}), "messages"),
+            (serde_json::json!({}), "messages"),
+            (serde_json::json!({"messages": [{"role": "robot", "content": "x"}]}), "messages"),
+            (serde_json::json!({"messages": "hi"}), "messages"),
+            (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "temperature": 3}), "temperature"),
+            (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}), "temperature"),
+            (serde_json::json!({"messages": [{"role": "user", "content": 5}]}), "messages"),
+            (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "top_p": 0}), "top_p"),
+            (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}), "max_tokens"),
+            (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "n": 2}), "n"),
+            (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true}), "logprobs"),
+            (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "stop": [""]}), "stop"),
+            (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "top_k": -2}), "top_k"),
+        ];
+        for (body, param) in cases {
+            let err = chat(body.clone()).unwrap_err();
+            assert_eq!(err.status, 400, "{body}");
+            assert_eq!(err.param.as_deref(), Some(param), "{body}: {}", err.message);
+        }
+        assert_eq!(parse(Endpoint::Chat, b"{not json").unwrap_err().status, 400);
+        assert_eq!(parse(Endpoint::Chat, b"[1]").unwrap_err().status, 400);
+    }
+}

@@ -1,0 +1,110 @@
+//! `g4c serve`: an OpenAI-compatible HTTP server (tokio + axum) in front of continuous batching
+//! (`g4c_runtime::batching`). Handlers parse and check requests, tokenize prompts (chat messages
+//! through the model's own template) and queue them; one thread runs the engine, which takes queued
+//! requests into free rows between calls; each request's tokens come back over a channel and go out
+//! as one JSON response or as server-sent events.
+
+pub mod api;
+pub mod error;
+pub mod metrics;
+mod reply;
+mod routes;
+pub mod text;
+mod worker;
+
+use g4c_frontend::{ChatTemplate, TextTokenizer};
+use g4c_runtime::BatchEngine;
+use routes::App;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the server knows of the model beyond the engine.
+pub struct ModelInfo {
+    /// The name `/v1/models` lists and requests must give (or leave out).
+    pub name: String,
+    pub tokenizer: Option<Arc<TextTokenizer>>,
+    pub chat_template: Option<ChatTemplate>,
+    pub eos_ids: Vec<u32>,
+    /// The token that ends a chat turn (Gemma 4's `<turn|>`): it ends a chat reply.
+    pub turn_end: Option<u32>,
+    pub vocab: usize,
+    /// Positions a sequence may reach, prompt included.
+    pub context: usize,
+}
+
+pub struct ServeOptions {
+    pub host: String,
+    /// 0: any free port (the log line says which).
+    pub port: u16,
+    /// Requests that may wait for a row; more are refused with `429`.
+    pub max_queue: usize,
+    /// After `SIGTERM` or Ctrl-C, how long requests in flight may take to finish before they are
+    /// cancelled.
+    pub shutdown_grace: Duration,
+}
+
+/// Serves until `SIGTERM` or Ctrl-C: then it stops accepting connections, lets the requests in
+/// flight finish (for up to `shutdown_grace`) and returns.
+pub fn serve(engine: BatchEngine, model: ModelInfo, options: ServeOptions) -> Result<(), String> {
+    let batch = engine.shape().batch;
+    let metrics = Arc::new(metrics::Metrics::new(batch));
+    let queue = worker::Queue::start(engine, options.max_queue, metrics.clone())
+        .map_err(|e| format!("cannot start the engine's thread: {e}"))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    runtime.block_on(async move {
+        let address = format!("{}:{}", options.host, options.port);
+        let listener =
+            tokio::net::TcpListener::bind(&address).await.map_err(|e| format!("cannot listen on {address}: {e}"))?;
+        let bound = listener.local_addr().map_err(|e| format!("cannot listen on {address}: {e}"))?;
+        eprintln!(
+            "g4c serve: listening on http://{bound} (model {}, batch {batch}, context {}, queue {})",
+            model.name, model.context, options.max_queue
+        );
+        let app = Arc::new(App { model, queue, metrics, draining: AtomicBool::new(false) });
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let signalled = app.clone();
+        tokio::spawn(async move {
+            stop_signal().await;
+            signalled.draining.store(true, Ordering::SeqCst);
+            eprintln!("g4c serve: stopping: no new connections; requests in flight may finish");
+            let _ = stop.send(true);
+        });
+        let mut graceful = stopping.clone();
+        let server = axum::serve(listener, routes::router(app)).with_graceful_shutdown(async move {
+            let _ = graceful.wait_for(|s| *s).await;
+        });
+        let mut deadline = stopping;
+        let grace = options.shutdown_grace;
+        tokio::select! {
+            served = server => served.map_err(|e| format!("the server failed: {e}"))?,
+            _ = async move {
+                let _ = deadline.wait_for(|s| *s).await;
+                tokio::time::sleep(grace).await;
+            } => eprintln!("g4c serve: requests still in flight after {} s are cancelled", grace.as_secs()),
+        }
+        eprintln!("g4c serve: stopped");
+        Ok(())
+    })
+}
+
+/// `SIGTERM` (or Ctrl-C).
+async fn stop_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(term) => term,
+            Err(_) => return std::future::pending().await,
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -1,0 +1,269 @@
+//! One request's reply as the engine's events arrive: text through stop strings, usage, timings, and
+//! the JSON of OpenAI's responses and stream chunks for both endpoints. Dropping a reply (finished,
+//! failed, or its client gone) writes the request's log line and metrics.
+
+use crate::api::{Ask, Endpoint};
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::text::StopText;
+use g4c_frontend::TextTokenizer;
+use g4c_runtime::{SequenceEvent, StopReason};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// What a reply has to say next.
+pub enum Part {
+    /// New text (possibly empty) and the ids that produced it.
+    Delta {
+        text: String,
+        ids: Vec<u32>,
+    },
+    /// The end, with OpenAI's `finish_reason`.
+    Done {
+        finish_reason: &'static str,
+    },
+    Failed(ApiError),
+}
+
+pub struct Reply {
+    pub id: String,
+    pub ask: Ask,
+    pub model: String,
+    pub created: u64,
+    pub prompt_ids: Vec<u32>,
+    events: UnboundedReceiver<SequenceEvent>,
+    text: StopText,
+    generated: Vec<u32>,
+    cached_tokens: usize,
+    arrived: Instant,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+    /// How it ended (`None` while it runs, or if its client left first).
+    outcome: Option<&'static str>,
+    /// A part decided before the one returned (the end after the last text).
+    pending: Option<Part>,
+    metrics: Arc<Metrics>,
+}
+
+impl Reply {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: String,
+        ask: Ask,
+        model: String,
+        prompt_ids: Vec<u32>,
+        events: UnboundedReceiver<SequenceEvent>,
+        tokenizer: Option<Arc<TextTokenizer>>,
+        arrived: Instant,
+        metrics: Arc<Metrics>,
+    ) -> Reply {
+        let text = StopText::new(tokenizer, ask.stop.clone());
+        let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        Reply {
+            id,
+            ask,
+            model,
+            created,
+            prompt_ids,
+            events,
+            text,
+            generated: vec![],
+            cached_tokens: 0,
+            arrived,
+            first_token: None,
+            last_token: None,
+            outcome: None,
+            pending: None,
+            metrics,
+        }
+    }
+
+    /// The next part of the reply; `None` once it has ended.
+    pub async fn next(&mut self) -> Option<Part> {
+        if let Some(part) = self.pending.take() {
+            return Some(part);
+        }
+        if self.outcome.is_some() {
+            return None;
+        }
+        loop {
+            let Some(event) = self.events.recv().await else {
+                return Some(self.fail(ApiError::server("the engine dropped this request; see the server's log")));
+            };
+            match event {
+                SequenceEvent::Admitted { cached_tokens, .. } => {
+                    self.cached_tokens = cached_tokens;
+                    self.metrics.prompt_tokens.inc_by(self.prompt_ids.len() as u64);
+                    self.metrics.cached_prompt_tokens.inc_by(cached_tokens as u64);
+                }
+                SequenceEvent::Token(id) => {
+                    let now = Instant::now();
+                    self.first_token.get_or_insert(now);
+                    self.last_token = Some(now);
+                    self.generated.push(id);
+                    self.metrics.generated_tokens.inc();
+                    let text = match self.text.push(id) {
+                        Ok(text) => text,
+                        Err(e) => return Some(self.fail(ApiError::server(format!("cannot detokenize: {e}")))),
+                    };
+                    if self.text.stopped() {
+                        // The sequence leaves its row at the engine's next step.
+                        self.events.close();
+                        self.end("stop");
+                    }
+                    return Some(Part::Delta { text, ids: vec![id] });
+                }
+                SequenceEvent::Finished(reason) => {
+                    let finish_reason = match reason {
+                        StopReason::Eos | StopReason::StopId => "stop",
+                        StopReason::MaxTokens | StopReason::Context => "length",
+                    };
+                    // Text held back for a stop string that never came goes out before the end.
+                    let tail = self.text.finish();
+                    self.end(finish_reason);
+                    if tail.is_empty() {
+                        return self.pending.take();
+                    }
+                    return Some(Part::Delta { text: tail, ids: vec![] });
+                }
+                SequenceEvent::Failed(message) => return Some(self.fail(ApiError::server(message))),
+            }
+        }
+    }
+
+    /// Ends the reply with `finish_reason`: `Done` is the next part.
+    fn end(&mut self, finish_reason: &'static str) {
+        self.outcome = Some(finish_reason);
+        self.pending = Some(Part::Done { finish_reason });
+    }
+
+    fn fail(&mut self, error: ApiError) -> Part {
+        self.outcome = Some("error");
+        Part::Failed(error)
+    }
+
+    pub fn usage(&self) -> Value {
+        let (prompt, completion) = (self.prompt_ids.len(), self.generated.len());
+        json!({
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        })
+    }
+
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.ask.endpoint, chunk) {
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+            (Endpoint::Completion, _) => "text_completion",
+        }
+    }
+
+    /// A choice with `text` (chat: as `message`, or `delta` in a chunk) and `ids`.
+    fn choice(&self, text: &str, ids: &[u32], finish_reason: Option<&str>, chunk: bool) -> Value {
+        let mut choice = json!({"index": 0, "logprobs": null, "finish_reason": finish_reason});
+        match (self.ask.endpoint, chunk) {
+            (Endpoint::Chat, false) => choice["message"] = json!({"role": "assistant", "content": text}),
+            (Endpoint::Chat, true) if finish_reason.is_some() && text.is_empty() => choice["delta"] = json!({}),
+            (Endpoint::Chat, true) => choice["delta"] = json!({"content": text}),
+            (Endpoint::Completion, _) => choice["text"] = json!(text),
+        }
+        if self.ask.return_token_ids {
+            choice["token_ids"] = json!(ids);
+        }
+        choice
+    }
+
+    fn envelope(&self, choices: Vec<Value>, chunk: bool) -> Value {
+        let mut body = json!({
+            "id": self.id, "object": self.object(chunk), "created": self.created, "model": self.model,
+            "choices": choices,
+        });
+        if self.ask.return_token_ids && !chunk {
+            body["prompt_token_ids"] = json!(self.prompt_ids);
+        }
+        body
+    }
+
+    /// The whole response of a request that did not stream.
+    pub fn response(&self, text: &str, finish_reason: &str) -> Value {
+        let mut body = self.envelope(vec![self.choice(text, &self.generated, Some(finish_reason), false)], false);
+        body["usage"] = self.usage();
+        body
+    }
+
+    /// The first chunk of a chat stream: the assistant's role (and the prompt's ids when asked).
+    pub fn opening_chunk(&self) -> Option<Value> {
+        let mut chunk = match self.ask.endpoint {
+            Endpoint::Chat => {
+                let mut choice = json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
+                if self.ask.return_token_ids {
+                    choice["token_ids"] = json!([]);
+                }
+                self.envelope(vec![choice], true)
+            }
+            Endpoint::Completion if self.ask.return_token_ids => self.envelope(vec![], true),
+            Endpoint::Completion => return None,
+        };
+        if self.ask.return_token_ids {
+            chunk["prompt_token_ids"] = json!(self.prompt_ids);
+        }
+        Some(chunk)
+    }
+
+    pub fn delta_chunk(&self, text: &str, ids: &[u32]) -> Value {
+        self.envelope(vec![self.choice(text, ids, None, true)], true)
+    }
+
+    pub fn closing_chunk(&self, finish_reason: &str) -> Value {
+        self.envelope(vec![self.choice("", &[], Some(finish_reason), true)], true)
+    }
+
+    /// The last chunk when `stream_options.include_usage` asks for it: no choices, the usage.
+    pub fn usage_chunk(&self) -> Value {
+        let mut chunk = self.envelope(vec![], true);
+        chunk["usage"] = self.usage();
+        chunk
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        let outcome = self.outcome.unwrap_or("client gone");
+        let status = if outcome == "error" { "500" } else { "200" };
+        let m = &self.metrics;
+        m.requests.with_label_values(&[self.ask.endpoint.name(), status]).inc();
+        let total = self.arrived.elapsed().as_secs_f64();
+        m.request_duration.observe(total);
+        let ttft = self.first_token.map(|t| (t - self.arrived).as_secs_f64());
+        if let Some(ttft) = ttft {
+            m.time_to_first_token.observe(ttft);
+        }
+        let per_token = match (self.first_token, self.last_token) {
+            (Some(first), Some(last)) if self.generated.len() > 1 => {
+                Some((last - first).as_secs_f64() / (self.generated.len() - 1) as f64)
+            }
+            _ => None,
+        };
+        if let Some(t) = per_token {
+            m.time_per_output_token.observe(t);
+        }
+        let ms = |s: Option<f64>| s.map_or("-".to_string(), |s| format!("{:.1} ms", s * 1e3));
+        eprintln!(
+            "g4c serve: {} {} {}: prompt {} tokens ({} cached), {} generated, ttft {}, {} per token, total {:.1} ms, {}",
+            self.id,
+            self.ask.endpoint.name(),
+            status,
+            self.prompt_ids.len(),
+            self.cached_tokens,
+            self.generated.len(),
+            ms(ttft),
+            ms(per_token),
+            total * 1e3,
+            outcome
+        );
+    }
+}

@@ -1,0 +1,109 @@
+//! Generated ids to released text, with stop strings: text is released as it becomes printable,
+//! except a tail that could still grow into a stop string (held back until it cannot); a stop string
+//! ends the text before it, as in OpenAI's API and vLLM.
+
+use g4c_frontend::{TextStream, TextTokenizer};
+use std::sync::Arc;
+
+pub struct StopText {
+    stream: Option<TextStream<Arc<TextTokenizer>>>,
+    stops: Vec<String>,
+    text: String,
+    /// Bytes of `text` released so far.
+    released: usize,
+    stopped: bool,
+}
+
+impl StopText {
+    /// Text from `tokenizer` (none: no text, only ids) ending at the first of `stops`.
+    pub fn new(tokenizer: Option<Arc<TextTokenizer>>, stops: Vec<String>) -> StopText {
+        StopText { stream: tokenizer.map(TextStream::new), stops, text: String::new(), released: 0, stopped: false }
+    }
+
+    /// Whether a stop string has been generated (nothing after it is text).
+    pub fn stopped(&self) -> bool {
+        self.stopped
+    }
+
+    /// Adds generated token `id`; returns the text it releases (possibly empty).
+    pub fn push(&mut self, id: u32) -> Result<String, String> {
+        let Some(stream) = self.stream.as_mut() else { return Ok(String::new()) };
+        if self.stopped {
+            return Ok(String::new());
+        }
+        let Some(piece) = stream.push(id).map_err(|e| e.to_string())? else { return Ok(String::new()) };
+        // A stop string may begin in text held back before this piece.
+        let from = self.released;
+        self.text += &piece;
+        if let Some(at) = self.stops.iter().filter_map(|s| self.text[from..].find(s.as_str()).map(|i| from + i)).min() {
+            self.text.truncate(at);
+            self.stopped = true;
+            return Ok(self.release(at));
+        }
+        let held = self.stops.iter().map(|s| partial_suffix(&self.text[from..], s)).max().unwrap_or(0);
+        Ok(self.release(self.text.len() - held))
+    }
+
+    /// The text held back, once no token follows.
+    pub fn finish(&mut self) -> String {
+        self.release(self.text.len())
+    }
+
+    fn release(&mut self, upto: usize) -> String {
+        let out = self.text[self.released..upto].to_string();
+        self.released = upto;
+        out
+    }
+}
+
+/// The length of the longest suffix of `text` that is a proper prefix of `stop`.
+fn partial_suffix(text: &str, stop: &str) -> usize {
+    (1..stop.len().min(text.len() + 1))
+        .rev()
+        .find(|&k| stop.is_char_boundary(k) && text.ends_with(&stop[..k]))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{partial_suffix, StopText};
+    use g4c_frontend::TextTokenizer;
+    use std::sync::Arc;
+
+    fn tokenizer() -> Arc<TextTokenizer> {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tokenizer.json"), g4c_frontend::synth::tokenizer_json(64).to_string()).unwrap();
+        Arc::new(TextTokenizer::open(dir.path(), Some(2), Some(1)).unwrap().unwrap())
+    }
+
+    /// Releases `words` one token each; returns what was released and whether it stopped.
+    fn run(stops: &[&str], words: &[&str]) -> (String, bool) {
+        let t = tokenizer();
+        let mut text = StopText::new(Some(t.clone()), stops.iter().map(|s| s.to_string()).collect());
+        let mut out = String::new();
+        for w in words {
+            out += &text.push(t.token_id(w).unwrap()).unwrap();
+        }
+        out += &text.finish();
+        (out, text.stopped())
+    }
+
+    #[test]
+    fn text_ends_before_the_first_stop_string_even_across_tokens() {
+        assert_eq!(run(&[], &["ba", "be", "bi"]), ("ba be bi".into(), false));
+        assert_eq!(run(&["be"], &["ba", "be", "bi"]), ("ba ".into(), true));
+        // "a b" spans the end of one token and the start of the next.
+        assert_eq!(run(&["a b"], &["ba", "be", "bi"]), ("b".into(), true));
+        assert_eq!(run(&["zz", "e b"], &["ba", "be", "bi"]), ("ba b".into(), true));
+        assert_eq!(run(&["bax"], &["ba", "be"]), ("ba be".into(), false), "a partial match is released at the end");
+    }
+
+    #[test]
+    fn held_back_text_is_a_partial_stop_string() {
+        assert_eq!(partial_suffix("ab", "bc"), 1);
+        assert_eq!(partial_suffix("ab", "abc"), 2);
+        assert_eq!(partial_suffix("ab", "ab"), 0, "a whole stop string is found, not held");
+        assert_eq!(partial_suffix("aé", "éx"), 2);
+        assert_eq!(partial_suffix("", "x"), 0);
+    }
+}

@@ -1,0 +1,109 @@
+use crate::ui::with_feedback;
+use anyhow::{anyhow, bail, Result};
+use clap::Args;
+use g4c_driver::Session;
+use g4c_frontend::{ChatTemplate, Shapes};
+use g4c_runtime::BatchEngine;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Checkpoint directory or artifact
+    pub model_dir: PathBuf,
+    #[command(flatten)]
+    pub execution: super::ExecutionArgs,
+    /// Address to listen on
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port; the log line says which)
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Sequences decoded together: the batch the entry points are compiled for (an artifact has its own)
+    #[arg(long, value_parser = super::sizes::batch)]
+    pub max_batch: Option<usize>,
+    /// Positions a sequence may reach, prompt included (default 4096, at most the model's
+    /// max_position_embeddings; an artifact has its own)
+    #[arg(long, value_parser = super::sizes::positions)]
+    pub context: Option<usize>,
+    /// Prompt tokens per row in one prefill call: joining prompts are prefilled in chunks of this
+    /// many, between decode calls (default 64; an artifact has its own prefill lengths)
+    #[arg(long, value_parser = super::sizes::positions)]
+    pub prefill_len: Option<usize>,
+    /// Requests that may wait for a row; more are answered 429 with Retry-After
+    #[arg(long, default_value_t = 64, value_parser = super::sizes::positions)]
+    pub max_queue: usize,
+    /// The model's name in /v1/models and in requests (default: the directory's name)
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Seconds requests in flight may take to finish after SIGTERM or Ctrl-C before they are cancelled
+    #[arg(long, default_value_t = 30)]
+    pub shutdown_grace: u64,
+}
+
+const DEFAULT_BATCH: usize = 8;
+const DEFAULT_PREFILL: usize = 64;
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    let mut session = Session::open(&args.model_dir, args.execution.session_options()?)?;
+    let source = &session.source;
+    let context = source.context(args.context, 4096)?;
+    let shapes = match source.fixed_shapes() {
+        Some(s) => {
+            if let Some(b) = args.max_batch.filter(|&b| b != s.batch) {
+                bail!("--max-batch {b}: artifact {} was compiled for batch {}", source.label, s.batch);
+            }
+            if let Some(p) = args.prefill_len.filter(|&p| p != s.longest_prefill()) {
+                bail!(
+                    "--prefill-len {p}: artifact {} was compiled with prefill lengths {:?}",
+                    source.label,
+                    s.prefill_lens
+                );
+            }
+            Shapes { batch: s.batch, prefill_len: s.longest_prefill(), context }
+        }
+        None => Shapes {
+            batch: args.max_batch.unwrap_or(DEFAULT_BATCH),
+            prefill_len: args.prefill_len.unwrap_or(DEFAULT_PREFILL).min(context),
+            context,
+        },
+    };
+    let module = session.module(&shapes)?;
+    let ready = with_feedback(|feedback| session.executor(module, feedback))?;
+    let engine = BatchEngine::new(ready.executor, session.source.config.sliding_window)?;
+
+    let tokenizer = session.source.tokenizer.take().map(Arc::new);
+    let chat_template = match &tokenizer {
+        Some(t) => ChatTemplate::open(&args.model_dir, t)?,
+        None => None,
+    };
+    // Gemma 4 ends a turn with `<turn|>` (earlier Gemmas with `<end_of_turn>`).
+    let turn_end = tokenizer.as_ref().and_then(|t| ["<turn|>", "<end_of_turn>"].iter().find_map(|m| t.token_id(m)));
+    let name = match &args.served_model_name {
+        Some(name) => name.clone(),
+        None => args
+            .model_dir
+            .canonicalize()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .ok_or_else(|| anyhow!("{}: cannot name the model; give --served-model-name", args.model_dir.display()))?,
+    };
+    let config = &session.source.config;
+    let model = g4c_serve::ModelInfo {
+        name,
+        tokenizer,
+        chat_template,
+        eos_ids: config.eos_token_ids.clone(),
+        turn_end,
+        vocab: config.vocab_size,
+        context: shapes.context,
+    };
+    let options = g4c_serve::ServeOptions {
+        host: args.host,
+        port: args.port,
+        max_queue: args.max_queue,
+        shutdown_grace: Duration::from_secs(args.shutdown_grace),
+    };
+    g4c_serve::serve(engine, model, options).map_err(anyhow::Error::msg)
+}

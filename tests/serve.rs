@@ -1,0 +1,339 @@
+//! `g4c serve` on the tiny synthetic model (tokenizer and chat template included), driven by the
+//! official `openai` Python client (scripts/setup installs it into .venv) and by raw HTTP for what a
+//! client library hides: malformed bodies, 429 and Retry-After, a client leaving mid-stream,
+//! SIGTERM. Every server binds 127.0.0.1 on a port the system picks and is killed when dropped;
+//! every wait is bounded.
+
+use crate::common::repo;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The tiny preset with its tokenizer and chat template, made once per test run.
+fn tiny_model() -> &'static Path {
+    static MODEL: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &MODEL
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            let model = dir.path().join("tiny");
+            let out =
+                crate::common::g4c(&["synth", "--preset", "tiny", "--seed", "0", "-q", "-o", model.to_str().unwrap()]);
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            (dir, model)
+        })
+        .1
+}
+
+struct Server {
+    child: Child,
+    port: u16,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Server {
+    /// `g4c serve` on the tiny model with `extra` flags, once it says where it listens.
+    fn start(extra: &[&str]) -> Server {
+        let cache = crate::common::test_cache();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_g4c"))
+            .env("G4C_CACHE_DIR", cache)
+            .args(["serve", tiny_model().to_str().unwrap(), "--port", "0", "--served-model-name", "tiny", "-q"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("g4c runs");
+        let log = Arc::new(Mutex::new(vec![]));
+        let (lines, tx) = (log.clone(), std::sync::mpsc::channel::<u16>());
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            let tx = tx.0;
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(port) = line.split("http://127.0.0.1:").nth(1).and_then(|r| r.split(' ').next()) {
+                    let _ = tx.send(port.parse().unwrap());
+                }
+                lines.lock().unwrap().push(line);
+            }
+        });
+        let port = match tx.1.recv_timeout(Duration::from_secs(300)) {
+            Ok(port) => port,
+            Err(_) => panic!("the server did not start: {:?}", log.lock().unwrap()),
+        };
+        Server { child, port, log }
+    }
+
+    fn base_url(&self) -> String {
+        format!("http://127.0.0.1:{}/v1", self.port)
+    }
+
+    fn http(&self, method: &str, path: &str, body: &str) -> (u16, String, String) {
+        http(self.port, method, path, body)
+    }
+
+    fn post(&self, path: &str, body: &Value) -> (u16, String, Value) {
+        let (status, head, body) = self.http("POST", path, &body.to_string());
+        let json = serde_json::from_str(&body).unwrap_or_else(|_| json!({"raw": body}));
+        (status, head, json)
+    }
+
+    fn send(&self, method: &str, path: &str, body: &str) -> TcpStream {
+        send(self.port, method, path, body)
+    }
+
+    /// The value of an unlabelled metric.
+    fn metric(&self, name: &str) -> f64 {
+        let (_, _, text) = self.http("GET", "/metrics", "");
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')).map(|v| v.trim().parse().unwrap()))
+            .unwrap_or_else(|| panic!("no metric {name} in {text}"))
+    }
+
+    /// Waits (bounded) until `done` holds.
+    fn wait_for(&self, what: &str, mut done: impl FnMut(&Server) -> bool) {
+        let start = Instant::now();
+        while !done(self) {
+            assert!(start.elapsed() < Duration::from_secs(60), "timed out waiting for {what}; log: {:?}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn log(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Runs `scenario` of tests/serve/openai_client.py against this server.
+    fn openai_client(&self, scenario: &str) -> Value {
+        let python = repo().join(".venv/bin/python");
+        assert!(python.exists(), "{} is missing: run scripts/setup", python.display());
+        let out = Command::new(python)
+            .arg(repo().join("tests/serve/openai_client.py"))
+            .args([scenario, &self.base_url(), "tiny"])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{scenario}: {}\n{stdout}\nserver: {:?}",
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+        );
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{scenario}: {e}: {stdout}"))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends a request and returns the open connection, to read the response as it comes.
+fn send(port: u16, method: &str, path: &str, body: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    stream
+}
+
+/// One HTTP/1.1 request; returns the status, the headers (lower-case names) and the body.
+fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, String, String) {
+    let mut stream = send(port, method, path, body);
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, head.to_lowercase(), body.to_string())
+}
+
+/// The data lines of a server-sent event stream.
+fn sse_data(text: &str) -> Vec<String> {
+    text.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
+}
+
+/// Greedy tokens of `g4c run` for `prompt`: what a request alone must match.
+fn run_ids(prompt: &[u32], n: usize) -> Vec<u64> {
+    let ids = crate::common::ids(prompt);
+    let out = crate::common::g4c(&[
+        "run",
+        tiny_model().to_str().unwrap(),
+        "--prompt-ids",
+        &ids,
+        "--max-new-tokens",
+        &n.to_string(),
+        "--ignore-eos",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["generated_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
+}
+
+#[test]
+fn the_openai_client_chats_and_completes_streaming_and_not() {
+    let server = Server::start(&["--max-batch", "4", "--context", "64", "--prefill-len", "8"]);
+    let out = server.openai_client("basic");
+    assert_eq!(out["models"], json!(["tiny"]));
+    let (chat, stream) = (&out["chat"], &out["chat_stream"]);
+    assert_eq!(chat["object"], "chat.completion");
+    assert_eq!(stream["object"], "chat.completion.chunk");
+    assert_eq!(chat["role"], "assistant");
+    assert_eq!(stream["role"], "assistant");
+    assert!(!chat["text"].as_str().unwrap().is_empty(), "{chat}");
+    assert_eq!(chat["text"], stream["text"], "greedy: streaming changes nothing");
+    assert_eq!(chat["usage"]["prompt_tokens"], stream["usage"]["prompt_tokens"]);
+    assert_eq!(chat["usage"]["completion_tokens"], stream["usage"]["completion_tokens"]);
+    // BOS, `<|turn>` `system`, 3 words, `<turn|>`, `<|turn>` `user`, 4 words, `<turn|>`, `<|turn>` `model`.
+    assert_eq!(chat["usage"]["prompt_tokens"], 16, "{chat}");
+
+    let (completion, stream) = (&out["completion"], &out["completion_stream"]);
+    assert_eq!(completion["text"], stream["text"]);
+    assert_eq!(completion["ids"], stream["ids"]);
+    assert_eq!(completion["finish"], "length");
+    assert_eq!(completion["usage"]["completion_tokens"], 6);
+    let prompt: Vec<u32> =
+        completion["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    assert_eq!(prompt[0], 2, "BOS first");
+    assert_eq!(completion["ids"], json!(run_ids(&prompt, 6)), "the server generates what `g4c run` does");
+    assert_eq!(out["completion_ids_prompt"]["ids"], json!(run_ids(&[2, 17, 301], 6)));
+
+    assert_eq!(out["n2"]["status"], 400, "{}", out["n2"]);
+    assert_eq!(out["n2"]["error"]["param"], "n");
+    assert_eq!(out["wrong_model"]["status"], 404);
+    assert_eq!(out["wrong_model"]["error"]["code"], "model_not_found");
+    let log = server.log();
+    assert!(log.iter().any(|l| l.contains("chat 200: prompt 16 tokens")), "one log line per request: {log:?}");
+}
+
+#[test]
+fn concurrent_streams_with_their_own_sampling_parameters_match_their_runs_alone() {
+    let server = Server::start(&["--max-batch", "8", "--context", "64", "--prefill-len", "8"]);
+    let out = server.openai_client("concurrent");
+    let (together, alone) = (out["together"].as_array().unwrap(), out["alone"].as_array().unwrap());
+    for (i, (t, a)) in together.iter().zip(alone).enumerate() {
+        assert_eq!(t["text"], a["text"], "stream {i}: beside seven others and alone");
+        assert!(!t["text"].as_str().unwrap().is_empty(), "stream {i}: {t}");
+    }
+    // Streams 0, 4 and 5 ask the same prompt: greedy once, then sampled with seeds 0 and 1.
+    let texts: std::collections::HashSet<&str> =
+        [0, 4, 5].iter().map(|&i| together[i]["text"].as_str().unwrap()).collect();
+    assert_eq!(texts.len(), 3, "sampling parameters are per request: {out}");
+    let occupancy = server.metric("g4c_batch_rows");
+    assert_eq!(occupancy, 8.0);
+}
+
+#[test]
+fn a_shared_system_prompt_is_prefilled_once() {
+    let server = Server::start(&["--max-batch", "2", "--context", "64", "--prefill-len", "16"]);
+    let out = server.openai_client("shared_prefix");
+    let (first, second) = (&out["first"]["usage"], &out["second"]["usage"]);
+    // BOS, `<|turn>` `system`, 5 words, `<turn|>`, `<|turn>` `user`: 11 tokens shared.
+    assert_eq!(first["prompt_tokens_details"]["cached_tokens"], 0, "{out}");
+    assert_eq!(second["prompt_tokens_details"]["cached_tokens"], 11, "{out}");
+    assert_eq!(server.metric("g4c_cached_prompt_tokens_total"), 11.0);
+}
+
+#[test]
+fn malformed_and_impossible_requests_get_openai_style_errors() {
+    let server = Server::start(&["--max-batch", "1", "--context", "32", "--prefill-len", "8"]);
+    let error = |status: u16, body: &Value, param: Option<&str>, needle: &str| {
+        let (got, _, reply) = server.post("/v1/chat/completions", body);
+        assert_eq!(got, status, "{body}: {reply}");
+        let e = &reply["error"];
+        assert!(e["message"].as_str().unwrap().contains(needle), "{body}: {reply}");
+        assert!(e["type"].is_string(), "{reply}");
+        if let Some(p) = param {
+            assert_eq!(e["param"], p, "{reply}");
+        }
+    };
+    let user = |content: &str| json!([{"role": "user", "content": content}]);
+    error(400, &json!({"messages": user("ba"), "temperature": -1}), Some("temperature"), "expected 0 to 2");
+    error(
+        400,
+        &json!({"messages": user("ba"), "max_tokens": "many"}),
+        Some("max_tokens"),
+        "`max_tokens`: invalid type",
+    );
+    error(400, &json!({"messages": user("ba"), "logprobs": true}), Some("logprobs"), "not supported");
+    error(400, &json!({"messages": user("ba xyzzy")}), Some("messages"), "not in the vocabulary");
+    let long = vec!["ba"; 40].join(" ");
+    error(400, &json!({"messages": user(&long)}), Some("messages"), "context is 32 positions");
+    error(400, &json!({"messages": user("ba"), "max_tokens": 30}), Some("max_tokens"), "exceed");
+    error(404, &json!({"model": "gpt-4", "messages": user("ba")}), None, "serves `tiny`");
+    let (status, _, body) = server.http("POST", "/v1/completions", "{\"prompt\": ");
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("not JSON"), "{body}");
+    let (status, _, body) = server.post("/v1/completions", &json!({"prompt": [2, 9999]}));
+    assert_eq!(status, 400, "{body}");
+    // Unknown fields are ignored, as OpenAI does.
+    let (status, _, body) =
+        server.post("/v1/completions", &json!({"prompt": "ba", "max_tokens": 2, "future_option": {"x": 1}}));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(server.http("GET", "/health", "").0, 200, "errors leave the server serving");
+}
+
+#[test]
+fn a_full_queue_answers_429_and_a_client_leaving_mid_stream_frees_its_row() {
+    let server = Server::start(&["--max-batch", "1", "--max-queue", "1", "--context", "4096", "--prefill-len", "8"]);
+    let body = |n: usize, stream: bool| {
+        json!({"prompt": "ba de", "max_tokens": n, "ignore_eos": true, "temperature": 0, "stream": stream}).to_string()
+    };
+    // The only row: a long stream, read until its first tokens arrive.
+    let mut leaving = server.send("POST", "/v1/completions", &body(4000, true));
+    let mut seen = vec![0u8; 4096];
+    let mut got = 0;
+    while !String::from_utf8_lossy(&seen[..got]).contains("\"text\"") {
+        got += leaving.read(&mut seen[got..]).unwrap();
+    }
+    // The queue's one place: a request that waits for the row.
+    let port = server.port;
+    let waiting = std::thread::spawn(move || http(port, "POST", "/v1/completions", &body(3, false)));
+    server.wait_for("the second request to queue", |s| s.metric("g4c_queue_depth") == 1.0);
+    let (status, head, reply) = server.http("POST", "/v1/completions", &body(3, false));
+    assert_eq!(status, 429, "{reply}");
+    assert!(head.contains("retry-after: 1"), "{head}");
+    assert!(reply.contains("rate_limit_exceeded"), "{reply}");
+
+    // The first client goes away: its row is freed at the next step and the waiting request runs.
+    drop(leaving);
+    let (status, _, reply) = waiting.join().unwrap();
+    assert_eq!(status, 200, "{reply}");
+    server.wait_for("the first request's log line", |s| s.log().iter().any(|l| l.contains("client gone")));
+    let generated = server.metric("g4c_generated_tokens_total");
+    assert!(generated < 4000.0, "the stream stopped when its client left: {generated} tokens");
+}
+
+#[test]
+fn sigterm_lets_a_stream_in_flight_finish_then_the_server_exits() {
+    let mut server = Server::start(&["--max-batch", "2", "--context", "512", "--prefill-len", "8"]);
+    let body = json!({"prompt": "ba", "max_tokens": 300, "ignore_eos": true, "temperature": 0, "stream": true});
+    let mut stream = server.send("POST", "/v1/completions", &body.to_string());
+    let mut first = [0u8; 64];
+    let _ = stream.read(&mut first).unwrap();
+    let killed = Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    let mut rest = String::from_utf8_lossy(&first).to_string();
+    stream.read_to_string(&mut rest).unwrap();
+    let data = sse_data(&rest);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "the stream finished: {rest}");
+    let finish: Vec<Value> = data.iter().filter_map(|d| serde_json::from_str::<Value>(d).ok()).collect();
+    assert!(finish.iter().any(|c| c["choices"][0]["finish_reason"] == "length"), "{rest}");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "the server did not exit: {:?}", server.log());
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}: {:?}", server.log());
+    assert!(server.log().iter().any(|l| l.contains("g4c serve: stopped")), "{:?}", server.log());
+    assert!(TcpStream::connect(("127.0.0.1", server.port)).is_err(), "no new connections");
+}
