@@ -161,10 +161,15 @@ fn a_reused_row_never_sees_the_previous_sequences_cache_entries() {
 fn a_prompt_prefix_still_in_a_freed_row_is_not_prefilled_again() {
     let cases = golden_cases("tiny");
     let (window, long) = (case(&cases, "window"), case(&cases, "long"));
-    let mut engine = engine(2);
-    // `window`'s prompt is the first 4 tokens of `long`'s; one token keeps the row's ring intact.
+    let mut engine = engine(1);
+    // `long` leaves positions 27..33 in the row's 7-slot rings: its prefix cannot be reused.
+    admit(&mut engine, greedy(&long.prompt_ids, 24));
+    drain(&mut engine);
+    // `window`'s prompt is the first 4 tokens of `long`'s; it writes positions 0..3 again, and
+    // generating one token keeps them in the rings.
     let first = admit(&mut engine, greedy(&window.prompt_ids, 1));
     drain(&mut engine);
+    assert_eq!(first.cached_tokens(), 0, "positions 0..2 are no longer in the rings");
     assert_eq!(first.tokens(), window.generated_ids[..1]);
     let next = admit(&mut engine, greedy(&long.prompt_ids, 24));
     let mut prefilled = 0;

@@ -19,8 +19,9 @@
 //! **Prefix reuse.** A row keeps the tokens its caches hold after its sequence leaves. A new sequence
 //! goes to the free row whose cached tokens share the longest prefix with its prompt and prefills
 //! only the rest, as vLLM's prefix caching and llama-server's slot reuse do. Full-attention slots are
-//! never overwritten, but a sliding-window ring holds only its last `sliding_slots` positions, so the
-//! prefix is reused only when every position the next query can see is still in the ring.
+//! never overwritten by another position, but a sliding-window ring holds only its last
+//! `sliding_slots` positions, so the engine keeps a copy of which position each ring slot holds and
+//! reuses a prefix only when every position the next query can see is still there.
 
 use crate::error::{invalid, Result, RuntimeError};
 use crate::executor::{Executor, StepInputs};
@@ -92,14 +93,12 @@ impl Sequence {
     }
 }
 
-#[derive(Default)]
 struct Row {
     /// The tokens whose keys and values this row's caches hold, at positions `0..cached.len()`.
     cached: Vec<u32>,
-    /// One past the highest position written since the caches were last emptied: a position `p`
-    /// is still in a sliding ring only if `p + sliding_slots >= high_water` (nothing after it can
-    /// have taken its slot).
-    high_water: usize,
+    /// The position each slot of the row's sliding rings holds (`-1`: none), as the module's
+    /// `slot_positions(sliding)` state has it: position `p` is still there iff `ring[p % len] == p`.
+    ring: Vec<i64>,
     sequence: Option<Sequence>,
     /// The step at which its last sequence left, to give away the least recently used row first.
     freed_at: u64,
@@ -121,7 +120,10 @@ impl BatchEngine {
     pub fn new(mut exec: Box<dyn Executor>, sliding_window: usize) -> Result<BatchEngine> {
         let shape = ModelShape::of(exec.module())?;
         exec.reset()?;
-        let rows = (0..shape.batch).map(|_| Row::default()).collect();
+        let slots = shape.sliding_slots.unwrap_or(0);
+        let rows = (0..shape.batch)
+            .map(|_| Row { cached: vec![], ring: vec![-1; slots], sequence: None, freed_at: 0 })
+            .collect();
         Ok(BatchEngine { exec, shape, window: sliding_window, rows, steps: 0, last_call: None })
     }
 
@@ -204,10 +206,12 @@ impl BatchEngine {
     fn reusable(&self, row: &Row, prompt: &[u32]) -> usize {
         let common = row.cached.iter().zip(prompt).take_while(|(a, b)| a == b).count();
         let reuse = common.min(prompt.len().saturating_sub(1));
-        match self.shape.sliding_slots {
-            // The query at position `reuse` sees positions `reuse + 1 - window ..= reuse`.
-            Some(slots) if (reuse + 1).saturating_sub(self.window) + slots < row.high_water => 0,
-            _ => reuse,
+        // The query at position `reuse` sees positions `reuse + 1 - window ..= reuse`.
+        let seen = (reuse + 1).saturating_sub(self.window)..reuse;
+        match row.ring.len() {
+            0 => reuse,
+            slots if seen.clone().all(|p| row.ring[p % slots] == p as i64) => reuse,
+            _ => 0,
         }
     }
 
@@ -304,7 +308,10 @@ impl BatchEngine {
             }
             let row = &mut self.rows[index];
             row.cached.extend_from_slice(&fed.tokens);
-            row.high_water = row.high_water.max(row.cached.len());
+            let slots = row.ring.len();
+            for p in (fed.start..fed.start + fed.tokens.len()).filter(|_| slots > 0) {
+                row.ring[p % slots] = p as i64;
+            }
             let Some(seq) = row.sequence.as_mut() else { continue };
             if !seq.prefilled(row.cached.len()) {
                 continue;
@@ -350,7 +357,7 @@ impl BatchEngine {
                 seq.sink.send(SequenceEvent::Failed(message.clone()));
             }
             row.cached.clear();
-            row.high_water = 0;
+            row.ring.fill(-1);
         }
         self.exec
             .reset()
