@@ -1,5 +1,6 @@
 //! Fuzzing every parser of untrusted bytes: IR text, safetensors headers, the shard index, configs
-//! (compressed-tensors' `quantization_config` among them), artifact manifests and cache entries.
+//! (compressed-tensors' `quantization_config` among them), artifact manifests, cache entries and the
+//! server's request bodies.
 //!
 //! Each target first runs its corpus, `tests/fuzz/<target>/` (seeds made by
 //! `scripts/fuzz/make_corpus.py`, and every input that once failed), then `G4C_FUZZ_CASES` (default
@@ -74,6 +75,41 @@ fn cache_entry(bytes: &[u8]) -> Result<(), String> {
     use g4c_runtime::cache::entry;
     let peeked = entry::peek_meta(bytes).map(drop).map_err(|e| e.to_string());
     entry::decode(bytes).map(drop).map_err(|e| e.to_string()).and(peeked)
+}
+
+/// A request body to `g4c serve`, as both endpoints prepare it for the tiny model: parsed, checked,
+/// its messages rendered by the chat template and tokenized. Errors must be `400`s or `404`s.
+fn server_request(bytes: &[u8]) -> Result<(), String> {
+    use g4c_serve::api::Endpoint;
+    static MODEL: std::sync::OnceLock<g4c_serve::ModelInfo> = std::sync::OnceLock::new();
+    let model = MODEL.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tokenizer.json"), g4c_frontend::synth::tokenizer_json(512).to_string()).unwrap();
+        std::fs::write(dir.path().join("chat_template.jinja"), g4c_frontend::synth::CHAT_TEMPLATE).unwrap();
+        let tokenizer = g4c_frontend::TextTokenizer::open(dir.path(), Some(2), Some(1)).unwrap().unwrap();
+        let chat_template = g4c_frontend::ChatTemplate::open(dir.path(), &tokenizer).unwrap();
+        g4c_serve::ModelInfo {
+            name: "tiny".into(),
+            turn_end: tokenizer.token_id("<turn|>"),
+            tokenizer: Some(std::sync::Arc::new(tokenizer)),
+            chat_template,
+            eos_ids: vec![1],
+            vocab: 512,
+            context: 64,
+        }
+    });
+    let mut outcome = Ok(());
+    for endpoint in [Endpoint::Chat, Endpoint::Completion] {
+        match g4c_serve::prepare::prepare(model, endpoint, bytes) {
+            Ok((_, request)) if request.prompt.len() >= 64 || request.options.max_new_tokens == 0 => {
+                return Err(format!("BUG: accepted a request the engine refuses: {request:?}"))
+            }
+            Ok(_) => {}
+            Err(e) if e.status != 400 && e.status != 404 => return Err(format!("BUG: status {}: {}", e.status, e.message)),
+            Err(e) => outcome = Err(e.message),
+        }
+    }
+    outcome
 }
 
 fn corpus_dir(target: &str) -> PathBuf {
@@ -291,4 +327,9 @@ fn fuzz_manifest() {
 #[test]
 fn fuzz_cache_entry() {
     fuzz("cache_entry", cache_entry);
+}
+
+#[test]
+fn fuzz_server_request() {
+    fuzz("server_request", server_request);
 }

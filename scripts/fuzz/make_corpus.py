@@ -82,8 +82,25 @@ def manifest():
         write("cache_entry", "header.bin", data[:4096])
 
 
+def server_requests():
+    user = [{"role": "user", "content": "ba de fi"}]
+    bodies = {
+        "chat.json": {"model": "tiny", "messages": [{"role": "system", "content": "ko lu"}, *user], "max_tokens": 8,
+                      "temperature": 0.7, "top_p": 0.9, "top_k": 40, "seed": 3, "stop": ["ba", 17],
+                      "stream": True, "stream_options": {"include_usage": True}},
+        "chat-parts.json": {"messages": [{"role": "user", "content": [{"type": "text", "text": "ma ne"}]},
+                                         {"role": "assistant", "content": None}], "n": 1, "logprobs": False},
+        "completion-text.json": {"prompt": "ba de", "max_tokens": 4, "stop": "fi", "return_token_ids": True},
+        "completion-ids.json": {"prompt": [[2, 17, 301]], "max_completion_tokens": 3, "ignore_eos": True,
+                                "stop_token_ids": [5]},
+    }
+    for name, body in bodies.items():
+        write("server_request", name, json.dumps(body, indent=1))
+
+
 if __name__ == "__main__":
     ir_text()
     checkpoints()
     configs()
     manifest()
+    server_requests()

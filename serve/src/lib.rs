@@ -7,6 +7,7 @@
 pub mod api;
 pub mod error;
 pub mod metrics;
+pub mod prepare;
 mod reply;
 mod routes;
 pub mod text;

@@ -1,7 +1,7 @@
 //! The HTTP endpoints: OpenAI's `/v1/chat/completions`, `/v1/completions` and `/v1/models`, plus
 //! `/health` and `/metrics`.
 
-use crate::api::{self, Ask, Endpoint, PromptSpec};
+use crate::api::{Ask, Endpoint};
 use crate::error::ApiError;
 use crate::reply::{Part, Reply};
 use crate::worker::{Job, Queue};
@@ -13,7 +13,7 @@ use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use g4c_runtime::{GenerateOptions, SamplingParams, SequenceRequest};
+use g4c_runtime::SequenceRequest;
 use serde_json::json;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -157,94 +157,11 @@ fn streamed(reply: Reply) -> Sse<impl futures_util::Stream<Item = Result<Event, 
 }
 
 impl App {
-    /// The checked request, its prompt's ids and what the engine is asked for.
+    /// `prepare`, unless the server is stopping.
     fn prepare(&self, endpoint: Endpoint, body: &[u8]) -> Result<(Ask, SequenceRequest), ApiError> {
         if self.draining.load(Ordering::SeqCst) {
             return Err(ApiError::unavailable("the server is stopping"));
         }
-        let ask = api::parse(endpoint, body)?;
-        let model = &self.model;
-        if let Some(asked) = ask.model.as_ref().filter(|m| **m != model.name) {
-            let message = format!("the model `{asked}` does not exist; this server serves `{}`", model.name);
-            return Err(ApiError::not_found(message, "model_not_found"));
-        }
-        let tokenizer = model.tokenizer.as_deref();
-        if tokenizer.is_none() && !ask.return_token_ids {
-            return Err(ApiError::invalid(
-                "this model has no tokenizer.json, so replies have no text: ask for `return_token_ids`",
-            ));
-        }
-        if tokenizer.is_none() && !ask.stop.is_empty() {
-            return Err(ApiError::param(
-                "stop",
-                "`stop`: stop strings need the model's tokenizer.json, which it lacks",
-            ));
-        }
-        let prompt = match &ask.prompt {
-            PromptSpec::Messages(messages) => {
-                let (Some(tokenizer), Some(template)) = (tokenizer, model.chat_template.as_ref()) else {
-                    return Err(ApiError::invalid(
-                        "this model has no chat template (chat_template.jinja or tokenizer_config.json); use /v1/completions",
-                    ));
-                };
-                let text = template.render(messages).map_err(|e| ApiError::param("messages", e.to_string()))?;
-                tokenizer.encode(&text).map_err(|e| ApiError::param("messages", e.to_string()))?
-            }
-            PromptSpec::Text(text) => match tokenizer {
-                Some(t) => t.encode(text).map_err(|e| ApiError::param("prompt", e.to_string()))?,
-                None => {
-                    return Err(ApiError::param("prompt", "`prompt`: this model has no tokenizer.json; give token ids"))
-                }
-            },
-            PromptSpec::Ids(ids) => ids.clone(),
-        };
-        let vocab = model.vocab;
-        for (what, ids) in [("prompt", &prompt), ("stop", &ask.stop_ids)] {
-            if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
-                return Err(ApiError::param(what, format!("token id {bad} is outside the vocabulary (0..{vocab})")));
-            }
-        }
-        let context = model.context;
-        if prompt.len() >= context {
-            let message = format!(
-                "the prompt has {} tokens; this model's context is {context} positions, so at most {} prompt tokens fit",
-                prompt.len(),
-                context - 1
-            );
-            let param = if endpoint == Endpoint::Chat { "messages" } else { "prompt" };
-            return Err(ApiError::param(param, message).with_code("context_length_exceeded"));
-        }
-        let room = context - prompt.len();
-        let max_new_tokens = match ask.max_tokens {
-            Some(n) if n > room => {
-                let message = format!(
-                    "the prompt ({} tokens) and max_tokens ({n}) exceed this model's context of {context} positions",
-                    prompt.len()
-                );
-                return Err(ApiError::param("max_tokens", message).with_code("context_length_exceeded"));
-            }
-            Some(n) => n,
-            // As OpenAI: a chat reply may fill the context, a completion is 16 tokens.
-            None if endpoint == Endpoint::Chat => room,
-            None => 16.min(room),
-        };
-        let mut stop_ids = ask.stop_ids.clone();
-        if endpoint == Endpoint::Chat {
-            stop_ids.extend(model.turn_end);
-        }
-        let options = GenerateOptions {
-            max_new_tokens,
-            eos_ids: model.eos_ids.clone(),
-            ignore_eos: ask.ignore_eos,
-            stop_ids,
-            sampling: SamplingParams {
-                temperature: ask.temperature,
-                top_k: ask.top_k,
-                top_p: ask.top_p,
-                seed: ask.seed.unwrap_or_else(rand::random),
-            },
-            forced: vec![],
-        };
-        Ok((ask, SequenceRequest { prompt, options }))
+        crate::prepare::prepare(&self.model, endpoint, body)
     }
 }
