@@ -1,13 +1,15 @@
 //! Continuous batching (`g4c_runtime::batching`) on the tiny golden model, compiled for 8 rows:
 //! every sequence, whatever runs beside it and whichever row it lands in, generates the tokens
 //! transformers generated for it alone (the goldens), and a reused row's stale cache entries are
-//! never seen.
+//! never seen; a fault in one call or one row ends only the sequences it touched.
 
 use crate::common::{golden_cases, golden_dir, Backend, GoldenCase};
 use g4c_driver::{Feedback, Session, SessionOptions};
 use g4c_frontend::Shapes;
 use g4c_runtime::batching::CallKind;
-use g4c_runtime::{BatchEngine, GenerateOptions, SamplingParams, SequenceEvent, SequenceRequest, SequenceSink};
+use g4c_runtime::{
+    BatchEngine, Executor, GenerateOptions, SamplingParams, SequenceEvent, SequenceRequest, SequenceSink, Tensor,
+};
 use std::sync::{Arc, Mutex};
 
 /// The tiny model in an engine of `batch` rows: prefill chunks of 4 tokens (the golden `long` prompt
@@ -212,4 +214,99 @@ fn requests_the_module_cannot_run_are_refused() {
     refuse(&mut engine, greedy(&[2; 40], 4), "the context holds 40 positions");
     admit(&mut engine, greedy(&[2], 4));
     refuse(&mut engine, greedy(&[2], 4), "every row holds a sequence");
+}
+
+/// The tiny model's executor, with a fault: row `row`'s logits are NaN from call `nan_from` on, or
+/// the call numbered `panic_at` panics.
+struct Faulty {
+    inner: Box<dyn Executor>,
+    calls: usize,
+    nan: Option<(usize, usize)>,
+    panic_at: Option<usize>,
+}
+
+impl Executor for Faulty {
+    fn module(&self) -> &g4c_ir::Module {
+        self.inner.module()
+    }
+
+    fn reset(&mut self) -> g4c_runtime::Result<()> {
+        self.inner.reset()
+    }
+
+    fn step(&mut self, entry: &str, inputs: &g4c_runtime::StepInputs) -> g4c_runtime::Result<Tensor> {
+        self.calls += 1;
+        if self.panic_at == Some(self.calls) {
+            panic!("an injected fault");
+        }
+        let logits = self.inner.step(entry, inputs)?;
+        let Some((row, _)) = self.nan.filter(|&(_, from)| self.calls >= from) else { return Ok(logits) };
+        let mut values = logits.as_f32().unwrap().to_vec();
+        let vocab = logits.shape()[1];
+        values[row * vocab + 7] = f32::NAN;
+        Ok(Tensor::f32(logits.shape().to_vec(), values))
+    }
+}
+
+fn faulty_engine(nan: Option<(usize, usize)>, panic_at: Option<usize>) -> BatchEngine {
+    let dir = golden_dir("tiny").join("published");
+    let options = SessionOptions { backend: Backend::Pjrt, use_cache: false, ..Default::default() };
+    let session = Session::open(&dir, options).unwrap();
+    let module = session.module(&Shapes { batch: 2, prefill_len: 4, context: 40 }).unwrap();
+    let inner = session.executor(module, &Feedback::silent()).unwrap().executor;
+    let faulty = Faulty { inner, calls: 0, nan, panic_at };
+    BatchEngine::new(Box::new(faulty), session.source.config.sliding_window).unwrap()
+}
+
+fn failure(recorder: &Recorder) -> String {
+    match recorder.events.lock().unwrap().last() {
+        Some(SequenceEvent::Failed(message)) => message.clone(),
+        other => panic!("expected a failure, found {other:?}"),
+    }
+}
+
+#[test]
+fn one_sequences_non_finite_logits_end_it_alone() {
+    let cases = golden_cases("tiny");
+    let long = case(&cases, "long");
+    // Row 1's logits turn NaN at the fifth call; row 0 goes on unharmed.
+    let mut engine = faulty_engine(Some((1, 5)), None);
+    let healthy = admit(&mut engine, greedy(&long.prompt_ids, 24));
+    let poisoned = admit(&mut engine, greedy(&long.prompt_ids, 24));
+    assert!(matches!(poisoned.events.lock().unwrap()[0], SequenceEvent::Admitted { row: 1, .. }));
+    drain(&mut engine);
+    assert!(failure(&poisoned).contains("not finite"), "{}", failure(&poisoned));
+    assert_eq!(healthy.tokens(), long.generated_ids);
+}
+
+#[test]
+fn a_panicking_call_fails_the_sequences_in_it_and_the_engine_goes_on() {
+    let cases = golden_cases("tiny");
+    let long = case(&cases, "long");
+    let mut engine = faulty_engine(None, Some(6));
+    let (first, second) = (admit(&mut engine, greedy(&long.prompt_ids, 24)), admit(&mut engine, greedy(&[2], 24)));
+    drain(&mut engine);
+    for r in [&first, &second] {
+        assert!(failure(r).contains("panicked: an injected fault"), "{}", failure(r));
+    }
+    let after = admit(&mut engine, greedy(&long.prompt_ids, 24));
+    drain(&mut engine);
+    assert_eq!(after.cached_tokens(), 0, "the caches were emptied");
+    assert_eq!(after.tokens(), long.generated_ids);
+}
+
+#[test]
+fn a_long_prompt_joining_is_prefilled_in_chunks_between_decode_calls() {
+    let cases = golden_cases("tiny");
+    let mut engine = engine(2);
+    let running = admit(&mut engine, greedy(&[2], 24));
+    assert_eq!(engine.step().unwrap().map(|r| r.call), Some(CallKind::Prefill));
+    // `long`'s 11 tokens take three chunks of 4; the running stream gets a token between each (the
+    // last call was a prefill, so a decode comes first).
+    admit(&mut engine, greedy(&case(&cases, "long").prompt_ids, 24));
+    let calls: Vec<(CallKind, usize)> =
+        (0..6).map(|_| engine.step().unwrap().map(|r| (r.call, r.tokens)).unwrap()).collect();
+    use CallKind::{Decode, Prefill};
+    assert_eq!(calls, [(Decode, 1), (Prefill, 4), (Decode, 1), (Prefill, 4), (Decode, 1), (Prefill, 3)]);
+    assert_eq!(running.tokens().len(), 4);
 }

@@ -84,7 +84,8 @@ fn server_request(bytes: &[u8]) -> Result<(), String> {
     static MODEL: std::sync::OnceLock<g4c_serve::ModelInfo> = std::sync::OnceLock::new();
     let model = MODEL.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("tokenizer.json"), g4c_frontend::synth::tokenizer_json(512).to_string()).unwrap();
+        std::fs::write(dir.path().join("tokenizer.json"), g4c_frontend::synth::tokenizer_json(512).to_string())
+            .unwrap();
         std::fs::write(dir.path().join("chat_template.jinja"), g4c_frontend::synth::CHAT_TEMPLATE).unwrap();
         let tokenizer = g4c_frontend::TextTokenizer::open(dir.path(), Some(2), Some(1)).unwrap().unwrap();
         let chat_template = g4c_frontend::ChatTemplate::open(dir.path(), &tokenizer).unwrap();
@@ -105,7 +106,9 @@ fn server_request(bytes: &[u8]) -> Result<(), String> {
                 return Err(format!("BUG: accepted a request the engine refuses: {request:?}"))
             }
             Ok(_) => {}
-            Err(e) if e.status != 400 && e.status != 404 => return Err(format!("BUG: status {}: {}", e.status, e.message)),
+            Err(e) if e.status != 400 && e.status != 404 => {
+                return Err(format!("BUG: status {}: {}", e.status, e.message))
+            }
             Err(e) => outcome = Err(e.message),
         }
     }

@@ -168,12 +168,12 @@ impl BatchEngine {
     }
 
     /// Gives `request` a free row (the one whose caches hold the longest usable prefix of its prompt,
-    /// else the least recently used); its events go to `sink`. Refused, with `Failed` sent to the
+    /// else the least recently used, else the first); its events go to `sink`. Refused, with `Failed` sent to the
     /// sink too, if it fails `check` or no row is free.
     pub fn admit(&mut self, request: SequenceRequest, mut sink: Box<dyn SequenceSink>) -> Result<usize> {
         let best = (0..self.rows.len())
             .filter(|&i| self.rows[i].sequence.is_none())
-            .max_by_key(|&i| (self.reusable(&self.rows[i], &request.prompt), std::cmp::Reverse(self.rows[i].freed_at)));
+            .min_by_key(|&i| (std::cmp::Reverse(self.reusable(&self.rows[i], &request.prompt)), self.rows[i].freed_at));
         let refusal = match (self.check(&request), best) {
             (Err(e), _) => Some(e),
             (Ok(()), None) => Some(RuntimeError::Invalid("every row holds a sequence".into())),

@@ -21,10 +21,7 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
         ));
     }
     if tokenizer.is_none() && !ask.stop.is_empty() {
-        return Err(ApiError::param(
-            "stop",
-            "`stop`: stop strings need the model's tokenizer.json, which it lacks",
-        ));
+        return Err(ApiError::param("stop", "`stop`: stop strings need the model's tokenizer.json, which it lacks"));
     }
     let prompt = match &ask.prompt {
         PromptSpec::Messages(messages) => {

@@ -44,10 +44,10 @@ impl Queue {
     pub fn start(engine: BatchEngine, capacity: usize, metrics: Arc<Metrics>) -> std::io::Result<Queue> {
         let (jobs, waiting) = sync_channel(capacity);
         let alive = Arc::new(AtomicBool::new(true));
-        let (m, a) = (metrics.clone(), alive.clone());
+        let (m, a) = (metrics.clone(), Stopped(alive.clone()));
         std::thread::Builder::new().name("g4c-engine".into()).spawn(move || {
+            let _stopped = a;
             run(engine, waiting, &m);
-            a.store(false, Ordering::SeqCst);
         })?;
         Ok(Queue { jobs, metrics, alive })
     }
@@ -66,6 +66,15 @@ impl Queue {
         };
         self.metrics.queue_depth.dec();
         Err(refused)
+    }
+}
+
+/// Marks the engine stopped when its thread ends, by returning or by a panic.
+struct Stopped(Arc<AtomicBool>);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
     }
 }
 
