@@ -211,7 +211,7 @@ fn requests_the_module_cannot_run_are_refused() {
     };
     refuse(&mut engine, greedy(&[], 4), "empty");
     refuse(&mut engine, greedy(&[2, 512], 4), "outside the vocabulary");
-    refuse(&mut engine, greedy(&[2; 40], 4), "the context holds 40 positions");
+    refuse(&mut engine, greedy(&[2; 40], 4), "no room to generate in the context of 40 positions");
     admit(&mut engine, greedy(&[2], 4));
     refuse(&mut engine, greedy(&[2], 4), "every row holds a sequence");
 }

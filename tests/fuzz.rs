@@ -95,8 +95,14 @@ fn server_request(bytes: &[u8]) -> Result<(), String> {
             tokenizer: Some(std::sync::Arc::new(tokenizer)),
             chat_template,
             eos_ids: vec![1],
-            vocab: 512,
-            context: 64,
+            shape: g4c_runtime::ModelShape {
+                batch: 1,
+                prefills: vec![(16, "prefill".into())],
+                decode: "decode".into(),
+                vocab: 512,
+                context: 64,
+                sliding_slots: Some(19),
+            },
         }
     });
     let mut outcome = Ok(());

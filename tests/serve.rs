@@ -264,7 +264,12 @@ fn malformed_and_impossible_requests_get_openai_style_errors() {
     error(400, &json!({"messages": user("ba"), "logprobs": true}), Some("logprobs"), "not supported");
     error(400, &json!({"messages": user("ba xyzzy")}), Some("messages"), "not in the vocabulary");
     let long = vec!["ba"; 40].join(" ");
-    error(400, &json!({"messages": user(&long)}), Some("messages"), "context is 32 positions");
+    error(
+        400,
+        &json!({"messages": user(&long)}),
+        Some("messages"),
+        "no room to generate in the context of 32 positions",
+    );
     error(400, &json!({"messages": user("ba"), "max_tokens": 30}), Some("max_tokens"), "exceed");
     error(404, &json!({"model": "gpt-4", "messages": user("ba")}), None, "serves `tiny`");
     let (status, _, body) = server.http("POST", "/v1/completions", "{\"prompt\": ");

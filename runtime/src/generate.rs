@@ -80,6 +80,7 @@ pub struct Timings {
 }
 
 /// Static facts about a compiled module that the loop needs, read off its entry points' roles.
+#[derive(Clone, Debug)]
 pub struct ModelShape {
     pub batch: usize,
     /// The prefill entry points by tokens per call, shortest first.
@@ -118,6 +119,21 @@ impl ModelShape {
         Ok(ModelShape { batch, prefills, decode: decode.name.clone(), vocab, context, sliding_slots })
     }
 
+    /// Whether this module can generate `new_tokens` tokens after `prompt`: a prompt of ids in the
+    /// vocabulary, non-empty, that leaves room in the context unless nothing is to be generated.
+    pub fn check_prompt(&self, prompt: &[u32], new_tokens: usize) -> std::result::Result<(), PromptProblem> {
+        if prompt.is_empty() {
+            return Err(PromptProblem::Empty);
+        }
+        if let Some(&id) = prompt.iter().find(|&&id| id as usize >= self.vocab) {
+            return Err(PromptProblem::OutOfVocabulary { id, vocab: self.vocab });
+        }
+        if prompt.len() > self.context || (prompt.len() == self.context && new_tokens > 0) {
+            return Err(PromptProblem::TooLong { len: prompt.len(), context: self.context });
+        }
+        Ok(())
+    }
+
     /// The prefill calls for a prompt of `len` tokens: the shortest entry point that holds what is
     /// left, or the longest while even that does not; each as (entry point, its length, tokens used).
     pub fn prefill_plan(&self, len: usize) -> Vec<(&str, usize, usize)> {
@@ -134,6 +150,35 @@ impl ModelShape {
     }
 }
 
+/// Why a prompt cannot be generated from (`ModelShape::check_prompt`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PromptProblem {
+    Empty,
+    OutOfVocabulary {
+        id: u32,
+        vocab: usize,
+    },
+    /// No room is left in the context to generate.
+    TooLong {
+        len: usize,
+        context: usize,
+    },
+}
+
+impl std::fmt::Display for PromptProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match self {
+            PromptProblem::Empty => write!(f, "the prompt is empty: give at least one token id"),
+            PromptProblem::OutOfVocabulary { id, vocab } => {
+                write!(f, "prompt token id {id} is outside the vocabulary (0..{vocab})")
+            }
+            PromptProblem::TooLong { len, context } => {
+                write!(f, "prompt of {len} tokens leaves no room to generate in the context of {context} positions")
+            }
+        }
+    }
+}
+
 /// Generates up to `max_new_tokens` tokens after `prompt`, greedily unless `opts.sampling` says
 /// otherwise, calling `on_token` with each as it comes; stops early where the context ends.
 pub fn generate(
@@ -146,21 +191,9 @@ pub fn generate(
     if shape.batch != 1 {
         return invalid(format!("generation runs one sequence; this module has batch {}", shape.batch));
     }
-    if prompt.is_empty() {
-        return invalid("the prompt is empty: give at least one token id");
-    }
-    if let Some(bad) = prompt.iter().find(|&&id| id as usize >= shape.vocab) {
-        return invalid(format!("prompt token id {bad} is outside the vocabulary (0..{})", shape.vocab));
-    }
+    shape.check_prompt(prompt, opts.max_new_tokens).map_err(|e| RuntimeError::Invalid(e.to_string()))?;
     // Generated token i takes position prompt.len() + i, so the context holds this many.
-    let room = shape.context.saturating_sub(prompt.len());
-    if prompt.len() > shape.context || (room == 0 && opts.max_new_tokens > 0) {
-        return invalid(format!(
-            "prompt of {} tokens leaves no room to generate in the context of {} positions",
-            prompt.len(),
-            shape.context
-        ));
-    }
+    let room = shape.context - prompt.len();
     exec.reset()?;
     let mut gen = Generation {
         prompt_ids: prompt.to_vec(),

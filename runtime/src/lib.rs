@@ -24,7 +24,7 @@ pub use batching::{BatchEngine, SequenceEvent, SequenceRequest, SequenceSink};
 pub use error::{Result, RuntimeError};
 pub use executor::{Executor, StepInputs};
 pub use g4c_ir::WeightDecl;
-pub use generate::{generate, GenerateOptions, Generation, ModelShape, StopReason, Timings};
+pub use generate::{generate, GenerateOptions, Generation, ModelShape, PromptProblem, StopReason, Timings};
 pub use progress::{Progress, Silent, Unit};
 pub use sampling::SamplingParams;
 pub use tensor::{Data, Tensor};

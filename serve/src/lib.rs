@@ -14,7 +14,7 @@ pub mod text;
 mod worker;
 
 use g4c_frontend::{ChatTemplate, TextTokenizer};
-use g4c_runtime::BatchEngine;
+use g4c_runtime::{BatchEngine, ModelShape};
 use routes::App;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -29,9 +29,8 @@ pub struct ModelInfo {
     pub eos_ids: Vec<u32>,
     /// The token that ends a chat turn (Gemma 4's `<turn|>`): it ends a chat reply.
     pub turn_end: Option<u32>,
-    pub vocab: usize,
-    /// Positions a sequence may reach, prompt included.
-    pub context: usize,
+    /// The compiled module's vocabulary, context and batch (the engine's).
+    pub shape: ModelShape,
 }
 
 pub struct ServeOptions {
@@ -63,7 +62,7 @@ pub fn serve(engine: BatchEngine, model: ModelInfo, options: ServeOptions) -> Re
         let bound = listener.local_addr().map_err(|e| format!("cannot listen on {address}: {e}"))?;
         eprintln!(
             "g4c serve: listening on http://{bound} (model {}, batch {batch}, context {}, queue {})",
-            model.name, model.context, options.max_queue
+            model.name, model.shape.context, options.max_queue
         );
         let app = Arc::new(App { model, queue, metrics, draining: AtomicBool::new(false) });
         let (stop, stopping) = tokio::sync::watch::channel(false);

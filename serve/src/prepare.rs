@@ -3,7 +3,7 @@
 use crate::api::{self, Ask, Endpoint, PromptSpec};
 use crate::error::ApiError;
 use crate::ModelInfo;
-use g4c_runtime::{GenerateOptions, SamplingParams, SequenceRequest};
+use g4c_runtime::{GenerateOptions, PromptProblem, SamplingParams, SequenceRequest};
 
 /// A request body checked and made into what the engine is asked for: its prompt tokenized (chat
 /// messages through the model's template), its limits checked against the model's context and
@@ -41,22 +41,22 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
         },
         PromptSpec::Ids(ids) => ids.clone(),
     };
-    let vocab = model.vocab;
-    for (what, ids) in [("prompt", &prompt), ("stop", &ask.stop_ids)] {
-        if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
-            return Err(ApiError::param(what, format!("token id {bad} is outside the vocabulary (0..{vocab})")));
+    let shape = &model.shape;
+    let param = if endpoint == Endpoint::Chat { "messages" } else { "prompt" };
+    shape.check_prompt(&prompt, 1).map_err(|problem| {
+        let error = ApiError::param(param, problem.to_string());
+        match problem {
+            PromptProblem::TooLong { .. } => error.with_code("context_length_exceeded"),
+            _ => error,
         }
+    })?;
+    if let Some(bad) = ask.stop_ids.iter().find(|&&id| id as usize >= shape.vocab) {
+        return Err(ApiError::param(
+            "stop",
+            format!("stop token id {bad} is outside the vocabulary (0..{})", shape.vocab),
+        ));
     }
-    let context = model.context;
-    if prompt.len() >= context {
-        let message = format!(
-            "the prompt has {} tokens; this model's context is {context} positions, so at most {} prompt tokens fit",
-            prompt.len(),
-            context - 1
-        );
-        let param = if endpoint == Endpoint::Chat { "messages" } else { "prompt" };
-        return Err(ApiError::param(param, message).with_code("context_length_exceeded"));
-    }
+    let context = shape.context;
     let room = context - prompt.len();
     let max_new_tokens = match ask.max_tokens {
         Some(n) if n > room => {

@@ -50,7 +50,7 @@ async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
 
 async fn models(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
     let model = json!({"id": app.model.name, "object": "model", "created": 0, "owned_by": "g4c",
-                       "max_model_len": app.model.context});
+                       "max_model_len": app.model.shape.context});
     Json(json!({"object": "list", "data": [model]}))
 }
 

@@ -96,8 +96,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         chat_template,
         eos_ids: config.eos_token_ids.clone(),
         turn_end,
-        vocab: config.vocab_size,
-        context: shapes.context,
+        shape: engine.shape().clone(),
     };
     let options = g4c_serve::ServeOptions {
         host: args.host,
