@@ -154,23 +154,21 @@ impl BatchEngine {
     }
 
     /// Gives `request` a free row (the one whose caches hold the longest usable prefix of its prompt,
-    /// else the least recently used, else the first); its events go to `sink`. Refused, with `Failed` sent to the
-    /// sink too, if it fails `check` or no row is free.
+    /// else the least recently used, else the first); its events go to `sink`. Refused, with `Failed`
+    /// sent to the sink too, if it fails `check` or no row is free.
     pub fn admit(&mut self, request: SequenceRequest, mut sink: Box<dyn SequenceSink>) -> Result<usize> {
         let best = (0..self.rows.len())
             .filter(|&i| self.rows[i].sequence.is_none())
-            .min_by_key(|&i| (std::cmp::Reverse(self.reusable(&self.rows[i], &request.prompt)), self.rows[i].freed_at));
-        let refusal = match (self.check(&request), best) {
-            (Err(e), _) => Some(e),
-            (Ok(()), None) => Some(RuntimeError::Invalid("every row holds a sequence".into())),
-            (Ok(()), Some(_)) => None,
+            .map(|i| (i, self.reusable(&self.rows[i], &request.prompt)))
+            .min_by_key(|&(i, reuse)| (std::cmp::Reverse(reuse), self.rows[i].freed_at));
+        let (index, reused) = match (self.check(&request), best) {
+            (Ok(()), Some(best)) => best,
+            (checked, _) => {
+                let e = checked.err().unwrap_or_else(|| RuntimeError::Invalid("every row holds a sequence".into()));
+                sink.send(SequenceEvent::Failed(e.to_string()));
+                return Err(e);
+            }
         };
-        if let Some(e) = refusal {
-            sink.send(SequenceEvent::Failed(e.to_string()));
-            return Err(e);
-        }
-        let index = best.expect("a free row");
-        let reused = self.reusable(&self.rows[index], &request.prompt);
         let row = &mut self.rows[index];
         row.cached.truncate(reused);
         if !sink.send(SequenceEvent::Admitted { row: index, cached_tokens: reused }) {
@@ -225,24 +223,21 @@ impl BatchEngine {
             CallKind::Prefill => self.prefill_plan(),
             CallKind::Decode => self.decode_plan(),
         };
-        let tokens = plan.fed.iter().map(|f| f.tokens.len()).sum();
+        let report = StepReport { call, occupied, tokens: plan.fed.iter().map(|f| f.tokens.len()).sum() };
         let outcome = catch_unwind(AssertUnwindSafe(|| self.exec.step(&plan.entry, &plan.inputs)));
-        let logits = match outcome {
-            Ok(Ok(logits)) => logits,
-            Ok(Err(e)) => return self.fail_all(e.to_string()).map(|_| Some(StepReport { call, occupied, tokens })),
+        match outcome {
+            Ok(Ok(logits)) => self.deliver(&plan, &logits),
+            Ok(Err(e)) => self.fail_all(e.to_string())?,
             Err(panic) => {
                 let what = panic
                     .downcast_ref::<&str>()
                     .map(|s| s.to_string())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "a panic".into());
-                return self
-                    .fail_all(format!("the executor panicked: {what}"))
-                    .map(|_| Some(StepReport { call, occupied, tokens }));
+                self.fail_all(format!("the executor panicked: {what}"))?
             }
-        };
-        self.deliver(&plan, &logits);
-        Ok(Some(StepReport { call, occupied, tokens }))
+        }
+        Ok(Some(report))
     }
 
     /// The next chunk of every prefilling row, through the shortest prefill entry point that holds

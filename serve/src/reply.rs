@@ -5,8 +5,8 @@
 use crate::api::{Ask, Endpoint};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::routes::App;
 use crate::text::StopText;
-use g4c_frontend::TextTokenizer;
 use g4c_runtime::{SequenceEvent, StopReason};
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -48,18 +48,17 @@ pub struct Reply {
 }
 
 impl Reply {
-    #[allow(clippy::too_many_arguments)]
+    /// The reply to request `id`, which arrived at `arrived`, of `app`'s model.
     pub fn new(
         id: String,
+        arrived: Instant,
         ask: Ask,
-        model: String,
         prompt_ids: Vec<u32>,
         events: UnboundedReceiver<SequenceEvent>,
-        tokenizer: Option<Arc<TextTokenizer>>,
-        arrived: Instant,
-        metrics: Arc<Metrics>,
+        app: &App,
     ) -> Reply {
-        let text = StopText::new(tokenizer, ask.stop.clone());
+        let (model, metrics) = (app.model.name.clone(), app.metrics.clone());
+        let text = StopText::new(app.model.tokenizer.clone(), ask.stop.clone());
         let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         Reply {
             id,

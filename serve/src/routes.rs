@@ -88,8 +88,7 @@ async fn generate(app: Arc<App>, endpoint: Endpoint, body: &[u8]) -> Response {
         }
     };
     let stream = ask.stream;
-    let (model, tokenizer, metrics) = (app.model.name.clone(), app.model.tokenizer.clone(), app.metrics.clone());
-    let reply = Reply::new(id, ask, model, prompt_ids, rx, tokenizer, arrived, metrics);
+    let reply = Reply::new(id, arrived, ask, prompt_ids, rx, &app);
     if stream {
         streamed(reply).into_response()
     } else {
