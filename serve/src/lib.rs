@@ -34,14 +34,22 @@ pub struct ModelInfo {
 }
 
 pub struct ServeOptions {
-    pub host: String,
-    /// 0: any free port (the log line says which).
-    pub port: u16,
+    /// Where to accept connections (`bind`).
+    pub listener: std::net::TcpListener,
     /// Requests that may wait for a row; more are refused with `429`.
     pub max_queue: usize,
     /// After `SIGTERM` or Ctrl-C, how long requests in flight may take to finish before they are
     /// cancelled.
     pub shutdown_grace: Duration,
+}
+
+/// A listener on `host:port` (port 0: any free one; the server's first log line says which), made
+/// before the model is loaded so that a port in use fails at once.
+pub fn bind(host: &str, port: u16) -> Result<std::net::TcpListener, String> {
+    let listener =
+        std::net::TcpListener::bind((host, port)).map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
+    listener.set_nonblocking(true).map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
+    Ok(listener)
 }
 
 /// Serves until `SIGTERM` or Ctrl-C: then it stops accepting connections, lets the requests in
@@ -56,10 +64,9 @@ pub fn serve(engine: BatchEngine, model: ModelInfo, options: ServeOptions) -> Re
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     runtime.block_on(async move {
-        let address = format!("{}:{}", options.host, options.port);
-        let listener =
-            tokio::net::TcpListener::bind(&address).await.map_err(|e| format!("cannot listen on {address}: {e}"))?;
-        let bound = listener.local_addr().map_err(|e| format!("cannot listen on {address}: {e}"))?;
+        let bound = options.listener.local_addr().map_err(|e| format!("cannot listen: {e}"))?;
+        let listener = tokio::net::TcpListener::from_std(options.listener)
+            .map_err(|e| format!("cannot listen on {bound}: {e}"))?;
         eprintln!(
             "g4c serve: listening on http://{bound} (model {}, batch {batch}, context {}, queue {})",
             model.name, model.shape.context, options.max_queue

@@ -20,7 +20,8 @@ pub struct ServeArgs {
     /// Port to listen on (0: any free port; the log line says which)
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Sequences decoded together: the batch the entry points are compiled for (an artifact has its own)
+    /// Sequences decoded together: the batch the entry points are compiled for (default 8; an artifact
+    /// has its own)
     #[arg(long, value_parser = super::sizes::batch)]
     pub max_batch: Option<usize>,
     /// Positions a sequence may reach, prompt included (default 4096, at most the model's
@@ -46,6 +47,7 @@ const DEFAULT_BATCH: usize = 8;
 const DEFAULT_PREFILL: usize = 64;
 
 pub fn run(args: ServeArgs) -> Result<()> {
+    let listener = g4c_serve::bind(&args.host, args.port).map_err(anyhow::Error::msg)?;
     let mut session = Session::open(&args.model_dir, args.execution.session_options()?)?;
     let source = &session.source;
     let context = source.context(args.context, 4096)?;
@@ -99,8 +101,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         shape: engine.shape().clone(),
     };
     let options = g4c_serve::ServeOptions {
-        host: args.host,
-        port: args.port,
+        listener,
         max_queue: args.max_queue,
         shutdown_grace: Duration::from_secs(args.shutdown_grace),
     };
