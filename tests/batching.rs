@@ -274,9 +274,20 @@ fn one_sequences_non_finite_logits_end_it_alone() {
     let healthy = admit(&mut engine, greedy(&long.prompt_ids, 24));
     let poisoned = admit(&mut engine, greedy(&long.prompt_ids, 24));
     assert!(matches!(poisoned.events.lock().unwrap()[0], SequenceEvent::Admitted { row: 1, .. }));
-    drain(&mut engine);
+    while !matches!(poisoned.events.lock().unwrap().last(), Some(SequenceEvent::Failed(_))) {
+        engine.step().unwrap().expect("row 1 fails before the engine idles");
+    }
     assert!(failure(&poisoned).contains("not finite"), "{}", failure(&poisoned));
+    // Row 1's caches may hold NaN: it takes no sequence until they are emptied, once row 0 is done.
+    assert!(!engine.has_free_row());
+    drain(&mut engine);
     assert_eq!(healthy.tokens(), long.generated_ids);
+    assert!(engine.has_free_row());
+    // Both rows take sequences again.
+    for _ in 0..2 {
+        let next = admit(&mut engine, greedy(&[2], 3));
+        assert!(matches!(next.events.lock().unwrap()[0], SequenceEvent::Admitted { .. }));
+    }
 }
 
 #[test]
