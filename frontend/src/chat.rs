@@ -1,6 +1,7 @@
 //! The checkpoint's chat template: `chat_template.jinja`, else the `chat_template` of
 //! `tokenizer_config.json`, rendered by minijinja as transformers' `apply_chat_template` renders it
-//! with Jinja2 (Python string methods through minijinja-contrib's pycompat, `raise_exception`).
+//! with Jinja2: blocks trimmed (`trim_blocks`, `lstrip_blocks`), loop controls, `tojson`, Python
+//! string methods (minijinja-contrib's pycompat) and `raise_exception`.
 
 use crate::error::{FrontendError, Result};
 use crate::tokenizer::TextTokenizer;
@@ -27,8 +28,12 @@ impl ChatTemplate {
     /// The template of checkpoint (or artifact) `dir`; `Ok(None)` when it has none.
     pub fn open(dir: &Path, tokenizer: &TextTokenizer) -> Result<Option<ChatTemplate>> {
         let Some((path, source)) = template_source(dir)? else { return Ok(None) };
+        // As transformers' environment: blocks trimmed, `break`/`continue`, `tojson`, Python methods.
         let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_filter("tojson", tojson);
         env.add_function("raise_exception", |message: String| -> std::result::Result<String, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, message))
         });
@@ -95,6 +100,27 @@ fn template_source(dir: &Path) -> Result<Option<(PathBuf, String)>> {
     }
 }
 
+/// transformers' `tojson`: `json.dumps(value, ensure_ascii=False)`, so with Python's separators
+/// (`", "`, `": "`), keys in their order, and not HTML-escaped.
+fn tojson(value: minijinja::Value) -> std::result::Result<minijinja::Value, Error> {
+    struct Python;
+    impl serde_json::ser::Formatter for Python {
+        fn begin_array_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+            w.write_all(if first { b"" } else { b", " })
+        }
+        fn begin_object_key<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+            w.write_all(if first { b"" } else { b", " })
+        }
+        fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+            w.write_all(b": ")
+        }
+    }
+    let mut out = vec![];
+    serde::Serialize::serialize(&value, &mut serde_json::Serializer::with_formatter(&mut out, Python))
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    Ok(minijinja::Value::from_safe_string(String::from_utf8(out).expect("serde_json writes UTF-8")))
+}
+
 /// A template error with the cause minijinja keeps apart (the message `raise_exception` was given).
 fn detail(e: &Error) -> String {
     match e.detail() {
@@ -152,6 +178,17 @@ mod tests {
         assert_eq!(template.render(&[message("user", " ba ")]).unwrap(), "<bos>ba");
         let err = template.render(&[message("system", "ba")]).unwrap_err().to_string();
         assert!(err.contains("roles must start with user") && err.contains("tokenizer_config.json"), "{err}");
+    }
+
+    #[test]
+    fn blocks_are_trimmed_and_loop_controls_and_tojson_work_as_in_transformers() {
+        let dir = tempfile::tempdir().unwrap();
+        // What transformers 5.23 (`_compile_jinja_template`, Jinja2) renders for this, checked there:
+        // no blank lines from the tags, and `tojson` as Python's `json.dumps`.
+        let source = "{% for m in messages %}\n  {% if m.role == 'stop' %}{% break %}{% endif %}\n<{{ m.content }}>\n{% endfor %}{{ messages[0] | tojson }}";
+        let (_, template) = tiny(dir.path(), &[("chat_template.jinja", source)]);
+        let messages = [message("user", "a"), message("user", "b"), message("stop", "c")];
+        assert_eq!(template.unwrap().render(&messages).unwrap(), "<a>\n<b>\n{\"role\": \"user\", \"content\": \"a\"}");
     }
 
     #[test]

@@ -36,13 +36,22 @@ impl Sampler {
         if p.temperature <= 0.0 || p.top_k == 1 {
             return argmax(logits) as u32;
         }
-        // Candidates by descending logit (ties: lower id first, like the greedy path).
+        // Candidates by descending logit (ties: lower id first, like the greedy path); only the k
+        // best are sorted, and with neither top-k nor top-p no order is needed at all (a sort of a
+        // 262,144-token vocabulary per token would cost a batch more than its decode call).
+        let descending = |&a: &usize, &b: &usize| logits[b].total_cmp(&logits[a]).then(a.cmp(&b));
         let mut order: Vec<usize> = (0..logits.len()).collect();
-        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
-        if p.top_k > 0 {
-            order.truncate(p.top_k);
+        match p.top_k {
+            0 if p.top_p >= 1.0 => {}
+            0 => order.sort_unstable_by(descending),
+            k if k < order.len() => {
+                order.select_nth_unstable_by(k - 1, descending);
+                order.truncate(k);
+                order.sort_unstable_by(descending);
+            }
+            _ => order.sort_unstable_by(descending),
         }
-        let max = logits[order[0]];
+        let max = order.iter().map(|&i| logits[i]).fold(f32::NEG_INFINITY, f32::max);
         let mut probs: Vec<f64> = order.iter().map(|&i| (((logits[i] - max) / p.temperature) as f64).exp()).collect();
         let total: f64 = probs.iter().sum();
         probs.iter_mut().for_each(|x| *x /= total);

@@ -75,6 +75,12 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
     if endpoint == Endpoint::Chat {
         stop_ids.extend(model.turn_end);
     }
+    // A stop string that is a special token (`<turn|>`) never appears in the text, which skips
+    // special tokens: it stops as that token's id.
+    if let Some(t) = tokenizer {
+        let special = |id: u32| t.decode(&[id]).is_ok_and(|text| text.is_empty());
+        stop_ids.extend(ask.stop.iter().filter_map(|s| t.token_id(s)).filter(|&id| special(id)));
+    }
     let options = GenerateOptions {
         max_new_tokens,
         eos_ids: model.eos_ids.clone(),
@@ -89,4 +95,75 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
         forced: vec![],
     };
     Ok((ask, SequenceRequest { prompt, options }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prepare;
+    use crate::api::Endpoint;
+    use crate::ModelInfo;
+    use g4c_frontend::{synth, ChatTemplate, TextTokenizer};
+    use g4c_runtime::ModelShape;
+    use std::sync::Arc;
+
+    fn tiny() -> ModelInfo {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tokenizer.json"), synth::tokenizer_json(512).to_string()).unwrap();
+        std::fs::write(dir.path().join("chat_template.jinja"), synth::CHAT_TEMPLATE).unwrap();
+        let tokenizer = TextTokenizer::open(dir.path(), Some(2), Some(1)).unwrap().unwrap();
+        let chat_template = ChatTemplate::open(dir.path(), &tokenizer).unwrap();
+        let prefills = vec![(16, "prefill".into())];
+        ModelInfo {
+            name: "tiny".into(),
+            turn_end: tokenizer.token_id("<turn|>"),
+            tokenizer: Some(Arc::new(tokenizer)),
+            chat_template,
+            eos_ids: vec![1],
+            shape: ModelShape {
+                batch: 1,
+                prefills,
+                decode: "decode".into(),
+                vocab: 512,
+                context: 32,
+                sliding_slots: None,
+            },
+        }
+    }
+
+    fn body(value: serde_json::Value) -> Vec<u8> {
+        value.to_string().into_bytes()
+    }
+
+    #[test]
+    fn chat_replies_end_at_the_turn_terminator_and_special_stop_strings_become_ids() {
+        let model = tiny();
+        let turn_end = model.turn_end.unwrap();
+        let chat = body(serde_json::json!({"messages": [{"role": "user", "content": "ba"}]}));
+        let (_, request) = prepare(&model, Endpoint::Chat, &chat).unwrap();
+        assert_eq!(request.options.stop_ids, [turn_end]);
+        assert_eq!(request.options.max_new_tokens, 32 - request.prompt.len(), "a chat reply may fill the context");
+        let completion = body(serde_json::json!({"prompt": "ba", "stop": ["<turn|>", "de"]}));
+        let (_, request) = prepare(&model, Endpoint::Completion, &completion).unwrap();
+        assert_eq!(request.options.stop_ids, [turn_end], "`de` is text, `<turn|>` a special token");
+        assert_eq!(request.options.max_new_tokens, 16, "OpenAI's default for completions");
+    }
+
+    #[test]
+    fn prompts_that_do_not_fit_are_400s_naming_the_field() {
+        let model = tiny();
+        let long = body(serde_json::json!({"prompt": vec![2; 32]}));
+        let e = prepare(&model, Endpoint::Completion, &long).unwrap_err();
+        assert_eq!(
+            (e.status.as_u16(), e.param.as_deref(), e.code),
+            (400, Some("prompt"), Some("context_length_exceeded"))
+        );
+        let room = body(serde_json::json!({"prompt": [2, 3], "max_tokens": 31}));
+        let e = prepare(&model, Endpoint::Completion, &room).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_tokens"), "{}", e.message);
+        let outside = body(serde_json::json!({"prompt": [2, 512]}));
+        assert!(prepare(&model, Endpoint::Completion, &outside)
+            .unwrap_err()
+            .message
+            .contains("outside the vocabulary"));
+    }
 }

@@ -232,7 +232,12 @@ impl Reply {
 impl Drop for Reply {
     fn drop(&mut self) {
         let outcome = self.outcome.unwrap_or("client gone");
-        let status = if outcome == "error" { "500" } else { "200" };
+        // nginx's 499 for a client that closed the connection before the end.
+        let status = match outcome {
+            "error" => "500",
+            "client gone" => "499",
+            _ => "200",
+        };
         let m = &self.metrics;
         m.requests.with_label_values(&[self.ask.endpoint.name(), status]).inc();
         let total = self.arrived.elapsed().as_secs_f64();

@@ -9,7 +9,7 @@ use crate::{metrics::Metrics, ModelInfo};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::header;
-use axum::response::sse::{Event, Sse};
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -123,7 +123,8 @@ enum Phase {
 fn streamed(reply: Reply) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
     let data = |value: serde_json::Value| Ok(Event::default().data(value.to_string()));
     let start = if reply.opening_chunk().is_some() { Phase::Open } else { Phase::Body };
-    Sse::new(futures_util::stream::unfold((reply, start), move |(mut reply, phase)| async move {
+    // Comment lines every 15 s keep proxies and clients from timing out a request waiting for a row.
+    let events = futures_util::stream::unfold((reply, start), move |(mut reply, phase)| async move {
         match phase {
             Phase::Open => {
                 let chunk = reply.opening_chunk().expect("checked at the start");
@@ -152,7 +153,8 @@ fn streamed(reply: Reply) -> Sse<impl futures_util::Stream<Item = Result<Event, 
             Phase::DoneMarker => Some((Ok(Event::default().data("[DONE]")), (reply, Phase::End))),
             Phase::End => None,
         }
-    }))
+    });
+    Sse::new(events).keep_alive(KeepAlive::default())
 }
 
 impl App {

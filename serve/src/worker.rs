@@ -44,10 +44,10 @@ impl Queue {
     pub fn start(engine: BatchEngine, capacity: usize, metrics: Arc<Metrics>) -> std::io::Result<Queue> {
         let (jobs, waiting) = sync_channel(capacity);
         let alive = Arc::new(AtomicBool::new(true));
-        let (m, a) = (metrics.clone(), Stopped(alive.clone()));
+        let stopped = Stopped { alive: alive.clone(), metrics: metrics.clone() };
         std::thread::Builder::new().name("g4c-engine".into()).spawn(move || {
-            let _stopped = a;
-            run(engine, waiting, &m);
+            run(engine, waiting, &stopped.metrics);
+            drop(stopped);
         })?;
         Ok(Queue { jobs, metrics, alive })
     }
@@ -69,12 +69,18 @@ impl Queue {
     }
 }
 
-/// Marks the engine stopped when its thread ends, by returning or by a panic.
-struct Stopped(Arc<AtomicBool>);
+/// Marks the engine stopped when its thread ends, by returning or by a panic: nothing waits in its
+/// queue or holds a row any more.
+struct Stopped {
+    alive: Arc<AtomicBool>,
+    metrics: Arc<Metrics>,
+}
 
 impl Drop for Stopped {
     fn drop(&mut self) {
-        self.0.store(false, Ordering::SeqCst);
+        self.alive.store(false, Ordering::SeqCst);
+        self.metrics.queue_depth.set(0);
+        self.metrics.rows_occupied.set(0);
     }
 }
 
