@@ -123,7 +123,6 @@ enum Phase {
 fn streamed(reply: Reply) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
     let data = |value: serde_json::Value| Ok(Event::default().data(value.to_string()));
     let start = if reply.opening_chunk().is_some() { Phase::Open } else { Phase::Body };
-    // Comment lines every 15 s keep proxies and clients from timing out a request waiting for a row.
     let events = futures_util::stream::unfold((reply, start), move |(mut reply, phase)| async move {
         match phase {
             Phase::Open => {
@@ -154,6 +153,7 @@ fn streamed(reply: Reply) -> Sse<impl futures_util::Stream<Item = Result<Event, 
             Phase::End => None,
         }
     });
+    // Comment lines every 15 s keep proxies and clients from timing out a request waiting for a row.
     Sse::new(events).keep_alive(KeepAlive::default())
 }
 
