@@ -321,3 +321,40 @@ fn a_long_prompt_joining_is_prefilled_in_chunks_between_decode_calls() {
     assert_eq!(calls, [(Decode, 1), (Prefill, 4), (Decode, 1), (Prefill, 4), (Decode, 1), (Prefill, 3)]);
     assert_eq!(running.tokens().len(), 4);
 }
+
+#[test]
+fn each_row_goes_through_the_prefill_entry_point_its_own_prompt_needs() {
+    // An artifact with prefill lengths 4 and 8: `long` (11 tokens) takes 8 then 4; `window` (4) takes
+    // 4, as it would alone, so it waits for `long`'s first chunk instead of riding in the 8-token call.
+    let cases = golden_cases("tiny");
+    let (long, window) = (case(&cases, "long"), case(&cases, "window"));
+    let dir = tempfile::tempdir().unwrap();
+    let artifact = dir.path().join("tiny.g4c");
+    let published = golden_dir("tiny").join("published");
+    let out = crate::common::g4c(&[
+        "compile",
+        published.to_str().unwrap(),
+        "-o",
+        artifact.to_str().unwrap(),
+        "--batch",
+        "2",
+        "--prefill-buckets",
+        "4,8",
+        "--context",
+        "40",
+        "-q",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let options = SessionOptions { backend: Backend::Pjrt, use_cache: false, ..Default::default() };
+    let session = Session::open(&artifact, options).unwrap();
+    let module = session.module(&Shapes { batch: 2, prefill_len: 8, context: 40 }).unwrap();
+    let ready = session.executor(module, &Feedback::silent()).unwrap();
+    let mut engine = BatchEngine::new(ready.executor, session.source.config.sliding_window).unwrap();
+    let (a, b) = (admit(&mut engine, greedy(&long.prompt_ids, 24)), admit(&mut engine, greedy(&window.prompt_ids, 24)));
+    let calls: Vec<(CallKind, usize)> =
+        (0..2).map(|_| engine.step().unwrap().map(|r| (r.call, r.tokens)).unwrap()).collect();
+    assert_eq!(calls, [(CallKind::Prefill, 8), (CallKind::Prefill, 3 + 4)]);
+    drain(&mut engine);
+    assert_eq!(a.tokens(), long.generated_ids);
+    assert_eq!(b.tokens(), window.generated_ids);
+}
