@@ -314,11 +314,11 @@ impl BatchEngine {
             }
             let what = || format!("row {index} at position {}", row.cached.len() - 1);
             let logits = match values.get(index * vocab..(index + 1) * vocab) {
-                Some(v) => finite(v.to_vec(), what),
+                Some(v) => finite(v, what).map(|()| v),
                 None => invalid(format!("the call returned no logits for {}", what())),
             };
             let token = match logits {
-                Ok(l) => seq.sampler.pick(&l),
+                Ok(l) => seq.sampler.pick(l),
                 Err(e) => {
                     seq.sink.send(SequenceEvent::Failed(e.to_string()));
                     row.cached.clear();
@@ -394,20 +394,10 @@ struct Plan {
 }
 
 impl Plan {
-    /// Inputs of `t` tokens per row, right-padded with position `-1`; a prefill also says which
-    /// token's logits each row wants (its last real one).
+    /// `t` tokens per row; a prefill also says which token's logits each row wants.
     fn new(entry: &str, t: usize, fed: Vec<Fed>, prefill: bool) -> Plan {
-        let b = fed.len();
-        let mut ids = vec![0i32; b * t];
-        let mut pos = vec![-1i32; b * t];
-        for (row, f) in fed.iter().enumerate() {
-            for (i, &id) in f.tokens.iter().enumerate() {
-                ids[row * t + i] = id as i32;
-                pos[row * t + i] = (f.start + i) as i32;
-            }
-        }
-        let last = prefill.then(|| Tensor::i32([b], fed.iter().map(|f| f.tokens.len().max(1) as i32 - 1).collect()));
-        let inputs = StepInputs { ids: Tensor::i32([b, t], ids), pos: Tensor::i32([b, t], pos), last };
+        let rows: Vec<(usize, &[u32])> = fed.iter().map(|f| (f.start, f.tokens.as_slice())).collect();
+        let inputs = StepInputs::padded(t, &rows, prefill);
         Plan { entry: entry.to_string(), inputs, fed }
     }
 }

@@ -5,7 +5,6 @@
 
 use crate::error::{invalid, Result};
 use crate::executor::{Executor, StepInputs};
-use crate::tensor::Tensor;
 use g4c_ir::{EntryKind, ResultRole};
 
 /// The logits at every position of `ids` (row `i` predicts token `i + 1`), `[N][vocab]`.
@@ -21,17 +20,12 @@ pub fn score(exec: &mut dyn Executor, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
     exec.reset()?;
     let mut rows = Vec::with_capacity(ids.len());
     for (c, chunk) in ids.chunks(t).enumerate() {
-        let mut tokens = vec![0i32; t];
-        let mut pos = vec![-1i32; t];
-        for (i, &id) in chunk.iter().enumerate() {
-            tokens[i] = id as i32;
-            pos[i] = (c * t + i) as i32;
-        }
-        let inputs = StepInputs { ids: Tensor::i32([1, t], tokens), pos: Tensor::i32([1, t], pos), last: None };
+        let inputs = StepInputs::padded(t, &[(c * t, chunk)], false);
         let logits = exec.step(&entry, &inputs)?;
         let values = logits.as_f32().expect("float logits");
         for (i, row) in values.chunks(vocab).take(chunk.len()).enumerate() {
-            rows.push(crate::generate::finite(row.to_vec(), || format!("position {}", c * t + i))?);
+            crate::generate::finite(row, || format!("position {}", c * t + i))?;
+            rows.push(row.to_vec());
         }
     }
     Ok(rows)

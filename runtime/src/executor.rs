@@ -20,6 +20,26 @@ pub struct StepInputs {
     pub last: Option<Tensor>,
 }
 
+impl StepInputs {
+    /// Inputs of `t` tokens per sequence: sequence `r` feeds `rows[r].1` at positions
+    /// `rows[r].0..`, right-padded with token 0 at position -1 (which writes no cache slot and is
+    /// seen by nothing); `last` for a prefill: the index of each sequence's last token (0 if none).
+    pub fn padded(t: usize, rows: &[(usize, &[u32])], last: bool) -> StepInputs {
+        let b = rows.len();
+        let mut ids = vec![0i32; b * t];
+        let mut pos = vec![-1i32; b * t];
+        for (r, &(start, tokens)) in rows.iter().enumerate() {
+            for (i, &id) in tokens.iter().enumerate() {
+                ids[r * t + i] = id as i32;
+                pos[r * t + i] = (start + i) as i32;
+            }
+        }
+        let last =
+            last.then(|| Tensor::i32([b], rows.iter().map(|(_, tokens)| tokens.len().max(1) as i32 - 1).collect()));
+        StepInputs { ids: Tensor::i32([b, t], ids), pos: Tensor::i32([b, t], pos), last }
+    }
+}
+
 pub trait Executor: Send {
     fn module(&self) -> &Module;
     /// Puts every state back to its initial value (empty caches).

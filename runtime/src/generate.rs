@@ -207,7 +207,8 @@ pub fn generate(
     }
 
     let started = Instant::now();
-    let mut logits = finite(logits_row(prefill(exec, &shape, &[prompt])?), || "the prefill".into())?;
+    let mut logits = logits_row(prefill(exec, &shape, &[prompt])?);
+    finite(&logits, || "the prefill".into())?;
     gen.timings.prefill_seconds = started.elapsed().as_secs_f64();
     let started = Instant::now();
     let mut sampler = Sampler::new(opts.sampling);
@@ -225,9 +226,8 @@ pub fn generate(
             break;
         }
         let step = gen.generated_ids.len();
-        logits = finite(logits_row(decode(exec, &shape, &[token], position)?), || {
-            format!("decode step {step} (position {position})")
-        })?;
+        logits = logits_row(decode(exec, &shape, &[token], position)?);
+        finite(&logits, || format!("decode step {step} (position {position})"))?;
         position += 1;
     }
     gen.timings.decode_seconds = started.elapsed().as_secs_f64();
@@ -246,20 +246,8 @@ pub fn prefill(exec: &mut dyn Executor, shape: &ModelShape, prompts: &[&[u32]]) 
     let mut logits = None;
     let mut start = 0;
     for (entry, t, n) in shape.prefill_plan(len) {
-        let mut ids = vec![0i32; b * t];
-        let mut pos = vec![-1i32; b * t];
-        for (row, prompt) in prompts.iter().enumerate() {
-            for (i, &id) in prompt[start..start + n].iter().enumerate() {
-                ids[row * t + i] = id as i32;
-                pos[row * t + i] = (start + i) as i32;
-            }
-        }
-        let inputs = StepInputs {
-            ids: Tensor::i32([b, t], ids),
-            pos: Tensor::i32([b, t], pos),
-            last: Some(Tensor::i32([b], vec![n as i32 - 1; b])),
-        };
-        logits = Some(exec.step(entry, &inputs)?);
+        let rows: Vec<(usize, &[u32])> = prompts.iter().map(|p| (start, &p[start..start + n])).collect();
+        logits = Some(exec.step(entry, &StepInputs::padded(t, &rows, true))?);
         start += n;
     }
     logits.ok_or_else(|| RuntimeError::Invalid("empty prompt".into()))
@@ -267,20 +255,15 @@ pub fn prefill(exec: &mut dyn Executor, shape: &ModelShape, prompts: &[&[u32]]) 
 
 /// One decode call: `tokens[b]` at `position` for every sequence of the batch; returns the logits.
 pub fn decode(exec: &mut dyn Executor, shape: &ModelShape, tokens: &[u32], position: usize) -> Result<Tensor> {
-    let b = tokens.len();
-    let inputs = StepInputs {
-        ids: Tensor::i32([b, 1], tokens.iter().map(|&t| t as i32).collect()),
-        pos: Tensor::i32([b, 1], vec![position as i32; b]),
-        last: None,
-    };
-    exec.step(&shape.decode, &inputs)
+    let rows: Vec<(usize, &[u32])> = tokens.iter().map(|t| (position, std::slice::from_ref(t))).collect();
+    exec.step(&shape.decode, &StepInputs::padded(1, &rows, false))
 }
 
-/// `logits` if every value is finite; else an error naming the call that produced them (`what`),
-/// rather than a token picked from NaNs.
-pub(crate) fn finite(logits: Vec<f32>, what: impl FnOnce() -> String) -> Result<Vec<f32>> {
+/// Whether every value of `logits` is finite; else an error naming the call that produced them
+/// (`what`), rather than a token picked from NaNs.
+pub(crate) fn finite(logits: &[f32], what: impl FnOnce() -> String) -> Result<()> {
     match logits.iter().position(|x| !x.is_finite()) {
-        None => Ok(logits),
+        None => Ok(()),
         Some(i) => invalid(format!("the logits of {} are not finite ({} at token {i})", what(), logits[i])),
     }
 }

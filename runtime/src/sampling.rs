@@ -36,23 +36,25 @@ impl Sampler {
         if p.temperature <= 0.0 || p.top_k == 1 {
             return argmax(logits) as u32;
         }
-        // Candidates by descending logit (ties: lower id first, like the greedy path); only the k
-        // best are sorted, and with neither top-k nor top-p no order is needed at all (a sort of a
-        // 262,144-token vocabulary per token would cost a batch more than its decode call).
+        let weight = |logit: f32, max: f32| (((logit - max) / p.temperature) as f64).exp();
+        if p.top_k == 0 && p.top_p >= 1.0 {
+            // The whole softmax, in id order: no candidate list to build or sort (a sort of a
+            // 262,144-token vocabulary per token would cost a batch more than its decode call).
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let total = logits.iter().map(|&l| weight(l, max)).sum();
+            return self.draw(logits.iter().enumerate().map(|(i, &l)| (i, weight(l, max))), total);
+        }
+        // Candidates by descending logit (ties: lower id first, like the greedy path); with top-k only
+        // the k best are sorted.
         let descending = |&a: &usize, &b: &usize| logits[b].total_cmp(&logits[a]).then(a.cmp(&b));
         let mut order: Vec<usize> = (0..logits.len()).collect();
-        match p.top_k {
-            0 if p.top_p >= 1.0 => {}
-            0 => order.sort_unstable_by(descending),
-            k if k < order.len() => {
-                order.select_nth_unstable_by(k - 1, descending);
-                order.truncate(k);
-                order.sort_unstable_by(descending);
-            }
-            _ => order.sort_unstable_by(descending),
+        if p.top_k > 0 && p.top_k < order.len() {
+            order.select_nth_unstable_by(p.top_k - 1, descending);
+            order.truncate(p.top_k);
         }
-        let max = order.iter().map(|&i| logits[i]).fold(f32::NEG_INFINITY, f32::max);
-        let mut probs: Vec<f64> = order.iter().map(|&i| (((logits[i] - max) / p.temperature) as f64).exp()).collect();
+        order.sort_unstable_by(descending);
+        let max = logits[order[0]];
+        let mut probs: Vec<f64> = order.iter().map(|&i| weight(logits[i], max)).collect();
         let total: f64 = probs.iter().sum();
         probs.iter_mut().for_each(|x| *x /= total);
         if p.top_p < 1.0 {
@@ -67,15 +69,23 @@ impl Sampler {
             probs.truncate(keep);
             order.truncate(keep);
         }
-        let total: f64 = probs.iter().sum();
+        let total = probs.iter().sum();
+        self.draw(order.into_iter().zip(probs), total)
+    }
+
+    /// One of `candidates` (id, unnormalized probability) drawn in proportion to its weight, out of
+    /// `total`.
+    fn draw(&mut self, candidates: impl Iterator<Item = (usize, f64)>, total: f64) -> u32 {
         let mut u = self.rng.random::<f64>() * total;
-        for (&i, &x) in order.iter().zip(&probs) {
+        let mut last = 0;
+        for (i, x) in candidates {
             if u < x {
                 return i as u32;
             }
             u -= x;
+            last = i;
         }
-        *order.last().expect("at least one candidate") as u32
+        last as u32
     }
 }
 
