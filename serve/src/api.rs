@@ -66,18 +66,17 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Ask, ApiError> {
     if !value.is_object() {
         return Err(ApiError::invalid("the body must be a JSON object"));
     }
-    let field =
-        |name: &str| -> Result<Option<Value>, ApiError> { Ok(value.get(name).filter(|v| !v.is_null()).cloned()) };
+    let field = |name: &str| value.get(name).filter(|v| !v.is_null());
     let common: Common = typed(&value, "request")?;
     let prompt = match endpoint {
         Endpoint::Chat => {
-            let messages = field("messages")?.ok_or_else(|| ApiError::param("messages", "`messages` is required"))?;
-            let messages: Vec<MessageBody> = typed(&messages, "messages")?;
+            let messages = field("messages").ok_or_else(|| ApiError::param("messages", "`messages` is required"))?;
+            let messages: Vec<MessageBody> = typed(messages, "messages")?;
             PromptSpec::Messages(chat_messages(messages)?)
         }
         Endpoint::Completion => {
-            let prompt = field("prompt")?.ok_or_else(|| ApiError::param("prompt", "`prompt` is required"))?;
-            completion_prompt(typed(&prompt, "prompt")?)?
+            let prompt = field("prompt").ok_or_else(|| ApiError::param("prompt", "`prompt` is required"))?;
+            completion_prompt(typed(prompt, "prompt")?)?
         }
     };
     common.check(endpoint, prompt)

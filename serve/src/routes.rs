@@ -111,7 +111,8 @@ async fn whole(mut reply: Reply) -> Response {
 
 /// Where a stream is.
 enum Phase {
-    Open,
+    /// The opening chunk to send first.
+    Open(serde_json::Value),
     Body,
     Usage,
     DoneMarker,
@@ -122,13 +123,10 @@ enum Phase {
 /// stream (and with it the reply and its receiver) is dropped, and the sequence leaves its row.
 fn streamed(reply: Reply) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
     let data = |value: serde_json::Value| Ok(Event::default().data(value.to_string()));
-    let start = if reply.opening_chunk().is_some() { Phase::Open } else { Phase::Body };
+    let start = reply.opening_chunk().map_or(Phase::Body, Phase::Open);
     let events = futures_util::stream::unfold((reply, start), move |(mut reply, phase)| async move {
         match phase {
-            Phase::Open => {
-                let chunk = reply.opening_chunk().expect("checked at the start");
-                Some((data(chunk), (reply, Phase::Body)))
-            }
+            Phase::Open(chunk) => Some((data(chunk), (reply, Phase::Body))),
             Phase::Body => loop {
                 match reply.next().await {
                     Some(Part::Delta { text, .. }) if text.is_empty() && !reply.ask.return_token_ids => continue,
