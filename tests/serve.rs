@@ -4,7 +4,7 @@
 //! SIGTERM. Every server binds 127.0.0.1 on a port the system picks and is killed when dropped;
 //! every wait is bounded.
 
-use crate::common::repo;
+use crate::common::{golden_cases, golden_dir, repo};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -28,6 +28,26 @@ fn tiny_model() -> &'static Path {
         .1
 }
 
+/// The tiny golden model (transformers' goldens say what it generates) with the tiny preset's
+/// tokenizer and chat template.
+fn golden_model() -> &'static Path {
+    static MODEL: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &MODEL
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            let model = dir.path().join("tiny");
+            std::fs::create_dir(&model).unwrap();
+            for f in ["config.json", "model.safetensors"] {
+                std::fs::copy(golden_dir("tiny").join("published").join(f), model.join(f)).unwrap();
+            }
+            for f in ["tokenizer.json", "chat_template.jinja"] {
+                std::fs::copy(tiny_model().join(f), model.join(f)).unwrap();
+            }
+            (dir, model)
+        })
+        .1
+}
+
 struct Server {
     child: Child,
     port: u16,
@@ -37,10 +57,15 @@ struct Server {
 impl Server {
     /// `g4c serve` on the tiny model with `extra` flags, once it says where it listens.
     fn start(extra: &[&str]) -> Server {
+        Server::start_on(tiny_model(), extra)
+    }
+
+    /// `g4c serve MODEL` with `extra` flags.
+    fn start_on(model: &Path, extra: &[&str]) -> Server {
         let cache = crate::common::test_cache();
         let mut child = Command::new(env!("CARGO_BIN_EXE_g4c"))
             .env("G4C_CACHE_DIR", cache)
-            .args(["serve", tiny_model().to_str().unwrap(), "--port", "0", "--served-model-name", "tiny", "-q"])
+            .args(["serve", model.to_str().unwrap(), "--port", "0", "--served-model-name", "tiny", "-q"])
             .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -158,27 +183,9 @@ fn sse_data(text: &str) -> Vec<String> {
     text.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
 }
 
-/// Greedy tokens of `g4c run` for `prompt`: what a request alone must match.
-fn run_ids(prompt: &[u32], n: usize) -> Vec<u64> {
-    let ids = crate::common::ids(prompt);
-    let out = crate::common::g4c(&[
-        "run",
-        tiny_model().to_str().unwrap(),
-        "--prompt-ids",
-        &ids,
-        "--max-new-tokens",
-        &n.to_string(),
-        "--ignore-eos",
-        "--json",
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["generated_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
-}
-
 #[test]
 fn the_openai_client_chats_and_completes_streaming_and_not() {
-    let server = Server::start(&["--max-batch", "4", "--context", "64", "--prefill-len", "8"]);
+    let server = Server::start_on(golden_model(), &["--max-batch", "4", "--context", "64", "--prefill-len", "8"]);
     let out = server.openai_client("basic");
     assert_eq!(out["models"], json!(["tiny"]));
     let (chat, stream) = (&out["chat"], &out["chat_stream"]);
@@ -201,8 +208,9 @@ fn the_openai_client_chats_and_completes_streaming_and_not() {
     let prompt: Vec<u32> =
         completion["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
     assert_eq!(prompt[0], 2, "BOS first");
-    assert_eq!(completion["ids"], json!(run_ids(&prompt, 6)), "the server generates what `g4c run` does");
-    assert_eq!(out["completion_ids_prompt"]["ids"], json!(run_ids(&[2, 17, 301], 6)));
+    let short = golden_cases("tiny").into_iter().find(|c| c.name == "short").unwrap();
+    assert_eq!(short.prompt_ids, [2, 17, 301]);
+    assert_eq!(out["completion_ids_prompt"]["ids"], json!(short.generated_ids[..6]), "transformers' tokens");
 
     assert_eq!(out["n2"]["status"], 400, "{}", out["n2"]);
     assert_eq!(out["n2"]["error"]["param"], "n");
