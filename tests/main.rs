@@ -18,6 +18,7 @@ mod hardening;
 mod interp_ops;
 mod ir_text;
 mod passes;
+mod plan;
 mod properties;
 mod quantize;
 mod serve;

@@ -73,7 +73,9 @@ fn narrow_targets_are_no_worse_than_transformers_in_that_dtype() {
                 .iter()
                 .flat_map(|c| if dtype == "bf16" { c.bf16_error.clone() } else { c.f16_error.clone() })
                 .collect();
-            for backend in [Backend::Interp, Backend::Pjrt] {
+            // The plan only for t4g: a TPU has no kernel plan.
+            let plan = (target == "t4g").then_some(Backend::Plan);
+            for backend in [Backend::Interp, Backend::Pjrt].into_iter().chain(plan) {
                 let mut ours = Vec::new();
                 for case in &cases {
                     let rows = forced_logits(backend, &golden_dir(model).join("hf"), target, case);

@@ -10,6 +10,7 @@ use g4c_frontend::Shapes;
 use g4c_ir::Module;
 use g4c_passes::PipelineOptions;
 use g4c_runtime::backend::pjrt::PjrtExecutor;
+use g4c_runtime::backend::plan::PlanExecutor;
 use g4c_runtime::{Executor, InterpExecutor, Interpreter};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -22,6 +23,8 @@ pub enum BackendKind {
     Interp,
     /// StableHLO compiled and run by a PJRT plugin.
     Pjrt,
+    /// The kernel plan for a CUDA target, run on the CPU kernel by kernel by the interpreter.
+    Plan,
 }
 
 impl BackendKind {
@@ -29,6 +32,7 @@ impl BackendKind {
         match self {
             BackendKind::Interp => "interp",
             BackendKind::Pjrt => "pjrt",
+            BackendKind::Plan => "plan",
         }
     }
 }
@@ -108,6 +112,16 @@ impl Session {
                 total_seconds: started.elapsed().as_secs_f64(),
                 platform: "cpu".into(),
             }),
+            BackendKind::Plan => {
+                let plan = Arc::new(g4c_passes::plan_module(&module, self.source.target)?);
+                Ok(Ready {
+                    executor: Box::new(PlanExecutor::new(module, plan, weights)),
+                    compiled: None,
+                    weights_seconds: 0.0,
+                    total_seconds: started.elapsed().as_secs_f64(),
+                    platform: "cpu".into(),
+                })
+            }
             BackendKind::Pjrt => {
                 let client = open_client(self.plugin.clone())?;
                 let platform = client.platform_name()?;

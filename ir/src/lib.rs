@@ -14,6 +14,7 @@ mod infer;
 mod named_enum;
 mod op;
 mod parse;
+pub mod plan;
 mod print;
 pub mod scalar;
 mod substitution;

@@ -26,6 +26,10 @@ pub struct IrArgs {
     /// With --target: print each pass's time (and the verification after it) to stderr
     #[arg(long, requires = "target")]
     pub timings: bool,
+    /// With a CUDA --target: print the kernel plan (fusion, buffers, launches, with each kernel's
+    /// function) instead of the IR
+    #[arg(long, requires = "target", conflicts_with = "after")]
+    pub plan: bool,
     #[command(flatten)]
     pub pipeline: super::PipelineArgs,
 }
@@ -76,6 +80,11 @@ pub fn run(args: IrArgs) -> Result<()> {
         if module.functions.is_empty() {
             bail!("no entry point `{name}`");
         }
+    }
+    if args.plan {
+        let target = Target::by_name(args.target.as_deref().unwrap_or_default()).map_err(anyhow::Error::msg)?;
+        let plan = g4c_passes::plan_module(&module, target)?;
+        return super::write_stdout(&g4c_ir::plan::print_plan(&plan, true));
     }
     super::write_stdout(&g4c_ir::print_module(&module))
 }

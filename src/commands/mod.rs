@@ -67,6 +67,9 @@ pub enum Backend {
     Interp,
     /// StableHLO compiled and run by a PJRT plugin
     Pjrt,
+    /// A CUDA target's kernel plan run on the CPU, kernel by kernel, by the interpreter (a check of
+    /// fusion and buffers; give a CUDA --target)
+    Plan,
 }
 
 impl Backend {
@@ -74,6 +77,7 @@ impl Backend {
         match self {
             Backend::Interp => g4c_driver::BackendKind::Interp,
             Backend::Pjrt => g4c_driver::BackendKind::Pjrt,
+            Backend::Plan => g4c_driver::BackendKind::Plan,
         }
     }
 }

@@ -83,7 +83,20 @@ pub fn run_transformed(
     transform: &dyn Fn(&mut g4c_ir::Module),
 ) -> Generation {
     let opts = GenerateOptions { max_new_tokens: new_tokens, ignore_eos: true, ..Default::default() };
-    generate_on(backend, dir, prompt, prefill_len, &opts, transform)
+    generate_on(backend, None, dir, prompt, prefill_len, &opts, transform)
+}
+
+/// Greedy generation by `target`'s kernel plan of the module after `transform`, run on the CPU.
+pub fn plan_generate(
+    target: &str,
+    dir: &Path,
+    prompt: &[u32],
+    new_tokens: usize,
+    prefill_len: Option<usize>,
+    transform: &dyn Fn(&mut g4c_ir::Module),
+) -> Generation {
+    let opts = GenerateOptions { max_new_tokens: new_tokens, ignore_eos: true, ..Default::default() };
+    generate_on(Backend::Plan, Some(target), dir, prompt, prefill_len, &opts, transform)
 }
 
 /// Logits along the golden's tokens (teacher forced) after `target`'s pipeline.
@@ -98,20 +111,24 @@ pub fn forced_logits(backend: Backend, dir: &Path, target: &str, case: &GoldenCa
     let pipeline = |m: &mut g4c_ir::Module| {
         g4c_passes::Pipeline::for_target(target).run_all(m).unwrap();
     };
-    generate_on(backend, dir, &case.prompt_ids, None, &opts, &pipeline).logits
+    // A kernel plan is made for the target; the other backends run the module they are given.
+    let plan_target = (backend == Backend::Plan).then_some(target.name);
+    generate_on(backend, plan_target, dir, &case.prompt_ids, None, &opts, &pipeline).logits
 }
 
 /// Opens `dir`, emits the module for the prompt (one prefill call unless `prefill_len` says
 /// otherwise), applies `transform`, and generates with `opts` on `backend` (compiling, with no cache).
 fn generate_on(
     backend: Backend,
+    target: Option<&str>,
     dir: &Path,
     prompt: &[u32],
     prefill_len: Option<usize>,
     opts: &GenerateOptions,
     transform: &dyn Fn(&mut g4c_ir::Module),
 ) -> Generation {
-    let options = SessionOptions { backend, use_cache: false, ..Default::default() };
+    let options =
+        SessionOptions { backend, target: target.map(str::to_string), use_cache: false, ..Default::default() };
     let session = Session::open(dir, options).unwrap_or_else(|e| panic!("{e}"));
     let context = prompt.len() + opts.max_new_tokens;
     let shapes = Shapes { batch: 1, prefill_len: prefill_len.unwrap_or(prompt.len()), context };

@@ -31,14 +31,18 @@ impl Executor for InterpExecutor {
     fn step(&mut self, entry: &str, inputs: &StepInputs) -> Result<Tensor> {
         let module = self.interp.module().clone();
         let f = module.function(entry).ok_or_else(|| RuntimeError::Invalid(format!("no @{entry}")))?;
-        let args = bind_args(&module, self.interp.store(), f, inputs, &mut self.state)?
-            .into_iter()
-            .map(|a| match a {
-                Arg::Input(t) | Arg::State(t) => Ok(t),
-                Arg::Rows(ty, bytes) => Tensor::from_bytes(ty, &bytes).map_err(RuntimeError::Invalid),
-            })
-            .collect::<Result<_>>()?;
+        let args = host_tensors(bind_args(&module, self.interp.store(), f, inputs, &mut self.state)?)?;
         let outputs = self.interp.call(entry, args)?;
         keep_outputs(f, outputs, &mut self.state)
     }
+}
+
+/// Bound arguments as host tensors (host-gathered rows decoded from their bytes).
+pub(crate) fn host_tensors(args: Vec<Arg<Tensor>>) -> Result<Vec<Tensor>> {
+    args.into_iter()
+        .map(|a| match a {
+            Arg::Input(t) | Arg::State(t) => Ok(t),
+            Arg::Rows(ty, bytes) => Tensor::from_bytes(ty, &bytes).map_err(RuntimeError::Invalid),
+        })
+        .collect()
 }

@@ -5,6 +5,7 @@
 mod executor;
 mod kernels;
 
+pub(crate) use executor::host_tensors;
 pub use executor::InterpExecutor;
 
 use crate::error::{invalid, Result, RuntimeError};

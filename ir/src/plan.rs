@@ -1,0 +1,182 @@
+//! Kernel plans: how a GPU backend runs an entry point, as data. An entry point is split into
+//! kernels (fused groups of ops); each kernel is itself an IR function (its inputs are parameters,
+//! its one output a result), so the interpreter can run a plan kernel by kernel and codegen lowers
+//! each kernel from IR it already knows. Between kernels, values live in the entry's parameters
+//! (inputs and state, which update-in-place kernels write) or in scratch buffers, reused once their
+//! value is dead. The text form (`print_plan`) shows each kernel's ops, launch and budget.
+
+use crate::{print_function, Module};
+use std::fmt::Write;
+
+/// Where a value lives between kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Slot {
+    /// Parameter `i` of the entry point (an input, or state updated in place).
+    Param(usize),
+    /// Scratch buffer `i` of the entry's plan.
+    Scratch(usize),
+}
+
+impl Slot {
+    pub fn label(&self) -> String {
+        match self {
+            Slot::Param(i) => format!("p{i}"),
+            Slot::Scratch(i) => format!("b{i}"),
+        }
+    }
+}
+
+/// What a kernel computes, which decides the code template and tiling it gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelKind {
+    /// A matrix product with a 4-bit weight dequantized inside, for at most `MATVEC_MAX_ROWS` rows
+    /// (decode): bound by reading the weight once.
+    MatvecW4,
+    /// The same for more rows (prefill): tensor-core tiles.
+    GemmW4,
+    /// A matrix product with a 16- or 32-bit weight, few rows.
+    Matvec,
+    /// The same, more rows.
+    Gemm,
+    /// A product of two activations (attention scores, attention-weighted values).
+    Dot,
+    /// Rows reduced (norm statistics, softmax sums), with the ops around them.
+    Reduce,
+    /// Rows of a table selected by indices (embeddings).
+    Gather,
+    /// Cache slots written in place.
+    Scatter,
+    /// Elementwise ops and index maps only.
+    Loop,
+}
+
+/// Decode steps multiply at most this many rows; beyond it a matrix product is a GEMM.
+pub const MATVEC_MAX_ROWS: usize = 8;
+
+impl KernelKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelKind::MatvecW4 => "matvec_w4",
+            KernelKind::GemmW4 => "gemm_w4",
+            KernelKind::Matvec => "matvec",
+            KernelKind::Gemm => "gemm",
+            KernelKind::Dot => "dot",
+            KernelKind::Reduce => "reduce",
+            KernelKind::Gather => "gather",
+            KernelKind::Scatter => "scatter",
+            KernelKind::Loop => "loop",
+        }
+    }
+}
+
+/// A tile of a matrix-product kernel: `rows × cols` outputs per block, the contraction walked `k`
+/// at a time through `stages` shared-memory buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Tile {
+    pub rows: u32,
+    pub cols: u32,
+    pub k: u32,
+    pub stages: u32,
+}
+
+/// How a kernel is launched, and what it may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Launch {
+    pub grid: u32,
+    pub block: u32,
+    /// Shared memory per block, from the kernel's footprint function.
+    pub smem_bytes: u32,
+    /// Registers per thread the kernel may use: what keeps `block` threads within the SM's file.
+    pub registers: u32,
+    pub tile: Option<Tile>,
+}
+
+/// One kernel launch of an entry point.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelCall {
+    /// The kernel's function in the plan's module.
+    pub kernel: String,
+    pub kind: KernelKind,
+    /// Where each parameter of the kernel's function is read from.
+    pub inputs: Vec<Slot>,
+    /// Where its result is written; an input's slot when it updates that input in place.
+    pub output: Slot,
+    pub launch: Launch,
+}
+
+/// The plan of one entry point.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EntryPlan {
+    pub entry: String,
+    /// Bytes of each scratch buffer.
+    pub buffers: Vec<u64>,
+    pub calls: Vec<KernelCall>,
+    /// Where each result of the entry point is when the last kernel has run.
+    pub results: Vec<Slot>,
+}
+
+impl EntryPlan {
+    pub fn scratch_bytes(&self) -> u64 {
+        self.buffers.iter().sum()
+    }
+}
+
+/// Every entry point's plan, over one module of kernel functions and the weights they read.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelPlan {
+    pub target: &'static str,
+    pub kernels: Module,
+    pub entries: Vec<EntryPlan>,
+}
+
+impl KernelPlan {
+    pub fn entry(&self, name: &str) -> Option<&EntryPlan> {
+        self.entries.iter().find(|e| e.entry == name)
+    }
+}
+
+/// The plan in text form: per entry its buffers, then one line per kernel; with `bodies`, each
+/// kernel's function after its line.
+pub fn print_plan(plan: &KernelPlan, bodies: bool) -> String {
+    let mut out = String::new();
+    for e in &plan.entries {
+        let sizes: Vec<String> = e.buffers.iter().enumerate().map(|(i, b)| format!("b{i} {b}")).collect();
+        writeln!(
+            out,
+            "plan @{} for {}: {} kernels, scratch {} B",
+            e.entry,
+            plan.target,
+            e.calls.len(),
+            e.scratch_bytes()
+        )
+        .unwrap();
+        writeln!(out, "  buffers: {}", sizes.join(", ")).unwrap();
+        for c in &e.calls {
+            let f = plan.kernels.function(&c.kernel).expect("a plan's kernels are in its module");
+            let inputs: Vec<String> = c.inputs.iter().map(Slot::label).collect();
+            let l = &c.launch;
+            let tile = l.tile.map(|t| format!(" tile {}x{}x{}/{}", t.rows, t.cols, t.k, t.stages)).unwrap_or_default();
+            writeln!(
+                out,
+                "  {} {} ({}) -> {} : {}  grid {} block {} smem {} regs {}{tile}  ops {}",
+                c.kernel,
+                c.kind.name(),
+                inputs.join(", "),
+                c.output.label(),
+                f.ty(f.results[0].value),
+                l.grid,
+                l.block,
+                l.smem_bytes,
+                l.registers,
+                f.body.len(),
+            )
+            .unwrap();
+            if bodies {
+                out.push_str(&print_function(f));
+            }
+        }
+        let results: Vec<String> = e.results.iter().map(Slot::label).collect();
+        writeln!(out, "  results: {}", results.join(", ")).unwrap();
+    }
+    out
+}

@@ -1,0 +1,63 @@
+//! Scratch buffers: every materialized value that is not a parameter, nor state written in place,
+//! gets one for as long as a kernel may read it; a buffer is reused once its value is dead.
+
+use super::fusion::Group;
+use g4c_ir::{Function, ValueId};
+use std::collections::HashMap;
+
+pub(crate) struct Scratch {
+    /// The buffer of each materialized value.
+    pub slot: HashMap<ValueId, usize>,
+    /// Bytes of each buffer: the largest value it ever holds.
+    pub bytes: Vec<u64>,
+}
+
+/// Assigns buffers greedily in kernel order: a value takes the smallest free buffer that holds it,
+/// else grows the largest free one, else gets a new one. A buffer is free from the kernel after
+/// the last one reading its value (a kernel never writes a buffer it reads). Results stay live.
+pub(crate) fn assign(
+    f: &Function,
+    groups: &[Group],
+    in_place: &HashMap<ValueId, usize>,
+    results: &[ValueId],
+) -> Scratch {
+    let mut last_read: HashMap<ValueId, usize> = HashMap::new();
+    for (k, g) in groups.iter().enumerate() {
+        for &v in &g.inputs {
+            last_read.insert(v, k);
+        }
+    }
+    let mut slot = HashMap::new();
+    let mut bytes: Vec<u64> = Vec::new();
+    // (buffer, the last kernel that reads it)
+    let mut busy: Vec<(usize, usize)> = Vec::new();
+    let mut free: Vec<usize> = Vec::new();
+    for (k, g) in groups.iter().enumerate() {
+        busy.retain(|&(b, end)| {
+            let done = end < k;
+            if done {
+                free.push(b);
+            }
+            !done
+        });
+        let v = g.root;
+        if in_place.contains_key(&v) {
+            continue;
+        }
+        let need = f.ty(v).byte_size();
+        let fitting = free.iter().enumerate().filter(|(_, &b)| bytes[b] >= need).min_by_key(|(_, &b)| bytes[b]);
+        let largest = free.iter().enumerate().max_by_key(|(_, &b)| bytes[b]);
+        let b = match fitting.or(largest).map(|(i, _)| i) {
+            Some(i) => free.swap_remove(i),
+            None => {
+                bytes.push(0);
+                bytes.len() - 1
+            }
+        };
+        bytes[b] = bytes[b].max(need);
+        let end = if results.contains(&v) { usize::MAX } else { last_read.get(&v).copied().unwrap_or(k) };
+        busy.push((b, end));
+        slot.insert(v, b);
+    }
+    Scratch { slot, bytes }
+}

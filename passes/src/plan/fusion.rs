@@ -1,0 +1,244 @@
+//! Fusion: which values of an entry point are materialized (written to memory by a kernel) and which
+//! are computed inside the kernels that read them, as XLA's loop and input fusion decide it.
+//!
+//! A kernel computes one materialized value (its root) element by element; every value it needs
+//! that is not materialized is computed inside it, at the elements it is read at. So:
+//!
+//! - results and cache writes (`update_slots`, in place) are always materialized;
+//! - weights, constants, `iota` and anything computed from them alone are never materialized (a
+//!   dequantized 4-bit weight is dequantized inside the matrix product reading it);
+//! - a matrix product, reduction or gather is computed inside its reader only if each of its
+//!   elements is then computed once: its readers are elementwise (epilogue fusion: a residual add,
+//!   GELU(gate)·up with both products in one kernel); otherwise it is materialized;
+//! - a value read more than once is materialized when products reach it through elementwise ops
+//!   only, so that they are computed once, inside its kernel, as its epilogue;
+//! - other elementwise ops and index maps are computed wherever they are read (a norm's scaling
+//!   inside the next matrix product's prologue), unless that recomputes more than
+//!   `RECOMPUTE_LIMIT` arithmetic ops per element (the residual stream is then materialized, not
+//!   recomputed through every layer).
+
+use g4c_ir::{Function, Op, ValueId};
+use std::collections::BTreeSet;
+
+/// Arithmetic ops a value may take to be recomputed at each of its reads.
+const RECOMPUTE_LIMIT: usize = 8;
+
+/// A kernel: its root, the instructions it computes (in body order) and the values it reads.
+pub(crate) struct Group {
+    pub root: ValueId,
+    pub instrs: Vec<usize>,
+    /// Parameters of the entry point and materialized values, in order of first read.
+    pub inputs: Vec<ValueId>,
+}
+
+fn is_heavy(op: &Op) -> bool {
+    matches!(op, Op::DotGeneral { .. } | Op::Reduce { .. } | Op::Gather { .. })
+}
+
+/// Whether `op` reads operand `pos` at its own element's index.
+fn reads_aligned(op: &Op, pos: usize) -> bool {
+    match op {
+        Op::Unary { .. } | Op::Binary { .. } | Op::Compare { .. } | Op::Select { .. } | Op::Convert { .. } => true,
+        Op::Reshape { .. } => true,
+        Op::Dequantize { .. } => pos == 0,
+        // A cache write iterates over its updates.
+        Op::UpdateSlots { .. } => pos == 2,
+        _ => false,
+    }
+}
+
+/// Whether `op` reads each element of operand `pos` at most once over all its own elements.
+fn reads_once(op: &Op, pos: usize) -> bool {
+    reads_aligned(op, pos) || matches!(op, Op::Transpose { .. } | Op::Slice { .. } | Op::Concat { .. })
+}
+
+/// Ops that cost arithmetic per element (index maps and conversions cost none).
+fn arithmetic(op: &Op) -> usize {
+    match op {
+        Op::Unary { .. } | Op::Binary { .. } | Op::Compare { .. } | Op::Select { .. } | Op::Dequantize { .. } => 1,
+        _ => 0,
+    }
+}
+
+/// Facts about the values of one function that fusion decides from.
+struct Graph<'f> {
+    f: &'f Function,
+    /// The instruction defining each value (`None`: a parameter).
+    def: Vec<Option<usize>>,
+    /// Each value's readers: (instruction, operand position).
+    users: Vec<Vec<(usize, usize)>>,
+    is_result: Vec<bool>,
+    /// Values computed from weights, constants and iotas alone.
+    free: Vec<bool>,
+    /// Values a matrix product, reduction or gather reaches through aligned reads only: it could be
+    /// computed inside the value's kernel, as an epilogue.
+    epilogue_of_heavy: Vec<bool>,
+}
+
+impl<'f> Graph<'f> {
+    fn new(f: &'f Function) -> Self {
+        let n = f.values.len();
+        let mut def = vec![None; n];
+        let mut users: Vec<Vec<(usize, usize)>> = vec![vec![]; n];
+        for (i, instr) in f.body.iter().enumerate() {
+            def[instr.result.index()] = Some(i);
+            for (pos, v) in instr.op.operands().into_iter().enumerate() {
+                users[v.index()].push((i, pos));
+            }
+        }
+        let mut is_result = vec![false; n];
+        f.results.iter().for_each(|r| is_result[r.value.index()] = true);
+        let mut free = vec![false; n];
+        let mut epilogue_of_heavy = vec![false; n];
+        for instr in &f.body {
+            let v = instr.result.index();
+            free[v] = match &instr.op {
+                Op::Weight { .. } | Op::Constant { .. } | Op::Iota { .. } => true,
+                op if is_heavy(op) || matches!(op, Op::UpdateSlots { .. }) => false,
+                op => op.operands().iter().all(|o| free[o.index()]),
+            };
+            if is_heavy(&instr.op) || free[v] {
+                continue;
+            }
+            epilogue_of_heavy[v] = instr.op.operands().iter().enumerate().any(|(pos, o)| {
+                let producer = def[o.index()].map(|i| &f.body[i].op);
+                reads_aligned(&instr.op, pos)
+                    && (producer.is_some_and(is_heavy) || (epilogue_of_heavy[o.index()] && !free[o.index()]))
+            });
+        }
+        Graph { f, def, users, is_result, free, epilogue_of_heavy }
+    }
+
+    /// Backwards: which kernels read each value, whether each of its elements is computed once
+    /// there (`once`) and at the index of the kernel's own element (`aligned`), and so whether it is
+    /// materialized. A value read more than once that products reach as an epilogue is materialized
+    /// (unless in `no_epilogue`), so that they are computed once inside its kernel (GELU(gate)·up
+    /// before the down projection). Returns the materialized values and the `once` ones.
+    fn decide(&self, no_epilogue: &BTreeSet<ValueId>) -> (Vec<bool>, Vec<bool>) {
+        let n = self.f.values.len();
+        let mut materialized = vec![false; n];
+        let mut kernels: Vec<BTreeSet<ValueId>> = vec![BTreeSet::new(); n];
+        let mut aligned = vec![false; n];
+        let mut once = vec![false; n];
+        for instr in self.f.body.iter().rev() {
+            let v = instr.result;
+            let mut ks = BTreeSet::new();
+            let (mut all_aligned, mut single_once) = (true, false);
+            for &(u, pos) in &self.users[v.index()] {
+                let user = &self.f.body[u];
+                ks.extend(kernels[user.result.index()].iter().copied());
+                all_aligned &= aligned[user.result.index()] && reads_aligned(&user.op, pos);
+                single_once = once[user.result.index()] && reads_once(&user.op, pos);
+            }
+            let one_kernel = ks.len() == 1;
+            let al = one_kernel && all_aligned;
+            let on = al || (one_kernel && self.users[v.index()].len() == 1 && single_once);
+            let epilogue_root = self.epilogue_of_heavy[v.index()] && !no_epilogue.contains(&v);
+            let root = self.is_result[v.index()]
+                || matches!(instr.op, Op::UpdateSlots { .. })
+                || (is_heavy(&instr.op) && !on && !self.free[v.index()])
+                || (epilogue_root && !on);
+            materialized[v.index()] = root;
+            kernels[v.index()] = if root { BTreeSet::from([v]) } else { ks };
+            aligned[v.index()] = root || al;
+            once[v.index()] = root || on;
+        }
+        (materialized, once)
+    }
+
+    /// Whether the kernel of `root` would compute a matrix product, reduction or gather.
+    fn computes_heavy(&self, root: ValueId, materialized: &[bool]) -> bool {
+        let mut stack: Vec<ValueId> = self.f.body[self.def[root.index()].expect("an instruction")].op.operands();
+        while let Some(v) = stack.pop() {
+            let Some(i) = self.def[v.index()] else { continue };
+            if materialized[v.index()] {
+                continue;
+            }
+            if is_heavy(&self.f.body[i].op) {
+                return true;
+            }
+            stack.extend(self.f.body[i].op.operands());
+        }
+        false
+    }
+}
+
+/// The kernels of `f`, in the order they run.
+pub(crate) fn partition(f: &Function) -> Vec<Group> {
+    let g = Graph::new(f);
+    let n = f.values.len();
+    let (def, free) = (&g.def, &g.free);
+    // A value materialized for an epilogue whose products were materialized anyway (read elsewhere
+    // too) gains nothing: decide again without it, until every such value keeps one.
+    let mut no_epilogue = BTreeSet::new();
+    let (mut materialized, once) = loop {
+        let (materialized, once) = g.decide(&no_epilogue);
+        let pointless: Vec<ValueId> = f
+            .body
+            .iter()
+            .map(|i| i.result)
+            .filter(|v| {
+                materialized[v.index()]
+                    && g.epilogue_of_heavy[v.index()]
+                    && !g.is_result[v.index()]
+                    && !no_epilogue.contains(v)
+                    && !g.computes_heavy(*v, &materialized)
+            })
+            .collect();
+        if pointless.is_empty() {
+            break (materialized, once);
+        }
+        no_epilogue.extend(pointless);
+    };
+
+    // Forwards: materialize what would be recomputed at too high a cost.
+    let mut cost = vec![0usize; n];
+    for instr in &f.body {
+        let v = instr.result.index();
+        if materialized[v] || free[v] {
+            continue;
+        }
+        let inherited: usize = instr
+            .op
+            .operands()
+            .iter()
+            .filter(|o| def[o.index()].is_some() && !materialized[o.index()] && !free[o.index()])
+            .map(|o| cost[o.index()])
+            .sum();
+        cost[v] = arithmetic(&instr.op) + inherited;
+        if !once[v] && cost[v] > RECOMPUTE_LIMIT {
+            materialized[v] = true;
+            cost[v] = 0;
+        }
+    }
+
+    // Each materialized value's kernel: what it computes, down to materialized values and params.
+    let mut groups = Vec::new();
+    for instr in &f.body {
+        let root = instr.result;
+        if !materialized[root.index()] {
+            continue;
+        }
+        let mut inside = BTreeSet::new();
+        let mut inputs = Vec::new();
+        let mut stack = vec![root];
+        while let Some(v) = stack.pop() {
+            let i = def[v.index()];
+            match i {
+                Some(i) if v == root || !materialized[v.index()] => {
+                    if inside.insert(i) {
+                        // Reverse, so that inputs are found in operand order.
+                        stack.extend(f.body[i].op.operands().into_iter().rev());
+                    }
+                }
+                _ => {
+                    if !inputs.contains(&v) {
+                        inputs.push(v);
+                    }
+                }
+            }
+        }
+        groups.push(Group { root, instrs: inside.into_iter().collect(), inputs });
+    }
+    groups
+}

@@ -1,0 +1,117 @@
+//! What a kernel computes, read off its function.
+
+use g4c_ir::plan::{KernelKind, MATVEC_MAX_ROWS};
+use g4c_ir::{DType, Function, Op, ValueId};
+
+/// The kind of a kernel: its cache write, else its matrix product, else its reduction or gather.
+pub(crate) fn classify(k: &Function) -> KernelKind {
+    let def = |v: ValueId| k.body.iter().find(|i| i.result == v).map(|i| &i.op);
+    let root = k.results[0].value;
+    if let Some(Op::UpdateSlots { .. }) = def(root) {
+        return KernelKind::Scatter;
+    }
+    for instr in &k.body {
+        let Op::DotGeneral { lhs, rhs, dims } = &instr.op else { continue };
+        let (activation, weight, contract) = match (weight_of(k, *lhs), weight_of(k, *rhs)) {
+            (None, Some(w)) => (*lhs, w, &dims.lhs_contract),
+            (Some(w), None) => (*rhs, w, &dims.rhs_contract),
+            _ => return KernelKind::Dot,
+        };
+        let shape = &k.ty(activation).shape;
+        let depth: usize = contract.iter().map(|&d| shape[d]).product();
+        let rows = k.ty(activation).numel() / depth.max(1);
+        return match (weight, rows <= MATVEC_MAX_ROWS) {
+            (WeightKind::Int4, true) => KernelKind::MatvecW4,
+            (WeightKind::Int4, false) => KernelKind::GemmW4,
+            (WeightKind::Plain, true) => KernelKind::Matvec,
+            (WeightKind::Plain, false) => KernelKind::Gemm,
+        };
+    }
+    if k.body.iter().any(|i| matches!(i.op, Op::Reduce { .. })) {
+        KernelKind::Reduce
+    } else if k.body.iter().any(|i| matches!(i.op, Op::Gather { .. })) {
+        KernelKind::Gather
+    } else {
+        KernelKind::Loop
+    }
+}
+
+enum WeightKind {
+    Int4,
+    Plain,
+}
+
+/// Whether `v` is computed from weights alone, and whether a 4-bit one.
+fn weight_of(k: &Function, v: ValueId) -> Option<WeightKind> {
+    let instr = k.body.iter().find(|i| i.result == v)?;
+    match &instr.op {
+        Op::Weight { .. } => Some(WeightKind::Plain),
+        Op::Dequantize { q, .. } if k.ty(*q).dtype == DType::I4 => weight_of(k, *q).map(|_| WeightKind::Int4),
+        Op::Convert { x } | Op::Reshape { x } => weight_of(k, *x),
+        Op::Transpose { input, .. } => weight_of(k, *input),
+        _ => None,
+    }
+}
+
+/// A matrix product the matvec template computes: `out[r, n] = Σ_k lhs[r, k] · w[n, k]` with the
+/// activation's rows and the weight's `[N, K]` rows both contiguous in `k`, and the root an
+/// elementwise function of the product at the same element (an epilogue).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Matvec {
+    /// The `dot_general` in the kernel's function.
+    pub dot: ValueId,
+    pub lhs: ValueId,
+    pub rhs: ValueId,
+    pub rows: usize,
+    pub cols: usize,
+    pub depth: usize,
+}
+
+/// The matvec of a kernel, when the template applies: one product, no batch dimensions, the
+/// activation contracted on its last dimension and the weight `[N, K]` on its last, and every path
+/// from the product to the root through ops that keep the element's linear index.
+pub fn matvec_of(k: &Function) -> Option<Matvec> {
+    let mut dots = k.body.iter().filter(|i| matches!(i.op, Op::DotGeneral { .. }));
+    let instr = dots.next()?;
+    if dots.next().is_some() {
+        return None;
+    }
+    let Op::DotGeneral { lhs, rhs, dims } = &instr.op else { unreachable!() };
+    let (lt, rt) = (k.ty(*lhs), k.ty(*rhs));
+    let last_of = |rank: usize, contract: &[usize]| contract == [rank - 1];
+    let fits = dims.lhs_batch.is_empty()
+        && dims.rhs_batch.is_empty()
+        && weight_of(k, *lhs).is_none()
+        && weight_of(k, *rhs).is_some()
+        && rt.rank() == 2
+        && last_of(lt.rank(), &dims.lhs_contract)
+        && last_of(2, &dims.rhs_contract);
+    if !fits || !keeps_index_to_root(k, instr.result) {
+        return None;
+    }
+    let depth = rt.shape[1];
+    Some(Matvec { dot: instr.result, lhs: *lhs, rhs: *rhs, rows: lt.numel() / depth, cols: rt.shape[0], depth })
+}
+
+/// Whether every use of `v`, and of each value computed from it, up to the root, reads it at the
+/// reader's own linear index (elementwise ops and reshapes).
+fn keeps_index_to_root(k: &Function, v: ValueId) -> bool {
+    let root = k.results[0].value;
+    if v == root {
+        return true;
+    }
+    let users: Vec<&g4c_ir::Instr> = k.body.iter().filter(|i| i.op.operands().contains(&v)).collect();
+    !users.is_empty()
+        && users.iter().all(|u| {
+            let aligned = matches!(
+                u.op,
+                Op::Unary { .. }
+                    | Op::Binary { .. }
+                    | Op::Compare { .. }
+                    | Op::Select { .. }
+                    | Op::Convert { .. }
+                    | Op::Reshape { .. }
+            ) && k.ty(u.result).numel() == k.ty(v).numel();
+            aligned && keeps_index_to_root(k, u.result)
+        })
+}

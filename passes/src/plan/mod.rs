@@ -1,0 +1,140 @@
+//! The kernel plan of a module for a CUDA target: fusion (`fusion`) splits each entry point into
+//! kernels, each kernel becomes an IR function, values between kernels get slots (`buffers`), and
+//! each kernel a kind and a launch that fits the target (`launch`).
+
+mod buffers;
+mod fusion;
+mod kind;
+mod launch;
+
+pub use kind::{matvec_of, Matvec};
+pub use launch::{elements_written, footprint, Footprint};
+
+use g4c_ir::plan::{EntryPlan, KernelCall, KernelPlan, Slot};
+use g4c_ir::{FuncResult, Function, GpuLimits, Instr, Module, Op, Param, ParamRole, ResultRole, Target, ValueId};
+use std::collections::HashMap;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("target {0} has no kernel plan: kernel plans are for CUDA targets")]
+    NotCuda(&'static str),
+    #[error("kernel plan of @{entry}: {message}")]
+    Unsupported { entry: String, message: String },
+    #[error(
+        "kernel plan of @{entry}: kernel {kernel} ({kind}) needs {what} {need}, more than {target}'s limit of {limit}"
+    )]
+    DoesNotFit {
+        entry: String,
+        kernel: String,
+        kind: &'static str,
+        what: &'static str,
+        need: u64,
+        limit: u64,
+        target: &'static str,
+    },
+}
+
+/// The plan of every entry point of `module` (after `target`'s pipeline) on `target`.
+pub fn plan_module(module: &Module, target: &'static Target) -> Result<KernelPlan, PlanError> {
+    let gpu = target.gpu.as_ref().ok_or(PlanError::NotCuda(target.name))?;
+    let mut kernels = Module::new(format!("{}_kernels", module.name));
+    kernels.weights = module.weights.clone();
+    let mut entries = Vec::new();
+    for f in &module.functions {
+        entries.push(plan_entry(f, gpu, target.name, &mut kernels)?);
+    }
+    Ok(KernelPlan { target: target.name, kernels, entries })
+}
+
+fn plan_entry(
+    f: &Function,
+    gpu: &GpuLimits,
+    target: &'static str,
+    kernels: &mut Module,
+) -> Result<EntryPlan, PlanError> {
+    let unsupported = |message: String| PlanError::Unsupported { entry: f.name.clone(), message };
+    let names = g4c_ir::ValueNames::new(f);
+    let groups = fusion::partition(f);
+    let param_index: HashMap<ValueId, usize> = f.params.iter().enumerate().map(|(i, p)| (p.value, i)).collect();
+
+    // Cache writes update their state parameter in place; every other root gets a scratch buffer.
+    let mut in_place: HashMap<ValueId, usize> = HashMap::new();
+    for (k, g) in groups.iter().enumerate() {
+        let Some(Op::UpdateSlots { operand, .. }) = f.body.iter().find(|i| i.result == g.root).map(|i| &i.op) else {
+            continue;
+        };
+        let Some(&p) = param_index.get(operand) else {
+            return Err(unsupported(format!(
+                "{} updates {}, which is not a state parameter, so it cannot be written in place",
+                names.get(g.root),
+                names.get(*operand)
+            )));
+        };
+        if let Some(later) = groups[k + 1..].iter().find(|later| later.inputs.contains(operand)) {
+            return Err(unsupported(format!(
+                "{} is read by the kernel of {} after {} wrote it in place",
+                names.get(*operand),
+                names.get(later.root),
+                names.get(g.root)
+            )));
+        }
+        in_place.insert(g.root, p);
+    }
+    let results: Vec<ValueId> = f.results.iter().map(|r| r.value).collect();
+    let scratch = buffers::assign(f, &groups, &in_place, &results);
+    let slot = |v: ValueId| match (param_index.get(&v), in_place.get(&v)) {
+        (Some(&p), _) | (_, Some(&p)) => Slot::Param(p),
+        _ => Slot::Scratch(scratch.slot[&v]),
+    };
+
+    let mut calls = Vec::new();
+    for (k, g) in groups.iter().enumerate() {
+        let function = kernel_function(f, g, format!("{}.k{k}", f.name));
+        let kind = kind::classify(&function);
+        let launch = launch::launch(&function, kind, gpu);
+        launch::check_fit(&launch, gpu).map_err(|(what, need, limit)| PlanError::DoesNotFit {
+            entry: f.name.clone(),
+            kernel: function.name.clone(),
+            kind: kind.name(),
+            what,
+            need,
+            limit,
+            target,
+        })?;
+        calls.push(KernelCall {
+            kernel: function.name.clone(),
+            kind,
+            inputs: g.inputs.iter().map(|&v| slot(v)).collect(),
+            output: slot(g.root),
+            launch,
+        });
+        kernels.functions.push(function);
+    }
+    Ok(EntryPlan {
+        entry: f.name.clone(),
+        buffers: scratch.bytes,
+        calls,
+        results: results.iter().map(|&v| slot(v)).collect(),
+    })
+}
+
+/// The group as a function: its inputs as parameters, its instructions, its root as the result.
+fn kernel_function(f: &Function, g: &fusion::Group, name: String) -> Function {
+    let mut k = Function::new(name);
+    let mut map: HashMap<ValueId, ValueId> = HashMap::new();
+    for &v in &g.inputs {
+        let nv = k.new_value(f.ty(v).clone(), f.value_name(v).map(str::to_string));
+        k.params.push(Param { value: nv, role: ParamRole::Input });
+        map.insert(v, nv);
+    }
+    for &i in &g.instrs {
+        let instr = &f.body[i];
+        let mut op = instr.op.clone();
+        op.map_operands(|o| map[&o]);
+        let nv = k.new_value(f.ty(instr.result).clone(), f.value_name(instr.result).map(str::to_string));
+        map.insert(instr.result, nv);
+        k.body.push(Instr { result: nv, op });
+    }
+    k.results.push(FuncResult { name: "out".into(), value: map[&g.root], role: ResultRole::Output });
+    k
+}

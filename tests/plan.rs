@@ -1,0 +1,117 @@
+//! Kernel plans for CUDA targets (fusion, scratch buffers, in-place cache writes, launches), run on
+//! the CPU kernel by kernel by the interpreter: checked against transformers' goldens, against the
+//! module they were made from, and for fitting the target.
+
+use crate::common::{assert_matches_golden, golden_cases, golden_dir, plan_generate, run_transformed, Backend};
+use g4c_frontend::{Model, Shapes};
+use g4c_ir::plan::{print_plan, KernelKind, Slot};
+use g4c_ir::{GpuLimits, Target};
+use g4c_passes::{plan_module, Pipeline, PipelineOptions, PlanError};
+
+fn w4a16(group: usize) -> PipelineOptions {
+    PipelineOptions { quantize_group: Some(group) }
+}
+
+/// The f32 modules (as the frontend emits them) planned for t4g, against the goldens with the
+/// interpreter's tolerance: plain and pack-quantized (QAT) checkpoints, in both layouts.
+#[test]
+fn plans_on_the_cpu_match_the_goldens() {
+    for model in ["tiny", "gqa", "tiny-qat", "gqa-qat"] {
+        for layout in ["hf", "published"] {
+            for case in golden_cases(model) {
+                let dir = golden_dir(model).join(layout);
+                let got = plan_generate("t4g", &dir, &case.prompt_ids, case.generated_ids.len(), None, &|_| {});
+                assert_matches_golden(&format!("plan {model}/{layout}/{}", case.name), &got, &case);
+            }
+        }
+    }
+}
+
+/// After each CUDA target's whole pipeline (f16 on t4g, bf16 on h200, weights quantized to 4 bits),
+/// the plan computes exactly what the interpreter computes from the module it was made from, also
+/// with the prompt padded into a longer prefill (whose products are GEMMs, not matvecs).
+#[test]
+fn a_plan_computes_exactly_what_its_module_does() {
+    let case = golden_cases("tiny").into_iter().find(|c| c.name == "long").unwrap();
+    let dir = golden_dir("tiny").join("hf");
+    let n = case.generated_ids.len();
+    for target in ["t4g", "h200"] {
+        let t = Target::by_name(target).unwrap();
+        let pipeline = |m: &mut g4c_ir::Module| drop(Pipeline::new(t, &w4a16(8)).run_all(m).unwrap());
+        for prefill in [None, Some(16)] {
+            let want = run_transformed(Backend::Interp, &dir, &case.prompt_ids, n, prefill, &pipeline);
+            let got = plan_generate(target, &dir, &case.prompt_ids, n, prefill, &pipeline);
+            assert_eq!(got.generated_ids, want.generated_ids, "{target} prefill {prefill:?}");
+            assert_eq!(got.logits, want.logits, "{target} prefill {prefill:?}: logits differ");
+        }
+    }
+}
+
+fn tiny_plan(target: &'static Target) -> Result<g4c_ir::plan::KernelPlan, PlanError> {
+    let model = Model::open(&golden_dir("tiny").join("published")).unwrap();
+    let mut m = model.module(&Shapes { batch: 1, prefill_len: 16, context: 24 }).unwrap();
+    Pipeline::new(target, &w4a16(8)).run_all(&mut m).unwrap();
+    plan_module(&m, target)
+}
+
+/// The plan of the tiny model on t4g, W4A16: which ops each kernel fuses, its buffers and launch.
+#[test]
+fn tiny_plan_on_t4g() {
+    let plan = tiny_plan(Target::by_name("t4g").unwrap()).unwrap();
+    insta::assert_snapshot!("tiny_w4a16_t4g_plan", print_plan(&plan, false));
+}
+
+/// Fusion's promises, read off the plan: decode products are tiled matvecs with the dequantization
+/// inside, GELU(gate)·up is one kernel reading both projections, cache writes are in place, and
+/// scratch buffers are reused (far fewer buffers than materialized values).
+#[test]
+fn the_plan_fuses_and_reuses() {
+    let plan = tiny_plan(Target::by_name("t4g").unwrap()).unwrap();
+    let decode = plan.entry("decode").unwrap();
+    let dots = |name: &str| {
+        plan.kernels
+            .function(name)
+            .unwrap()
+            .body
+            .iter()
+            .filter(|i| matches!(i.op, g4c_ir::Op::DotGeneral { .. }))
+            .count()
+    };
+    let matvecs: Vec<_> = decode.calls.iter().filter(|c| c.kind == KernelKind::MatvecW4).collect();
+    assert!(!matvecs.is_empty());
+    assert!(matvecs.iter().any(|c| c.launch.tile.is_some()));
+    assert!(decode.calls.iter().any(|c| c.kind == KernelKind::MatvecW4 && dots(&c.kernel) == 2), "GELU(gate)·up");
+    let dequantized = |name: &str| {
+        plan.kernels.function(name).unwrap().body.iter().any(|i| matches!(i.op, g4c_ir::Op::Dequantize { .. }))
+    };
+    assert!(matvecs.iter().all(|c| dequantized(&c.kernel)), "dequantization is inside the matvec");
+    for c in decode.calls.iter().filter(|c| c.kind == KernelKind::Scatter) {
+        assert!(matches!(c.output, Slot::Param(_)) && c.inputs.contains(&c.output), "{} writes in place", c.kernel);
+    }
+    let scratch_writes = decode.calls.iter().filter(|c| matches!(c.output, Slot::Scratch(_))).count();
+    assert!(decode.buffers.len() * 4 < scratch_writes, "{} buffers for {scratch_writes} values", decode.buffers.len());
+    let prefill = plan.entries.iter().find(|e| e.entry.starts_with("prefill")).unwrap();
+    assert!(prefill.calls.iter().any(|c| c.kind == KernelKind::GemmW4), "a 16-token prefill multiplies 16 rows: GEMM");
+}
+
+/// A kernel that does not fit is a compile-time error naming it, what it needs and the limit: here
+/// a GPU whose blocks have less shared memory than one matvec step of the tiny model's rows needs.
+#[test]
+fn a_kernel_that_cannot_fit_is_an_error_naming_it() {
+    let t4g = Target::by_name("t4g").unwrap();
+    let gpu = GpuLimits { smem_per_block: 512, ..t4g.gpu.clone().unwrap() };
+    let small: &'static Target = Box::leak(Box::new(Target { name: "t4g-512", gpu: Some(gpu), ..t4g.clone() }));
+    let err = tiny_plan(small).unwrap_err().to_string();
+    assert!(
+        err.contains("matvec_w4") && err.contains("1024") && err.contains("512") && err.contains("t4g-512"),
+        "{err}"
+    );
+    assert!(err.contains("kernel decode.k") || err.contains("kernel prefill"), "{err}");
+}
+
+/// Targets without CUDA have no kernel plan, and say so.
+#[test]
+fn only_cuda_targets_have_plans() {
+    let err = tiny_plan(Target::by_name("cpu").unwrap()).unwrap_err().to_string();
+    assert_eq!(err, "target cpu has no kernel plan: kernel plans are for CUDA targets");
+}
