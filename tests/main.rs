@@ -9,6 +9,7 @@ mod cli;
 mod compile;
 mod config;
 mod conformance;
+mod cuda;
 mod eval;
 mod filetests;
 mod frontend_errors;

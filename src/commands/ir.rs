@@ -30,6 +30,10 @@ pub struct IrArgs {
     /// function) instead of the IR
     #[arg(long, requires = "target", conflicts_with = "after")]
     pub plan: bool,
+    /// With a CUDA --target: print the CUDA C of the plan's kernels (one translation unit per entry
+    /// point) instead of the IR
+    #[arg(long, requires = "target", conflicts_with_all = ["after", "plan"])]
+    pub cuda: bool,
     #[command(flatten)]
     pub pipeline: super::PipelineArgs,
 }
@@ -81,10 +85,17 @@ pub fn run(args: IrArgs) -> Result<()> {
             bail!("no entry point `{name}`");
         }
     }
-    if args.plan {
+    if args.plan || args.cuda {
         let target = Target::by_name(args.target.as_deref().unwrap_or_default()).map_err(anyhow::Error::msg)?;
         let plan = g4c_passes::plan_module(&module, target)?;
-        return super::write_stdout(&g4c_ir::plan::print_plan(&plan, true));
+        if args.plan {
+            return super::write_stdout(&g4c_ir::plan::print_plan(&plan, true));
+        }
+        let mut text = String::new();
+        for entry in &plan.entries {
+            text.push_str(&g4c_codegen::cuda::emit_entry(&plan, entry)?.source);
+        }
+        return super::write_stdout(&text);
     }
     super::write_stdout(&g4c_ir::print_module(&module))
 }

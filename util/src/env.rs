@@ -7,3 +7,20 @@ use std::path::PathBuf;
 pub fn path_var(name: &str) -> Option<PathBuf> {
     std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from)
 }
+
+/// A file inside the project's Python environment (`.venv/lib/python3.*/site-packages/<relative>`,
+/// where `scripts/setup` installs the PJRT plugin, NVRTC and ptxas), looked for from the working
+/// directory and from every folder above the running executable.
+pub fn venv_file(relative: &str) -> Option<PathBuf> {
+    let mut roots: Vec<PathBuf> = std::env::current_dir().into_iter().collect();
+    if let Ok(exe) = std::env::current_exe() {
+        roots.extend(exe.ancestors().skip(1).map(std::path::Path::to_path_buf));
+    }
+    roots.iter().find_map(|root| {
+        let lib = root.join(".venv/lib");
+        std::fs::read_dir(&lib).ok()?.flatten().find_map(|python| {
+            let file = python.path().join("site-packages").join(relative);
+            file.exists().then_some(file)
+        })
+    })
+}

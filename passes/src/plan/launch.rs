@@ -11,9 +11,9 @@ use g4c_ir::{Function, GpuLimits, Op};
 const BLOCK: u32 = 256;
 /// Output columns of a matvec block: one per warp.
 const MATVEC_COLS: u32 = BLOCK / 32;
-/// A matvec warp reads 32 lanes × 8 four-bit weights per step: the contraction is staged in
-/// multiples of this.
-const MATVEC_K_STEP: u32 = 256;
+/// A matvec warp's 32 lanes each read one weight per step: the contraction is staged in multiples
+/// of this.
+const MATVEC_K_STEP: u32 = 32;
 
 /// What one block of a kernel holds in shared memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -357,15 +357,5 @@ pub fn find_cpu_plugin() -> Option<PathBuf> {
     if let Some(p) = g4c_util::env::path_var("G4C_PJRT_PLUGIN") {
         return Some(p);
     }
-    let mut roots: Vec<PathBuf> = std::env::current_dir().into_iter().collect();
-    if let Ok(exe) = std::env::current_exe() {
-        roots.extend(exe.ancestors().skip(1).map(Path::to_path_buf));
-    }
-    roots.iter().find_map(|root| {
-        let lib = root.join(".venv/lib");
-        std::fs::read_dir(&lib).ok()?.flatten().find_map(|python| {
-            let so = python.path().join("site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so");
-            so.exists().then_some(so)
-        })
-    })
+    g4c_util::env::venv_file("xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
 }

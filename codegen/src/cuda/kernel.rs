@@ -1,0 +1,171 @@
+//! One kernel's CUDA C from its IR function and launch, in one of three forms: one thread per
+//! element written (`elementwise`), one thread per cache slot written (`scatter`, in place), or the
+//! tiled matvec (`matvec`): activations staged in shared memory, the weight streamed once, a warp
+//! per output column, the epilogue applied to the reduced sums.
+
+use super::elemental::{linear, storage_type, store, unlinear, value_type, write_lines, Emitter};
+use super::CudaError;
+use g4c_ir::plan::{KernelCall, Tile};
+use g4c_ir::{DType, Function, Op, ValueId};
+use g4c_passes::{footprint, matvec_of, Matvec};
+use std::fmt::Write;
+
+/// Stands for the kernel's symbol until its code is hashed.
+pub(crate) const NAME: &str = "__KERNEL__";
+
+/// The CUDA C of one kernel, named `NAME`, and the weights it takes after its inputs.
+pub(crate) struct KernelCode {
+    pub code: String,
+    pub weights: Vec<String>,
+}
+
+pub(crate) fn kernel_code(k: &Function, call: &KernelCall) -> Result<KernelCode, CudaError> {
+    let root = k.results[0].value;
+    let root_op = k.body.iter().find(|i| i.result == root).map(|i| &i.op);
+    let mut em = Emitter::new(k, NAME);
+    let mut in_place = None;
+    let mut shared = String::new();
+    match (root_op, call.launch.tile, matvec_of(k)) {
+        (Some(Op::UpdateSlots { operand, slots, updates, axis }), _, _) => {
+            in_place = k.params.iter().position(|p| p.value == *operand);
+            let j = in_place
+                .ok_or_else(|| CudaError::Unsupported("a cache write of a value that is not an input".into()))?;
+            scatter(&mut em, j, *operand, *slots, *updates, *axis)?;
+        }
+        (_, Some(tile), Some(m)) => {
+            let smem = footprint(&tile).staged_activations / 4;
+            writeln!(shared, "  __shared__ float act[{smem}];").unwrap();
+            matvec(&mut em, &tile, &m, root)?;
+        }
+        (_, Some(_), None) => return Err(CudaError::Unsupported(format!("{}: a tile but no matvec", k.name))),
+        (_, None, _) => elementwise(&mut em, root)?,
+    }
+    let lines = em.take_lines();
+    let mut params: Vec<String> = k
+        .params
+        .iter()
+        .enumerate()
+        .map(|(j, p)| {
+            let st = storage_type(k.ty(p.value).dtype);
+            match in_place == Some(j) {
+                true => format!("{st}* in{j}"),
+                false => format!("const {st}* __restrict__ in{j}"),
+            }
+        })
+        .collect();
+    let weight_types: Vec<DType> =
+        em.weights.iter().map(|w| weight_dtype(k, w).expect("a weight the kernel reads")).collect();
+    params
+        .extend(weight_types.iter().enumerate().map(|(j, d)| format!("const {}* __restrict__ w{j}", storage_type(*d))));
+    if in_place.is_none() {
+        params.push(format!("{}* __restrict__ out", storage_type(k.ty(root).dtype)));
+    }
+    let mut code = String::new();
+    for c in &em.constants {
+        writeln!(code, "{c}").unwrap();
+    }
+    writeln!(
+        code,
+        "extern \"C\" __global__ void __launch_bounds__({}) {NAME}({}) {{",
+        call.launch.block,
+        params.join(", ")
+    )
+    .unwrap();
+    code.push_str(&shared);
+    write_lines(&mut code, &lines);
+    code.push_str("}\n");
+    Ok(KernelCode { code, weights: em.weights })
+}
+
+fn weight_dtype(k: &Function, name: &str) -> Option<DType> {
+    k.body.iter().find_map(|i| match &i.op {
+        Op::Weight { name: n } if n == name => Some(k.ty(i.result).dtype),
+        _ => None,
+    })
+}
+
+const GRID_STRIDE: &str = "i += gridDim.x * blockDim.x";
+
+/// One thread per element of the root, grid-stride.
+fn elementwise(em: &mut Emitter, root: ValueId) -> Result<(), CudaError> {
+    let ty = em.k.ty(root).clone();
+    em.open(format!("for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < {}; {GRID_STRIDE})", ty.numel()));
+    let x = em.value(root, &unlinear("i", &ty.shape))?;
+    em.line(store(ty.dtype, "out", "i", &x));
+    em.close();
+    Ok(())
+}
+
+/// One thread per element of the updates: each is stored at its row's slot, in place; negative
+/// (padding) slots write nothing.
+fn scatter(
+    em: &mut Emitter,
+    target: usize,
+    operand: ValueId,
+    slots: ValueId,
+    updates: ValueId,
+    axis: usize,
+) -> Result<(), CudaError> {
+    let (ut, ot) = (em.k.ty(updates).clone(), em.k.ty(operand).clone());
+    em.open(format!("for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < {}; {GRID_STRIDE})", ut.numel()));
+    let u = unlinear("i", &ut.shape);
+    let slot = em.value(slots, &[u[0].clone(), u[axis].clone()])?;
+    em.open(format!("if ({slot} >= 0 && {slot} < {})", ot.shape[axis]));
+    let x = em.value(updates, &u)?;
+    let mut o = u.clone();
+    o[axis] = slot;
+    em.line(store(ot.dtype, &format!("in{target}"), &linear(&o, &ot.shape), &x));
+    em.close();
+    em.close();
+    Ok(())
+}
+
+/// The tiled matvec: per `k` step the block stages `rows × k` activations (the prologue computed
+/// once per block), each warp multiplies them by its column of the weight (lanes striding `k`),
+/// then reduces across lanes; lane 0 applies the epilogue and stores.
+fn matvec(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<(), CudaError> {
+    let (rows, kt, cols) = (tile.rows, tile.k, tile.cols);
+    let (n_total, depth) = (m.cols, m.depth);
+    let lhs_shape = em.k.ty(m.lhs).shape.clone();
+    em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
+    em.line(format!("const int n = blockIdx.x * {cols} + warp;"));
+    em.line(format!("float acc[{rows}];"));
+    em.line("#pragma unroll");
+    em.line(format!("for (int r = 0; r < {rows}; ++r) acc[r] = 0.f;"));
+    em.open(format!("for (int k0 = 0; k0 < {depth}; k0 += {kt})"));
+    em.open(format!("for (int e = threadIdx.x; e < {}; e += blockDim.x)", rows * kt));
+    em.line(format!("const int r = e / {kt}, kk = k0 + e % {kt};"));
+    em.line("float a = 0.f;");
+    em.open(format!("if (kk < {depth})"));
+    let lin = em.var("int", "l", &format!("r * {depth} + kk"));
+    let x = em.value(m.lhs, &unlinear(&lin, &lhs_shape))?;
+    em.line(format!("a = {x};"));
+    em.close();
+    em.line("act[e] = a;");
+    em.close();
+    em.line("__syncthreads();");
+    em.open(format!("if (n < {n_total})"));
+    em.open(format!("for (int kk = lane; kk < {kt} && k0 + kk < {depth}; kk += 32)"));
+    let w = em.value(m.rhs, &["n".into(), "(k0 + kk)".into()])?;
+    em.line("#pragma unroll");
+    em.line(format!("for (int r = 0; r < {rows}; ++r) acc[r] += act[r * {kt} + kk] * {w};"));
+    em.close();
+    em.close();
+    em.line("__syncthreads();");
+    em.close();
+    em.line("#pragma unroll");
+    em.line(format!("for (int r = 0; r < {rows}; ++r) acc[r] = warp_sum(acc[r]);"));
+    em.open(format!("if (lane == 0 && n < {n_total})"));
+    em.line("#pragma unroll");
+    em.open(format!("for (int r = 0; r < {rows}; ++r)"));
+    em.line(format!("const int i = r * {n_total} + n;"));
+    let dot_ty = em.k.ty(m.dot).dtype;
+    let product = em.var(value_type(dot_ty), "d", &super::elemental::rounded(dot_ty, "acc[r]"));
+    em.bound.insert(m.dot, product);
+    let root_ty = em.k.ty(root).clone();
+    let x = em.value(root, &unlinear("i", &root_ty.shape))?;
+    em.line(store(root_ty.dtype, "out", "i", &x));
+    em.close();
+    em.close();
+    Ok(())
+}

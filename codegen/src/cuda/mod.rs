@@ -1,0 +1,79 @@
+//! CUDA code generation for a kernel plan: CUDA C per kernel (`kernel`, over the `elemental`
+//! emitter), one translation unit per entry point with identical kernels emitted once, compiled to
+//! PTX by NVRTC (`nvrtc`) for the target's `compute_XY` and to cubins by `ptxas` (`ptxas`), which
+//! also reports each kernel's registers, shared memory and spills. None of it needs a GPU.
+
+mod elemental;
+mod kernel;
+mod nvrtc;
+mod ptxas;
+
+pub use nvrtc::{compile_ptx, nvrtc_version, ptx_isa_version};
+pub use ptxas::{assemble, find_ptxas, Cubin, KernelResources};
+
+use g4c_ir::plan::{EntryPlan, KernelPlan};
+use std::collections::HashMap;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error("CUDA codegen: {0} is not supported")]
+    Unsupported(String),
+    #[error("CUDA codegen: kernel {kernel}: {message}")]
+    Kernel { kernel: String, message: String },
+    #[error("NVRTC was not found (expected {0}); run scripts/setup, which installs it into .venv, or set G4C_NVRTC to libnvrtc.so.12")]
+    NoNvrtc(String),
+    #[error("NVRTC failed to compile {what} for {arch}: {log}")]
+    Nvrtc { what: String, arch: String, log: String },
+    #[error("ptxas was not found (expected {0}); run scripts/setup, which installs it into .venv, or set G4C_PTXAS")]
+    NoPtxas(String),
+    #[error("ptxas failed for {arch}: {message}")]
+    Ptxas { arch: String, message: String },
+}
+
+/// How a plan kernel is launched from a program: its symbol and the weights it takes after its
+/// inputs (then its output, unless it writes an input in place).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelSymbol {
+    pub kernel: String,
+    pub symbol: String,
+    pub weights: Vec<String>,
+}
+
+/// The CUDA C of one entry point's kernels.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CudaProgram {
+    pub entry: String,
+    pub source: String,
+    /// One per kernel call of the entry's plan, in order.
+    pub kernels: Vec<KernelSymbol>,
+    /// Distinct kernel functions in `source` (kernels of layers alike share one).
+    pub functions: usize,
+}
+
+const PRELUDE: &str = include_str!("prelude.cu");
+
+/// The CUDA C of every kernel of `entry`; a kernel whose code equals an earlier one's (the same
+/// layer shapes) reuses its function.
+pub fn emit_entry(plan: &KernelPlan, entry: &EntryPlan) -> Result<CudaProgram, CudaError> {
+    let mut source = format!("// g4c kernels of @{} for {}\n{PRELUDE}\n", entry.entry, plan.target);
+    let mut seen: HashMap<String, String> = HashMap::new();
+    let mut kernels = Vec::new();
+    for call in &entry.calls {
+        let k = plan.kernels.function(&call.kernel).expect("a plan's kernels are in its module");
+        let code = kernel::kernel_code(k, call)
+            .map_err(|e| CudaError::Kernel { kernel: call.kernel.clone(), message: e.to_string() })?;
+        let symbol = match seen.get(&code.code) {
+            Some(s) => s.clone(),
+            None => {
+                let hash = blake3::hash(code.code.as_bytes()).to_hex();
+                let symbol = format!("g4c_{}_{}", call.kind.name(), &hash[..12]);
+                source.push_str(&code.code.replace(kernel::NAME, &symbol));
+                source.push('\n');
+                seen.insert(code.code.clone(), symbol.clone());
+                symbol
+            }
+        };
+        kernels.push(KernelSymbol { kernel: call.kernel.clone(), symbol, weights: code.weights });
+    }
+    Ok(CudaProgram { entry: entry.entry.clone(), source, kernels, functions: seen.len() })
+}

@@ -1,0 +1,30 @@
+// Helpers every g4c kernel uses. Floats narrower than f32 are stored as raw 16-bit words and
+// computed in f32, rounded to their type after every op, as the reference interpreter does; so
+// nothing here needs cuda_fp16.h, and Turing (no bf16 arithmetic) only ever shifts bf16 bits.
+typedef unsigned short u16;
+typedef unsigned char u8;
+
+__device__ __forceinline__ float h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ u16 f2h(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ float b2f(u16 b) { return __uint_as_float(((unsigned)b) << 16); }
+// Round to nearest even; a NaN stays a (quiet) NaN of the same sign.
+__device__ __forceinline__ u16 f2b(float f) {
+  unsigned u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40u);
+  return (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+__device__ __forceinline__ float rf16(float x) { return h2f(f2h(x)); }
+__device__ __forceinline__ float rbf16(float x) { return b2f(f2b(x)); }
+__device__ __forceinline__ int ld_i4(const u8* p, int i) {
+  int b = p[i >> 1];
+  int n = (i & 1) ? (b >> 4) : (b & 15);
+  return (n ^ 8) - 8;
+}
+__device__ __forceinline__ float fmax_nan(float a, float b) { return (isnan(a) || isnan(b)) ? __int_as_float(0x7fc00000) : fmaxf(a, b); }
+__device__ __forceinline__ float fmin_nan(float a, float b) { return (isnan(a) || isnan(b)) ? __int_as_float(0x7fc00000) : fminf(a, b); }
+__device__ __forceinline__ float sgn(float a) { return (a == 0.f || isnan(a)) ? a : copysignf(1.f, a); }
+__device__ __forceinline__ int isgn(int a) { return (a > 0) - (a < 0); }
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
