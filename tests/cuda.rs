@@ -1,12 +1,12 @@
 //! CUDA code generation without a GPU: every kernel of a plan compiled to PTX by NVRTC for sm_75,
 //! sm_80 and sm_90 and assembled by ptxas, whose report must agree with the plan's fit proof.
 
-use crate::common::golden_dir;
+use crate::common::{assert_matches_golden, golden_cases, golden_dir, run_transformed, target_generate, Backend};
 use g4c_codegen::cuda::{assemble, compile_ptx, emit_entry, ptx_isa_version};
 use g4c_frontend::{Model, Shapes};
 use g4c_ir::plan::KernelPlan;
 use g4c_ir::Target;
-use g4c_passes::{plan_module, Pipeline, PipelineOptions};
+use g4c_passes::{plan_module, Pass, Pipeline, PipelineOptions};
 
 fn tiny_plan(target: &str, prefill_len: usize) -> KernelPlan {
     let target = Target::by_name(target).unwrap();
@@ -38,4 +38,71 @@ fn every_kernel_compiles_and_ptxas_agrees_with_the_fit_proof() {
             }
         }
     }
+}
+
+/// The CUDA C of the plan, compiled by the host C++ compiler and run on the CPU through the device
+/// executor (the same code that drives a GPU): the f32 tiny model against transformers' goldens,
+/// plain and pack-quantized, with the interpreter's tolerance.
+#[test]
+fn cuda_kernels_on_the_host_match_the_goldens() {
+    for model in ["tiny", "tiny-qat"] {
+        let case = golden_cases(model).into_iter().find(|c| c.name == "short").unwrap();
+        let dir = golden_dir(model).join("hf");
+        let got =
+            target_generate(Backend::CudaHost, "t4g", &dir, &case.prompt_ids, case.generated_ids.len(), None, &|_| {});
+        assert_matches_golden(&format!("cuda-host {model}/{}", case.name), &got, &case);
+    }
+}
+
+/// After t4g's pipeline without its f16 legalization (so in f32, with 4-bit weights dequantized
+/// inside the matvecs), the kernels on the host generate what the interpreter generates from the
+/// same module, with logits within 1e-3 of their scale (the matvec sums in another order), also
+/// through a padded 16-token prefill (GEMM kernels). In f16 the same kernels are held to the goldens
+/// by `narrow_targets_are_no_worse_than_transformers_in_that_dtype`: there one-ulp differences in f16
+/// roundings grow over the tiny model's layers too much for a comparison with the interpreter.
+#[test]
+fn cuda_kernels_on_the_host_compute_what_the_module_does() {
+    let case = golden_cases("tiny").into_iter().find(|c| c.name == "short").unwrap();
+    let dir = golden_dir("tiny").join("hf");
+    let n = case.generated_ids.len();
+    let t4g = Target::by_name("t4g").unwrap();
+    let passes = |m: &mut g4c_ir::Module| {
+        g4c_passes::Quantize { group: 8 }.run(m, t4g).unwrap();
+        for name in ["host-tables", "weight-dtype", "constant-fold", "cse", "dce"] {
+            g4c_passes::pass_by_name(name).unwrap().run(m, t4g).unwrap();
+        }
+    };
+    for prefill in [None, Some(16)] {
+        let want = run_transformed(Backend::Interp, &dir, &case.prompt_ids, n, prefill, &passes);
+        let got = target_generate(Backend::CudaHost, "t4g", &dir, &case.prompt_ids, n, prefill, &passes);
+        assert_eq!(got.generated_ids, want.generated_ids, "prefill {prefill:?}");
+        for (step, (a, b)) in got.logits.iter().zip(&want.logits).enumerate() {
+            let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(worst <= 1e-3 * scale, "prefill {prefill:?} step {step}: logits differ by {worst} (scale {scale})");
+        }
+    }
+}
+
+/// `--backend cuda` without a CUDA driver is one clear line and a failure, before anything compiles.
+#[test]
+fn cuda_without_a_driver_fails_cleanly() {
+    if g4c_runtime::backend::cuda::cuda_driver_problem().is_none() {
+        eprintln!("skipped: this machine has a CUDA driver");
+        return;
+    }
+    let dir = golden_dir("tiny").join("hf");
+    let out = crate::common::g4c(&[
+        "run",
+        dir.to_str().unwrap(),
+        "--backend",
+        "cuda",
+        "--target",
+        "t4g",
+        "--prompt-ids",
+        "2,17",
+        "--max-new-tokens",
+        "2",
+    ]);
+    crate::common::assert_one_line_error(&out, &["--backend cuda", "no CUDA driver"]);
 }

@@ -2,7 +2,7 @@
 //! the CPU kernel by kernel by the interpreter: checked against transformers' goldens, against the
 //! module they were made from, and for fitting the target.
 
-use crate::common::{assert_matches_golden, golden_cases, golden_dir, plan_generate, run_transformed, Backend};
+use crate::common::{assert_matches_golden, golden_cases, golden_dir, run_transformed, target_generate, Backend};
 use g4c_frontend::{Model, Shapes};
 use g4c_ir::plan::{print_plan, KernelKind, Slot};
 use g4c_ir::{GpuLimits, Target};
@@ -20,7 +20,15 @@ fn plans_on_the_cpu_match_the_goldens() {
         for layout in ["hf", "published"] {
             for case in golden_cases(model) {
                 let dir = golden_dir(model).join(layout);
-                let got = plan_generate("t4g", &dir, &case.prompt_ids, case.generated_ids.len(), None, &|_| {});
+                let got = target_generate(
+                    Backend::Plan,
+                    "t4g",
+                    &dir,
+                    &case.prompt_ids,
+                    case.generated_ids.len(),
+                    None,
+                    &|_| {},
+                );
                 assert_matches_golden(&format!("plan {model}/{layout}/{}", case.name), &got, &case);
             }
         }
@@ -40,7 +48,7 @@ fn a_plan_computes_exactly_what_its_module_does() {
         let pipeline = |m: &mut g4c_ir::Module| drop(Pipeline::new(t, &w4a16(8)).run_all(m).unwrap());
         for prefill in [None, Some(16)] {
             let want = run_transformed(Backend::Interp, &dir, &case.prompt_ids, n, prefill, &pipeline);
-            let got = plan_generate(target, &dir, &case.prompt_ids, n, prefill, &pipeline);
+            let got = target_generate(Backend::Plan, target, &dir, &case.prompt_ids, n, prefill, &pipeline);
             assert_eq!(got.generated_ids, want.generated_ids, "{target} prefill {prefill:?}");
             assert_eq!(got.logits, want.logits, "{target} prefill {prefill:?}: logits differ");
         }

@@ -5,12 +5,14 @@
 
 mod compile;
 pub mod conformance;
+mod cuda;
 mod lower;
 pub mod pjrt;
 mod session;
 mod source;
 
 pub use compile::{compile, emit, run_passes, CompileRequest, Compiled};
+pub use cuda::{cuda_programs, kernel_plan};
 pub use lower::stablehlo_programs;
 pub use session::{BackendKind, Ready, Session, SessionOptions};
 pub use source::ModelSource;

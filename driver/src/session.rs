@@ -4,11 +4,12 @@
 
 use crate::pjrt::{check_platform, executables, open_client, Caches, CompileSummary};
 use crate::source::ModelSource;
-use crate::{stablehlo_programs, Feedback};
+use crate::{cuda_programs, kernel_plan, stablehlo_programs, Feedback};
 use anyhow::{bail, Result};
 use g4c_frontend::Shapes;
 use g4c_ir::Module;
 use g4c_passes::PipelineOptions;
+use g4c_runtime::backend::cuda::{cuda_driver_problem, CudaDevice, DeviceExecutor, Emulator};
 use g4c_runtime::backend::pjrt::PjrtExecutor;
 use g4c_runtime::backend::plan::PlanExecutor;
 use g4c_runtime::{Executor, InterpExecutor, Interpreter};
@@ -25,6 +26,11 @@ pub enum BackendKind {
     Pjrt,
     /// The kernel plan for a CUDA target, run on the CPU kernel by kernel by the interpreter.
     Plan,
+    /// The CUDA target's kernels on GPU 0, through the CUDA driver.
+    Cuda,
+    /// The CUDA target's kernels compiled by the host C++ compiler and run on the CPU (slow: a
+    /// check of the kernels without a GPU).
+    CudaHost,
 }
 
 impl BackendKind {
@@ -33,6 +39,8 @@ impl BackendKind {
             BackendKind::Interp => "interp",
             BackendKind::Pjrt => "pjrt",
             BackendKind::Plan => "plan",
+            BackendKind::Cuda => "cuda",
+            BackendKind::CudaHost => "cuda-host",
         }
     }
 }
@@ -112,8 +120,34 @@ impl Session {
                 total_seconds: started.elapsed().as_secs_f64(),
                 platform: "cpu".into(),
             }),
+            BackendKind::Cuda | BackendKind::CudaHost => {
+                let target = self.source.target;
+                let gpu = self.backend == BackendKind::Cuda;
+                // Without a driver there is nothing to compile for: say so before compiling.
+                if let (true, Some(problem)) = (gpu, cuda_driver_problem()) {
+                    bail!("--backend cuda: {problem}");
+                }
+                let plan = Arc::new(kernel_plan(&module, target)?);
+                let programs = cuda_programs(&plan, target, gpu)?;
+                let uploading = Instant::now();
+                let executor: Box<dyn Executor> = match gpu {
+                    true => {
+                        Box::new(DeviceExecutor::new(module, plan, &programs, weights, CudaDevice::new(&programs)?)?)
+                    }
+                    false => {
+                        Box::new(DeviceExecutor::new(module, plan, &programs, weights, Emulator::new(&programs)?)?)
+                    }
+                };
+                Ok(Ready {
+                    executor,
+                    compiled: None,
+                    weights_seconds: uploading.elapsed().as_secs_f64(),
+                    total_seconds: started.elapsed().as_secs_f64(),
+                    platform: if gpu { "cuda".into() } else { "cpu".into() },
+                })
+            }
             BackendKind::Plan => {
-                let plan = Arc::new(g4c_passes::plan_module(&module, self.source.target)?);
+                let plan = Arc::new(kernel_plan(&module, self.source.target)?);
                 Ok(Ready {
                     executor: Box::new(PlanExecutor::new(module, plan, weights)),
                     compiled: None,

@@ -70,6 +70,11 @@ pub enum Backend {
     /// A CUDA target's kernel plan run on the CPU, kernel by kernel, by the interpreter (a check of
     /// fusion and buffers; give a CUDA --target)
     Plan,
+    /// A CUDA target's kernels on GPU 0 through the CUDA driver
+    Cuda,
+    /// A CUDA target's kernels compiled by the host C++ compiler and run on the CPU (slow; a check
+    /// of the kernels without a GPU)
+    CudaHost,
 }
 
 impl Backend {
@@ -78,6 +83,8 @@ impl Backend {
             Backend::Interp => g4c_driver::BackendKind::Interp,
             Backend::Pjrt => g4c_driver::BackendKind::Pjrt,
             Backend::Plan => g4c_driver::BackendKind::Plan,
+            Backend::Cuda => g4c_driver::BackendKind::Cuda,
+            Backend::CudaHost => g4c_driver::BackendKind::CudaHost,
         }
     }
 }

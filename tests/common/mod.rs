@@ -86,8 +86,10 @@ pub fn run_transformed(
     generate_on(backend, None, dir, prompt, prefill_len, &opts, transform)
 }
 
-/// Greedy generation by `target`'s kernel plan of the module after `transform`, run on the CPU.
-pub fn plan_generate(
+/// Greedy generation on a backend that runs `target`'s kernel plan (the plan on the CPU, the CUDA
+/// kernels on the host) of the module after `transform`.
+pub fn target_generate(
+    backend: Backend,
     target: &str,
     dir: &Path,
     prompt: &[u32],
@@ -96,7 +98,7 @@ pub fn plan_generate(
     transform: &dyn Fn(&mut g4c_ir::Module),
 ) -> Generation {
     let opts = GenerateOptions { max_new_tokens: new_tokens, ignore_eos: true, ..Default::default() };
-    generate_on(Backend::Plan, Some(target), dir, prompt, prefill_len, &opts, transform)
+    generate_on(backend, Some(target), dir, prompt, prefill_len, &opts, transform)
 }
 
 /// Logits along the golden's tokens (teacher forced) after `target`'s pipeline.
@@ -112,7 +114,7 @@ pub fn forced_logits(backend: Backend, dir: &Path, target: &str, case: &GoldenCa
         g4c_passes::Pipeline::for_target(target).run_all(m).unwrap();
     };
     // A kernel plan is made for the target; the other backends run the module they are given.
-    let plan_target = (backend == Backend::Plan).then_some(target.name);
+    let plan_target = matches!(backend, Backend::Plan | Backend::CudaHost).then_some(target.name);
     generate_on(backend, plan_target, dir, &case.prompt_ids, None, &opts, &pipeline).logits
 }
 

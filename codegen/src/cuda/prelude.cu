@@ -4,8 +4,10 @@
 typedef unsigned short u16;
 typedef unsigned char u8;
 
+#ifndef G4C_HOST_EMULATION
 __device__ __forceinline__ float h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ u16 f2h(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+#endif
 __device__ __forceinline__ float b2f(u16 b) { return __uint_as_float(((unsigned)b) << 16); }
 // Round to nearest even; a NaN stays a (quiet) NaN of the same sign.
 __device__ __forceinline__ u16 f2b(float f) {

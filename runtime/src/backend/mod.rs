@@ -3,6 +3,7 @@
 //! a module after its target's passes and runs its entry points; what it needs to be compiled (the
 //! StableHLO of the PJRT backend) comes from codegen through the driver.
 
+pub mod cuda;
 pub mod interp;
 pub mod pjrt;
 pub mod plan;

@@ -1,0 +1,178 @@
+//! A CUDA GPU through the driver API (cudarc): modules loaded from the program's cubin when it was
+//! built for this GPU's SM, else JIT-compiled by the driver from its PTX; buffers from
+//! `cuMemAlloc`; launches by `cuLaunchKernel` on one stream.
+
+use super::device::{Buffer, Device, DeviceProgram, LaunchSpec};
+use crate::error::{invalid, Result, RuntimeError};
+use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::nvrtc::Ptx;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Why no CUDA device can be used here, if none can: cudarc panics without a driver, so this is
+/// asked first.
+pub fn cuda_driver_problem() -> Option<String> {
+    // SAFETY: only probes whether libcuda can be opened.
+    if !unsafe { sys::is_culib_present() } {
+        return Some("no CUDA driver on this machine (libcuda.so.1 was not found)".into());
+    }
+    if let Err(e) = result::init() {
+        return Some(format!("the CUDA driver failed to start: {e:?}"));
+    }
+    match CudaContext::device_count() {
+        Ok(0) => Some("the CUDA driver sees no GPU".into()),
+        Ok(_) => None,
+        Err(e) => Some(format!("the CUDA driver cannot count GPUs: {e:?}")),
+    }
+}
+
+/// Whether a driver of version `driver` (`cuDriverGetVersion`: 12090 for 12.9) can JIT PTX ISA
+/// `isa`: ISA 8.x arrived with CUDA 12.(x+1) for x ≥ 4 (PTX ISA release notes), 8.0–8.3 with 12.0–12.3.
+pub fn ptx_isa_supported(isa: (u32, u32), driver: i32) -> bool {
+    let needed = match isa {
+        (8, minor @ 0..=3) => 12000 + 10 * minor as i32,
+        (8, minor) => 12000 + 10 * (minor as i32 + 1),
+        (major, _) if major < 8 => 11000,
+        _ => i32::MAX,
+    };
+    driver >= needed
+}
+
+pub struct CudaDevice {
+    /// Held so the context outlives the modules, stream and buffers made in it.
+    _context: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    modules: HashMap<String, Arc<CudaModule>>,
+    functions: HashMap<(String, String), CudaFunction>,
+    buffers: Vec<(sys::CUdeviceptr, usize)>,
+}
+
+impl CudaDevice {
+    /// Opens GPU 0 and loads every program. Fails with one line when there is no usable driver.
+    pub fn new(programs: &[DeviceProgram]) -> Result<CudaDevice> {
+        if let Some(problem) = cuda_driver_problem() {
+            return invalid(problem);
+        }
+        let fail = |what: &str, e: cudarc::driver::DriverError| RuntimeError::Invalid(format!("CUDA: {what}: {e:?}"));
+        let context = CudaContext::new(0).map_err(|e| fail("opening GPU 0", e))?;
+        let sm = context.compute_capability().map_err(|e| fail("its compute capability", e))?;
+        let sm = (sm.0 as u32, sm.1 as u32);
+        let mut driver = 0;
+        // SAFETY: writes one int.
+        unsafe { sys::cuDriverGetVersion(&mut driver) };
+        let stream = context.default_stream();
+        let mut modules = HashMap::new();
+        for p in programs {
+            let image = match (&p.cubin, &p.ptx) {
+                (Some((built, cubin)), _) if *built == sm => Ptx::from_binary(cubin.clone()),
+                (_, Some(ptx)) => {
+                    let isa = g4c_ptx_isa(ptx);
+                    if !isa.is_some_and(|isa| ptx_isa_supported(isa, driver)) {
+                        return invalid(format!(
+                            "@{}: its PTX is ISA {}, which this driver ({}.{}) cannot JIT-compile, and it has no cubin for sm_{}{}; recompile with an older NVRTC or on a newer driver",
+                            p.entry,
+                            isa.map(|(a, b)| format!("{a}.{b}")).unwrap_or_else(|| "?".into()),
+                            driver / 1000,
+                            driver % 1000 / 10,
+                            sm.0,
+                            sm.1
+                        ));
+                    }
+                    Ptx::from_src(ptx.clone())
+                }
+                _ => return invalid(format!("@{}: neither a cubin for sm_{}{} nor PTX", p.entry, sm.0, sm.1)),
+            };
+            let module = context.load_module(image).map_err(|e| fail(&format!("loading @{}", p.entry), e))?;
+            modules.insert(p.entry.clone(), module);
+        }
+        Ok(CudaDevice { _context: context, stream, modules, functions: HashMap::new(), buffers: Vec::new() })
+    }
+
+    fn function(&mut self, program: &str, symbol: &str) -> Result<CudaFunction> {
+        let key = (program.to_string(), symbol.to_string());
+        if let Some(f) = self.functions.get(&key) {
+            return Ok(f.clone());
+        }
+        let module =
+            self.modules.get(program).ok_or_else(|| RuntimeError::Invalid(format!("no program @{program}")))?;
+        let f = module.load_function(symbol).map_err(|e| RuntimeError::Invalid(format!("kernel {symbol}: {e:?}")))?;
+        self.functions.insert(key, f.clone());
+        Ok(f)
+    }
+}
+
+fn g4c_ptx_isa(ptx: &str) -> Option<(u32, u32)> {
+    let line = ptx.lines().find(|l| l.trim_start().starts_with(".version"))?;
+    let (major, minor) = line.split_whitespace().nth(1)?.split_once('.')?;
+    Some((major.parse().ok()?, minor.parse().ok()?))
+}
+
+fn driver_error(what: &str, e: cudarc::driver::DriverError) -> RuntimeError {
+    RuntimeError::Invalid(format!("CUDA: {what}: {e:?}"))
+}
+
+impl Device for CudaDevice {
+    fn alloc(&mut self, bytes: usize) -> Result<Buffer> {
+        let bytes = bytes.max(1);
+        // SAFETY: the context is current on this thread; the allocation is freed on drop.
+        let ptr = unsafe { result::malloc_sync(bytes) }.map_err(|e| driver_error("cuMemAlloc", e))?;
+        // SAFETY: `ptr` is a live allocation of `bytes` bytes.
+        unsafe { result::memset_d8_sync(ptr, 0, bytes) }.map_err(|e| driver_error("cuMemsetD8", e))?;
+        self.buffers.push((ptr, bytes));
+        Ok(self.buffers.len() - 1)
+    }
+
+    fn upload(&mut self, buffer: Buffer, bytes: &[u8]) -> Result<()> {
+        let (ptr, size) = self.buffers[buffer];
+        if bytes.len() > size {
+            return invalid(format!("an upload of {} bytes into a buffer of {size}", bytes.len()));
+        }
+        // SAFETY: within the allocation; synchronous.
+        unsafe { result::memcpy_htod_sync(ptr, bytes) }.map_err(|e| driver_error("cuMemcpyHtoD", e))
+    }
+
+    fn download(&mut self, buffer: Buffer, bytes: usize) -> Result<Vec<u8>> {
+        self.stream.synchronize().map_err(|e| driver_error("a kernel", e))?;
+        let (ptr, size) = self.buffers[buffer];
+        let mut out = vec![0u8; bytes.min(size)];
+        // SAFETY: within the allocation; synchronous.
+        unsafe { result::memcpy_dtoh_sync(&mut out, ptr) }.map_err(|e| driver_error("cuMemcpyDtoH", e))?;
+        Ok(out)
+    }
+
+    fn copy(&mut self, dst: Buffer, src: Buffer, bytes: usize) -> Result<()> {
+        let ((d, _), (s, _)) = (self.buffers[dst], self.buffers[src]);
+        // SAFETY: both allocations hold at least `bytes` bytes (state buffers are sized by type).
+        unsafe { result::memcpy_dtod_sync(d, s, bytes) }.map_err(|e| driver_error("cuMemcpyDtoD", e))
+    }
+
+    fn launch(&mut self, launch: &LaunchSpec, args: &[Buffer]) -> Result<()> {
+        let f = self.function(launch.program, launch.symbol)?;
+        let mut pointers: Vec<sys::CUdeviceptr> = args.iter().map(|&b| self.buffers[b].0).collect();
+        let mut params: Vec<*mut std::ffi::c_void> =
+            pointers.iter_mut().map(|p| p as *mut sys::CUdeviceptr as *mut std::ffi::c_void).collect();
+        // SAFETY: every parameter of g4c's kernels is a pointer, passed by address as the driver
+        // API requires; shared memory is static, so none is dynamic.
+        unsafe {
+            result::launch_kernel(
+                f.cu_function(),
+                (launch.grid, 1, 1),
+                (launch.block, 1, 1),
+                0,
+                self.stream.cu_stream(),
+                &mut params,
+            )
+        }
+        .map_err(|e| driver_error(&format!("launching {}", launch.symbol), e))
+    }
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        let _ = self.stream.synchronize();
+        for &(ptr, _) in &self.buffers {
+            // SAFETY: allocated by `alloc`, freed once.
+            let _ = unsafe { result::free_sync(ptr) };
+        }
+    }
+}

@@ -1,0 +1,117 @@
+// Host emulation of the CUDA C that g4c emits, so the kernels NVRTC compiles for a GPU also run on
+// the CPU: the same source, compiled by the host C++ compiler with these definitions. A launch runs
+// its blocks one after another. Kernels that synchronize (`__syncthreads`, warp shuffles) run each
+// block's threads as coroutines on one host thread (ucontext): a barrier switches to the next
+// thread, and since every thread meets the same barriers in the same order (g4c's kernels keep
+// control flow uniform around them), running the threads round-robin from barrier to barrier is
+// exactly a barrier. The other kernels run their threads in a plain loop.
+#pragma once
+#define G4C_HOST_EMULATION 1
+#include <ucontext.h>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <algorithm>
+#include <vector>
+
+// Internal linkage throughout: GCC makes inline variables process-wide (STB_GNU_UNIQUE), which would
+// let two loaded programs, emulated at once, share one launch's state.
+struct g4c_dim3 { unsigned x = 0, y = 0, z = 0; };
+static g4c_dim3 threadIdx, blockIdx, blockDim, gridDim;
+static float g4c_exchange[1024];
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(...)
+using std::isnan;
+using std::max;
+using std::min;
+
+static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+static inline float h2f(unsigned short h) { _Float16 x; std::memcpy(&x, &h, 2); return (float)x; }
+static inline unsigned short f2h(float f) { _Float16 x = (_Float16)f; unsigned short h; std::memcpy(&h, &x, 2); return h; }
+
+typedef void (*g4c_kernel)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*,
+                           void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*);
+
+// The coroutines of one block.
+static ucontext_t g4c_scheduler;
+static std::vector<ucontext_t> g4c_threads;
+static std::vector<std::vector<char>> g4c_stacks;
+static unsigned g4c_current;
+static g4c_kernel g4c_running;
+static void* g4c_args[24];
+
+static void g4c_call() {
+  void** a = g4c_args;
+  g4c_running(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15],
+              a[16], a[17], a[18], a[19], a[20], a[21], a[22], a[23]);
+}
+
+// Set by a thread whose kernel returned (rather than reaching a barrier) before it goes back to the
+// scheduler through uc_link.
+static bool g4c_thread_returned;
+static void g4c_thread_main() {
+  g4c_call();
+  g4c_thread_returned = true;
+}
+
+// Back to the scheduler, which resumes the next thread; this one continues when its turn comes.
+static inline void __syncthreads() { swapcontext(&g4c_threads[g4c_current], &g4c_scheduler); }
+
+static inline float __shfl_xor_sync(unsigned, float v, int o) {
+  g4c_exchange[threadIdx.x] = v;
+  __syncthreads();
+  float r = g4c_exchange[threadIdx.x ^ (unsigned)o];
+  __syncthreads();
+  return r;
+}
+
+// Runs `grid` blocks of `block` threads of `kernel` on `args` (at most 24 pointers).
+extern "C" int g4c_emulate(void* kernel, void** args, int nargs, unsigned grid, unsigned block, int synchronizes) {
+  if (nargs > 24 || block > 1024) return 1;
+  for (int i = 0; i < 24; ++i) g4c_args[i] = i < nargs ? args[i] : nullptr;
+  g4c_running = (g4c_kernel)kernel;
+  blockDim = {block, 1, 1};
+  gridDim = {grid, 1, 1};
+  for (unsigned b = 0; b < grid; ++b) {
+    blockIdx = {b, 0, 0};
+    if (!synchronizes) {
+      for (unsigned t = 0; t < block; ++t) {
+        threadIdx = {t, 0, 0};
+        g4c_call();
+      }
+      continue;
+    }
+    g4c_threads.resize(block);
+    g4c_stacks.resize(block);
+    std::vector<char> done(block, 0);
+    for (unsigned t = 0; t < block; ++t) {
+      g4c_stacks[t].resize(256 * 1024);
+      getcontext(&g4c_threads[t]);
+      g4c_threads[t].uc_stack.ss_sp = g4c_stacks[t].data();
+      g4c_threads[t].uc_stack.ss_size = g4c_stacks[t].size();
+      g4c_threads[t].uc_link = &g4c_scheduler;
+      makecontext(&g4c_threads[t], g4c_thread_main, 0);
+    }
+    unsigned remaining = block;
+    while (remaining > 0) {
+      for (unsigned t = 0; t < block; ++t) {
+        if (done[t]) continue;
+        g4c_current = t;
+        threadIdx = {t, 0, 0};
+        g4c_thread_returned = false;
+        swapcontext(&g4c_scheduler, &g4c_threads[t]);
+        if (g4c_thread_returned) {
+          done[t] = 1;
+          --remaining;
+        }
+      }
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,111 @@
+//! The host as a device: each program's CUDA C compiled by the host C++ compiler (`c++`, with
+//! `emulator.h` standing in for CUDA's built-ins) into a shared library, buffers in host memory,
+//! launches run by `g4c_emulate`. Slow, and only as exact as the host's libm, but it runs the very
+//! source NVRTC compiles, so a kernel's indexing, fusion and arguments are checked on any machine.
+
+use super::device::{Buffer, Device, DeviceProgram, LaunchSpec};
+use crate::error::{invalid, Result, RuntimeError};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::process::Command;
+
+const EMULATOR_H: &str = include_str!("emulator.h");
+
+type Emulate = unsafe extern "C" fn(*mut c_void, *mut *mut c_void, i32, u32, u32, i32) -> i32;
+
+pub struct Emulator {
+    /// Per program (entry point): its library. Kept loaded while kernels may run.
+    libraries: HashMap<String, libloading::Library>,
+    /// u64 words, so every element type is aligned.
+    buffers: Vec<Vec<u64>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Emulator {
+    /// Compiles every program for the host.
+    pub fn new(programs: &[DeviceProgram]) -> Result<Emulator> {
+        let fail = |m: String| RuntimeError::Invalid(format!("the CUDA host emulator: {m}"));
+        let dir = tempfile::tempdir().map_err(|e| fail(format!("a temporary folder: {e}")))?;
+        std::fs::write(dir.path().join("emulator.h"), EMULATOR_H).map_err(|e| fail(e.to_string()))?;
+        let mut libraries = HashMap::new();
+        for p in programs {
+            let source = dir.path().join(format!("{}.cpp", p.entry));
+            let library = dir.path().join(format!("lib{}.so", p.entry));
+            std::fs::write(&source, format!("#include \"emulator.h\"\n{}", p.source))
+                .map_err(|e| fail(e.to_string()))?;
+            let out = Command::new("c++")
+                .args(["-std=c++20", "-O1", "-fPIC", "-shared", "-pthread", "-w", "-o"])
+                .arg(&library)
+                .arg(&source)
+                .output()
+                .map_err(|e| fail(format!("running c++: {e}")))?;
+            if !out.status.success() {
+                let log = String::from_utf8_lossy(&out.stderr);
+                let first: Vec<&str> = log.lines().filter(|l| l.contains("error")).take(3).collect();
+                return Err(fail(format!("c++ failed on @{}: {}", p.entry, first.join(" | "))));
+            }
+            // SAFETY: a library just built from g4c's own kernels and emulator.h; loading runs no
+            // initializer beyond the C++ runtime's.
+            let lib = unsafe { libloading::Library::new(&library) }.map_err(|e| fail(e.to_string()))?;
+            libraries.insert(p.entry.clone(), lib);
+        }
+        Ok(Emulator { libraries, buffers: Vec::new(), _dir: dir })
+    }
+
+    fn bytes_mut(&mut self, b: Buffer) -> &mut [u8] {
+        let words = &mut self.buffers[b];
+        // SAFETY: u64 words viewed as their bytes; any bit pattern is a valid u8.
+        unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr() as *mut u8, words.len() * 8) }
+    }
+}
+
+impl Device for Emulator {
+    fn alloc(&mut self, bytes: usize) -> Result<Buffer> {
+        self.buffers.push(vec![0u64; bytes.div_ceil(8).max(1)]);
+        Ok(self.buffers.len() - 1)
+    }
+
+    fn upload(&mut self, buffer: Buffer, bytes: &[u8]) -> Result<()> {
+        self.bytes_mut(buffer)[..bytes.len()].copy_from_slice(bytes);
+        Ok(())
+    }
+
+    fn download(&mut self, buffer: Buffer, bytes: usize) -> Result<Vec<u8>> {
+        Ok(self.bytes_mut(buffer)[..bytes].to_vec())
+    }
+
+    fn copy(&mut self, dst: Buffer, src: Buffer, bytes: usize) -> Result<()> {
+        let from = self.bytes_mut(src)[..bytes].to_vec();
+        self.bytes_mut(dst)[..bytes].copy_from_slice(&from);
+        Ok(())
+    }
+
+    fn launch(&mut self, launch: &LaunchSpec, args: &[Buffer]) -> Result<()> {
+        let Some(lib) = self.libraries.get(launch.program) else {
+            return invalid(format!("the host emulator has no program @{}", launch.program));
+        };
+        // SAFETY: the symbols are the kernels and launcher the library was built with; each kernel
+        // takes `args.len()` pointers to buffers this emulator owns, sized by the plan.
+        unsafe {
+            let kernel: libloading::Symbol<*mut c_void> = lib
+                .get(launch.symbol.as_bytes())
+                .map_err(|e| RuntimeError::Invalid(format!("kernel {}: {e}", launch.symbol)))?;
+            let emulate: libloading::Symbol<Emulate> =
+                lib.get(b"g4c_emulate").map_err(|e| RuntimeError::Invalid(e.to_string()))?;
+            let mut pointers: Vec<*mut c_void> =
+                args.iter().map(|&b| self.buffers[b].as_mut_ptr() as *mut c_void).collect();
+            let rc = emulate(
+                *kernel,
+                pointers.as_mut_ptr(),
+                pointers.len() as i32,
+                launch.grid,
+                launch.block,
+                launch.synchronizes as i32,
+            );
+            if rc != 0 {
+                return invalid(format!("kernel {}: the emulator refused the launch", launch.symbol));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,186 @@
+//! Runs a kernel plan on a device. Weights are uploaded once; state stays on the device between
+//! calls (cache writes update it in place); per-call inputs are uploaded, and only the logits are
+//! copied back.
+
+use super::device::{Buffer, Device, DeviceProgram, KernelBinding, LaunchSpec};
+use crate::error::{invalid, Result, RuntimeError};
+use crate::executor::{bind_args, initial_state, Arg, Executor, StepInputs};
+use crate::tensor::Tensor;
+use crate::weights::WeightStore;
+use g4c_ir::plan::{KernelPlan, Slot};
+use g4c_ir::{Module, ResultRole};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// The buffers of one entry point: its per-call inputs (by parameter) and its scratch buffers.
+struct EntryBuffers {
+    inputs: HashMap<usize, Buffer>,
+    scratch: Vec<Buffer>,
+}
+
+pub struct DeviceExecutor<D: Device> {
+    module: Arc<Module>,
+    plan: Arc<KernelPlan>,
+    kernels: HashMap<String, Vec<KernelBinding>>,
+    store: Arc<dyn WeightStore>,
+    device: D,
+    weights: HashMap<String, Buffer>,
+    state: HashMap<String, Buffer>,
+    entries: HashMap<String, EntryBuffers>,
+}
+
+impl<D: Device> DeviceExecutor<D> {
+    /// Uploads every weight a kernel reads.
+    pub fn new(
+        module: Arc<Module>,
+        plan: Arc<KernelPlan>,
+        programs: &[DeviceProgram],
+        store: Arc<dyn WeightStore>,
+        mut device: D,
+    ) -> Result<Self> {
+        let mut kernels = HashMap::new();
+        let mut weights = HashMap::new();
+        let mut scratch = Vec::new();
+        for p in programs {
+            let Some(entry) = plan.entry(&p.entry) else { return invalid(format!("the plan has no @{}", p.entry)) };
+            if entry.calls.len() != p.kernels.len() {
+                return invalid(format!(
+                    "@{}: the plan launches {} kernels, the program has {}",
+                    p.entry,
+                    entry.calls.len(),
+                    p.kernels.len()
+                ));
+            }
+            for name in p.kernels.iter().flat_map(|k| &k.weights) {
+                if weights.contains_key(name) {
+                    continue;
+                }
+                let decl =
+                    plan.kernels.weight(name).ok_or_else(|| RuntimeError::Invalid(format!("no weight @{name}")))?;
+                let bytes = store.bytes_in(decl, &mut scratch)?;
+                let b = device.alloc(bytes.len())?;
+                device.upload(b, bytes)?;
+                store.release(decl);
+                weights.insert(name.clone(), b);
+            }
+            kernels.insert(p.entry.clone(), p.kernels.clone());
+        }
+        Ok(DeviceExecutor {
+            module,
+            plan,
+            kernels,
+            store,
+            device,
+            weights,
+            state: HashMap::new(),
+            entries: HashMap::new(),
+        })
+    }
+
+    fn entry_buffers(&mut self, entry: &str) -> Result<&mut EntryBuffers> {
+        if !self.entries.contains_key(entry) {
+            let plan = self.plan.entry(entry).ok_or_else(|| RuntimeError::Invalid(format!("no plan for @{entry}")))?;
+            let scratch = plan.buffers.iter().map(|&b| self.device.alloc(b as usize)).collect::<Result<_>>()?;
+            self.entries.insert(entry.to_string(), EntryBuffers { inputs: HashMap::new(), scratch });
+        }
+        Ok(self.entries.get_mut(entry).expect("inserted"))
+    }
+
+    /// The buffer per-call input `param` of `entry` is uploaded into (its size never changes).
+    fn input_buffer(&mut self, entry: &str, param: usize, bytes: usize) -> Result<Buffer> {
+        if let Some(&b) = self.entry_buffers(entry)?.inputs.get(&param) {
+            return Ok(b);
+        }
+        let b = self.device.alloc(bytes)?;
+        self.entry_buffers(entry)?.inputs.insert(param, b);
+        Ok(b)
+    }
+}
+
+impl<D: Device> Executor for DeviceExecutor<D> {
+    fn module(&self) -> &Module {
+        &self.module
+    }
+
+    fn reset(&mut self) -> Result<()> {
+        for (name, t) in initial_state(&self.module)? {
+            let bytes = t.to_bytes();
+            let b = match self.state.remove(&name) {
+                Some(b) => b,
+                None => self.device.alloc(bytes.len())?,
+            };
+            self.device.upload(b, &bytes)?;
+            self.state.insert(name, b);
+        }
+        Ok(())
+    }
+
+    fn step(&mut self, entry: &str, inputs: &StepInputs) -> Result<Tensor> {
+        let module = self.module.clone();
+        let plan = self.plan.clone();
+        let f = module.function(entry).ok_or_else(|| RuntimeError::Invalid(format!("no @{entry}")))?;
+        let Some(ep) = plan.entry(entry) else { return invalid(format!("the kernel plan has no @{entry}")) };
+        let bindings = self
+            .kernels
+            .get(entry)
+            .cloned()
+            .ok_or_else(|| RuntimeError::Invalid(format!("no kernels for @{entry}")))?;
+        let args = bind_args(&module, self.store.as_ref(), f, inputs, &mut self.state)?;
+        let mut params = Vec::with_capacity(args.len());
+        for (i, arg) in args.into_iter().enumerate() {
+            let bytes = match arg {
+                Arg::State(b) => {
+                    params.push(b);
+                    continue;
+                }
+                Arg::Input(t) => t.to_bytes(),
+                Arg::Rows(_, bytes) => bytes,
+            };
+            let b = self.input_buffer(entry, i, bytes.len())?;
+            self.device.upload(b, &bytes)?;
+            params.push(b);
+        }
+        let scratch = self.entry_buffers(entry)?.scratch.clone();
+        let buffer = |slot: Slot| match slot {
+            Slot::Param(i) => params[i],
+            Slot::Scratch(b) => scratch[b],
+        };
+        for (call, k) in ep.calls.iter().zip(&bindings) {
+            let mut launch_args: Vec<Buffer> = call.inputs.iter().map(|&s| buffer(s)).collect();
+            launch_args.extend(k.weights.iter().map(|w| self.weights[w]));
+            if !call.inputs.contains(&call.output) {
+                launch_args.push(buffer(call.output));
+            }
+            let spec = LaunchSpec {
+                program: entry,
+                symbol: &k.symbol,
+                grid: call.launch.grid,
+                block: call.launch.block,
+                synchronizes: call.launch.tile.is_some(),
+            };
+            self.device.launch(&spec, &launch_args)?;
+        }
+        let mut logits = None;
+        for (r, &slot) in f.results.iter().zip(&ep.results) {
+            let ty = f.ty(r.value);
+            match r.role {
+                ResultRole::Logits => {
+                    let bytes = self.device.download(buffer(slot), ty.byte_size() as usize)?;
+                    logits = Some(Tensor::from_bytes(ty.clone(), &bytes).map_err(RuntimeError::Invalid)?);
+                }
+                ResultRole::NextState => {
+                    // The state's own buffer: written in place, or copied from where the plan left it.
+                    let p = f.params.iter().position(|p| f.param_name(p) == r.name).ok_or_else(|| {
+                        RuntimeError::Invalid(format!("@{entry}: result {} names no state parameter", r.name))
+                    })?;
+                    if buffer(slot) != params[p] {
+                        self.device.copy(params[p], buffer(slot), ty.byte_size() as usize)?;
+                    }
+                    self.state.insert(r.name.clone(), params[p]);
+                }
+                ResultRole::Output => {}
+            }
+        }
+        logits.ok_or_else(|| RuntimeError::Invalid(format!("@{entry} returns no logits")))
+    }
+}

@@ -1,0 +1,15 @@
+//! Kernel plans on a device: `DeviceExecutor` runs a plan's kernels, launch by launch, over device
+//! buffers (weights uploaded once, state kept on the device and written in place, scratch buffers
+//! as the plan assigns them), on any `Device`: a CUDA GPU through the driver API (`CudaDevice`),
+//! or the host (`Emulator`), which compiles the same CUDA C with the host C++ compiler, so the
+//! kernels, their arguments and the executor are checked against the goldens without a GPU.
+
+mod device;
+mod driver;
+mod emulator;
+mod executor;
+
+pub use device::{Buffer, Device, DeviceProgram, KernelBinding, LaunchSpec};
+pub use driver::{cuda_driver_problem, ptx_isa_supported, CudaDevice};
+pub use emulator::Emulator;
+pub use executor::DeviceExecutor;
