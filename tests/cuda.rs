@@ -2,11 +2,12 @@
 //! sm_80 and sm_90 and assembled by ptxas, whose report must agree with the plan's fit proof.
 
 use crate::common::{assert_matches_golden, golden_cases, golden_dir, run_transformed, target_generate, Backend};
-use g4c_codegen::cuda::{assemble, compile_ptx, emit_entry, ptx_isa_version};
+use g4c_codegen::cuda::{assemble, compile_ptx, emit_entry};
 use g4c_frontend::{Model, Shapes};
 use g4c_ir::plan::KernelPlan;
 use g4c_ir::Target;
 use g4c_passes::{plan_module, Pass, Pipeline, PipelineOptions};
+use g4c_runtime::backend::cuda::ptx_isa_version;
 
 fn tiny_plan(target: &str, prefill_len: usize) -> KernelPlan {
     let target = Target::by_name(target).unwrap();
@@ -105,4 +106,61 @@ fn cuda_without_a_driver_fails_cleanly() {
         "2",
     ]);
     crate::common::assert_one_line_error(&out, &["--backend cuda", "no CUDA driver"]);
+}
+
+/// `g4c compile --target t4g -o` writes an artifact with CUDA C, PTX and a cubin per entry point and
+/// reports every launch's shared memory beside the limit, equal to what ptxas found; `g4c run` of
+/// it without a CUDA driver fails in one line; its kernels run on the host and generate what the
+/// interpreter generates from its module.
+#[test]
+fn a_t4g_artifact_holds_its_kernels() {
+    let dir = golden_dir("tiny-qat").join("hf");
+    let out = tempfile::tempdir().unwrap();
+    let artifact = out.path().join("a.g4c");
+    let (model, art) = (dir.to_str().unwrap(), artifact.to_str().unwrap());
+    let compiled = crate::common::g4c(&[
+        "compile",
+        model,
+        "--target",
+        "t4g",
+        "--context",
+        "32",
+        "--prefill-len",
+        "8",
+        "-o",
+        art,
+        "--json",
+    ]);
+    assert!(compiled.status.success(), "{}", String::from_utf8_lossy(&compiled.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&compiled.stdout).unwrap();
+    let kernels = &report["kernels"];
+    let limit = kernels["limits"]["smem_per_block"].as_u64().unwrap();
+    for entry in kernels["entries"].as_array().unwrap() {
+        for call in entry["calls"].as_array().unwrap() {
+            let smem = call["smem_bytes"].as_u64().unwrap();
+            assert!(smem <= limit, "{call}");
+            assert_eq!(call["ptxas"]["smem_bytes"].as_u64(), Some(smem), "{call}");
+            assert_eq!(call["ptxas"]["spill_bytes"].as_u64(), Some(0), "{call}");
+        }
+    }
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(artifact.join("manifest.json")).unwrap()).unwrap();
+    let cuda = &manifest["cuda"];
+    assert_eq!(cuda["compute"], "compute_75");
+    assert!(cuda["ptx_isa"].as_str().unwrap().starts_with("8."), "{cuda}");
+    for e in cuda["entries"].as_array().unwrap() {
+        for file in [&e["source"], &e["ptx"], &e["cubin"][1]] {
+            assert!(artifact.join(file.as_str().unwrap()).is_file(), "{file}");
+        }
+    }
+    let args = ["run", art, "--prompt-ids", "2,17,301", "--max-new-tokens", "6"];
+    if g4c_runtime::backend::cuda::cuda_driver_problem().is_some() {
+        crate::common::assert_one_line_error(&crate::common::g4c(&args), &["--backend cuda", "no CUDA driver"]);
+    }
+    let tokens = |backend: &str| {
+        let out = crate::common::g4c(&[&args[..], &["--backend", backend]].concat());
+        assert!(out.status.success(), "{backend}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_eq!(tokens("cuda-host"), tokens("interp"));
 }

@@ -2,12 +2,12 @@
 //! lowered, compiled where the target's plugin is present, and written as an artifact.
 
 use crate::pjrt::{check_platform, executables, open_client, Caches, CompileSummary};
-use crate::{stablehlo_programs, Feedback};
+use crate::{cuda_programs, kernel_plan, kernel_report, stablehlo_programs, Feedback};
 use anyhow::{bail, Context, Result};
 use g4c_frontend::{emit_module_with_prefills, Model, Shapes};
 use g4c_ir::{Module, Platform, Target};
 use g4c_passes::{compile_report, PassTiming, Pipeline, PipelineOptions};
-use g4c_runtime::artifact::{check_output_dir, write_artifact, ArtifactSource, Manifest, ShapeInfo};
+use g4c_runtime::artifact::{check_output_dir, write_artifact, ArtifactSource, CudaKernels, Manifest, ShapeInfo};
 use g4c_runtime::backend::pjrt::{find_cpu_plugin, PROGRAM_FORMAT};
 use g4c_runtime::cache::ExecutableCache;
 use g4c_runtime::Program;
@@ -130,7 +130,19 @@ pub fn compile(req: &CompileRequest, feedback: &Feedback) -> Result<Compiled> {
             );
         }
     }
-    let report = compile_report(&module, target, &pipeline.names());
+    // CUDA targets: the kernel plan, its kernels compiled to PTX (and cubins), and their footprints.
+    let cuda = match target.gpu {
+        Some(_) => {
+            let plan = kernel_plan(&module, target)?;
+            let build = cuda_programs(&plan, target, true)?;
+            Some((kernel_report(&plan, &build, target), build))
+        }
+        None => None,
+    };
+    let mut report = compile_report(&module, target, &pipeline.names());
+    if let Some((kernels, _)) = &cuda {
+        report["kernels"] = kernels.clone();
+    }
     let artifact = match req.out {
         Some(out) => {
             let (files, environment) = match &executables {
@@ -157,6 +169,11 @@ pub fn compile(req: &CompileRequest, feedback: &Feedback) -> Result<Compiled> {
                 options: req.options.describe(),
                 report: report.clone(),
                 shapes: ShapeInfo { batch: req.batch, prefill_lens: req.prefill_lens.clone(), context: req.context },
+                cuda: cuda.as_ref().map(|(_, b)| CudaKernels {
+                    programs: &b.programs,
+                    nvrtc: b.nvrtc.expect("PTX was compiled"),
+                    compute: target.gpu.as_ref().expect("a CUDA target").compute_capability,
+                }),
             };
             // Errors name the artifact asked for, not only the temporary being filled.
             Some(

@@ -1,23 +1,36 @@
 //! The CUDA programs of a module for a CUDA target: its kernel plan, each entry point's kernels as
 //! CUDA C, and, for a GPU, PTX from NVRTC for the target's compute capability and a cubin from
-//! ptxas when it is installed.
+//! ptxas when it is installed; and the compile report's account of every kernel against the
+//! target's limits.
 
 use anyhow::{Context, Result};
-use g4c_codegen::cuda::{assemble, compile_ptx, emit_entry, find_ptxas};
+use g4c_codegen::cuda::{assemble, compile_ptx, emit_entry, find_ptxas, nvrtc_version, KernelResources};
 use g4c_ir::plan::KernelPlan;
 use g4c_ir::{Module, Target};
 use g4c_runtime::backend::cuda::{DeviceProgram, KernelBinding};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
 
 /// The plan of `module` for `target`.
 pub fn kernel_plan(module: &Module, target: &'static Target) -> Result<KernelPlan> {
     Ok(g4c_passes::plan_module(module, target)?)
 }
 
+/// What compiling a plan's kernels made.
+pub struct CudaBuild {
+    pub programs: Vec<DeviceProgram>,
+    /// ptxas's account of each kernel function, when ptxas ran.
+    pub resources: BTreeMap<String, KernelResources>,
+    /// The NVRTC that made the PTX, when any was made.
+    pub nvrtc: Option<(i32, i32)>,
+}
+
 /// Every entry point's kernels as CUDA C; with `compile`, also PTX (and a cubin where ptxas is).
-pub fn cuda_programs(plan: &KernelPlan, target: &Target, compile: bool) -> Result<Vec<DeviceProgram>> {
+pub fn cuda_programs(plan: &KernelPlan, target: &Target, compile: bool) -> Result<CudaBuild> {
     let gpu = target.gpu.as_ref().with_context(|| format!("target {} is not a CUDA target", target.name))?;
     let sm = gpu.compute_capability;
     let mut programs = Vec::new();
+    let mut resources = BTreeMap::new();
     for entry in &plan.entries {
         let program = emit_entry(plan, entry)?;
         let (ptx, cubin) = match compile {
@@ -25,7 +38,11 @@ pub fn cuda_programs(plan: &KernelPlan, target: &Target, compile: bool) -> Resul
             true => {
                 let ptx = compile_ptx(&program.source, sm, &entry.entry)?;
                 let cubin = match find_ptxas() {
-                    Ok(_) => Some((sm, assemble(&ptx, sm)?.bytes)),
+                    Ok(_) => {
+                        let cubin = assemble(&ptx, sm)?;
+                        resources.extend(cubin.kernels);
+                        Some((sm, cubin.bytes))
+                    }
                     Err(_) => None,
                 };
                 (Some(ptx), cubin)
@@ -35,5 +52,59 @@ pub fn cuda_programs(plan: &KernelPlan, target: &Target, compile: bool) -> Resul
             program.kernels.into_iter().map(|k| KernelBinding { symbol: k.symbol, weights: k.weights }).collect();
         programs.push(DeviceProgram { entry: entry.entry.clone(), source: program.source, ptx, cubin, kernels });
     }
-    Ok(programs)
+    let nvrtc = if compile { Some(nvrtc_version()?) } else { None };
+    Ok(CudaBuild { programs, resources, nvrtc })
+}
+
+/// The `kernels` section of the compile report: the target's limits, and per entry point every
+/// launch's footprint beside them, with what ptxas found in its function where it ran.
+pub fn kernel_report(plan: &KernelPlan, build: &CudaBuild, target: &Target) -> Value {
+    let gpu = target.gpu.as_ref().expect("a CUDA target");
+    let entries: Vec<Value> = plan
+        .entries
+        .iter()
+        .zip(&build.programs)
+        .map(|(e, p)| {
+            let calls: Vec<Value> = e
+                .calls
+                .iter()
+                .zip(&p.kernels)
+                .map(|(c, k)| {
+                    let ptxas = build.resources.get(&k.symbol).map(|r| {
+                        json!({"registers": r.registers, "smem_bytes": r.smem_bytes, "spill_bytes": r.spill_stores + r.spill_loads})
+                    });
+                    json!({
+                        "kernel": c.kernel,
+                        "kind": c.kind.name(),
+                        "symbol": k.symbol,
+                        "grid": c.launch.grid,
+                        "block": c.launch.block,
+                        "smem_bytes": c.launch.smem_bytes,
+                        "registers": c.launch.registers,
+                        "tile": c.launch.tile.map(|t| json!({"rows": t.rows, "cols": t.cols, "k": t.k, "stages": t.stages})),
+                        "ptxas": ptxas,
+                    })
+                })
+                .collect();
+            let functions: std::collections::BTreeSet<&str> = p.kernels.iter().map(|k| k.symbol.as_str()).collect();
+            json!({
+                "entry": e.entry,
+                "launches": e.calls.len(),
+                "functions": functions.len(),
+                "scratch_bytes": e.scratch_bytes(),
+                "max_smem_bytes": e.calls.iter().map(|c| c.launch.smem_bytes).max().unwrap_or(0),
+                "calls": calls,
+            })
+        })
+        .collect();
+    json!({
+        "compute": format!("compute_{}{}", gpu.compute_capability.0, gpu.compute_capability.1),
+        "nvrtc": build.nvrtc.map(|(a, b)| format!("{a}.{b}")),
+        "limits": {
+            "smem_per_block": gpu.smem_per_block,
+            "threads_per_block": gpu.threads_per_block,
+            "registers_per_sm": gpu.registers_per_sm,
+        },
+        "entries": entries,
+    })
 }

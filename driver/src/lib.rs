@@ -12,7 +12,7 @@ mod session;
 mod source;
 
 pub use compile::{compile, emit, run_passes, CompileRequest, Compiled};
-pub use cuda::{cuda_programs, kernel_plan};
+pub use cuda::{cuda_programs, kernel_plan, kernel_report, CudaBuild};
 pub use lower::stablehlo_programs;
 pub use session::{BackendKind, Ready, Session, SessionOptions};
 pub use source::ModelSource;

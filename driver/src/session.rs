@@ -9,7 +9,7 @@ use anyhow::{bail, Result};
 use g4c_frontend::Shapes;
 use g4c_ir::Module;
 use g4c_passes::PipelineOptions;
-use g4c_runtime::backend::cuda::{cuda_driver_problem, CudaDevice, DeviceExecutor, Emulator};
+use g4c_runtime::backend::cuda::{cuda_driver_problem, CudaDevice, DeviceExecutor, DeviceProgram, Emulator};
 use g4c_runtime::backend::pjrt::PjrtExecutor;
 use g4c_runtime::backend::plan::PlanExecutor;
 use g4c_runtime::{Executor, InterpExecutor, Interpreter};
@@ -128,7 +128,14 @@ impl Session {
                     bail!("--backend cuda: {problem}");
                 }
                 let plan = Arc::new(kernel_plan(&module, target)?);
-                let programs = cuda_programs(&plan, target, gpu)?;
+                let programs = match (self.source.artifact(), gpu) {
+                    (Some(artifact), true) => {
+                        let programs = artifact.cuda_programs()?;
+                        check_bindings(&programs, &cuda_programs(&plan, target, false)?.programs, &self.source.label)?;
+                        programs
+                    }
+                    _ => cuda_programs(&plan, target, gpu)?.programs,
+                };
                 let uploading = Instant::now();
                 let executor: Box<dyn Executor> = match gpu {
                     true => {
@@ -200,4 +207,22 @@ impl Session {
         }
         Ok((cold, started.elapsed().as_secs_f64()))
     }
+}
+
+/// An artifact's kernels must be the ones this g4c derives from its module: the same symbol and
+/// weights for every launch of the plan.
+fn check_bindings(stored: &[DeviceProgram], derived: &[DeviceProgram], label: &str) -> Result<()> {
+    for (s, d) in stored.iter().zip(derived) {
+        if s.entry != d.entry || s.kernels != d.kernels {
+            bail!("artifact {label}: the kernels of @{} differ from the ones this g4c plans for its module; compile it again with this g4c", s.entry);
+        }
+    }
+    if stored.len() != derived.len() {
+        bail!(
+            "artifact {label}: {} CUDA programs, {} entry points planned; compile it again with this g4c",
+            stored.len(),
+            derived.len()
+        );
+    }
+    Ok(())
 }

@@ -59,9 +59,11 @@ pub fn run(args: CompileArgs) -> Result<()> {
     if let Some(check) = &compiled.cpu_check {
         ui().note(&format!("--check-on-cpu: the CPU plugin accepts every entry point ({})", check.describe()));
     }
-    match &compiled.executables {
-        Some(summary) => ui().note(&format!("executables: {}", summary.describe())),
-        None => ui().note(&format!(
+    let kernels = &compiled.report["kernels"];
+    match (&compiled.executables, kernels.is_null()) {
+        (Some(summary), _) => ui().note(&format!("executables: {}", summary.describe())),
+        (None, false) => ui().note(&cuda_summary(kernels)),
+        (None, true) => ui().note(&format!(
             "no PJRT plugin for platform {} here: StableHLO only; executables are compiled where it runs",
             target.platform.name()
         )),
@@ -90,4 +92,28 @@ pub fn run(args: CompileArgs) -> Result<()> {
             bytes("host_weight_bytes"),
         ))
     }
+}
+
+/// One line on a CUDA target's kernels: launches and distinct functions per entry point, what
+/// compiled them, and the largest shared memory any needs beside the block's limit.
+fn cuda_summary(kernels: &serde_json::Value) -> String {
+    let entries: Vec<String> = kernels["entries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            format!("@{} {} launches of {} kernels", e["entry"].as_str().unwrap_or("?"), e["launches"], e["functions"])
+        })
+        .collect();
+    let smem = kernels["entries"].as_array().into_iter().flatten().filter_map(|e| e["max_smem_bytes"].as_u64()).max();
+    let ptxas_checked = kernels["entries"][0]["calls"][0]["ptxas"].is_object();
+    format!(
+        "CUDA kernels: {}; PTX for {} by NVRTC {}{}; at most {} of shared memory per block (limit {})",
+        entries.join(", "),
+        kernels["compute"].as_str().unwrap_or("?"),
+        kernels["nvrtc"].as_str().unwrap_or("?"),
+        if ptxas_checked { ", cubins by ptxas" } else { " (no ptxas here: no cubins)" },
+        super::fmt_bytes(smem.unwrap_or(0)),
+        super::fmt_bytes(kernels["limits"]["smem_per_block"].as_u64().unwrap_or(0)),
+    )
 }

@@ -35,7 +35,7 @@ pub struct EvalArgs {
 }
 
 pub fn run(args: EvalArgs) -> Result<()> {
-    let session = Session::open(&args.model_dir, args.execution.session_options()?)?;
+    let session = Session::open(&args.model_dir, args.execution.session_options(&args.model_dir)?)?;
     let ids: Vec<u32> = match (&args.ids, &args.text) {
         (Some(path), _) => {
             let text = g4c_util::files::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;

@@ -35,9 +35,9 @@ impl ShapeArgs {
 /// Where and how a model runs: backend, target, plugin and pipeline options (`run`, `eval`).
 #[derive(Args)]
 pub struct ExecutionArgs {
-    /// Execution backend
-    #[arg(long, value_enum, default_value = "pjrt")]
-    pub backend: Backend,
+    /// Execution backend (default: `cuda` for an artifact compiled for a CUDA target, else `pjrt`)
+    #[arg(long, value_enum)]
+    pub backend: Option<Backend>,
     /// Target whose pass pipeline prepares the IR (see `g4c targets`; default `cpu`, or the artifact's
     /// own); with `--backend interp` and a narrower target the interpreter emulates its rounding
     #[arg(long)]
@@ -50,9 +50,20 @@ pub struct ExecutionArgs {
 }
 
 impl ExecutionArgs {
-    pub fn session_options(&self) -> anyhow::Result<g4c_driver::SessionOptions> {
+    /// `--backend`, or the default for `model`: an artifact of a CUDA target runs its kernels.
+    pub fn backend_for(&self, model: &std::path::Path) -> anyhow::Result<g4c_driver::BackendKind> {
+        if let Some(b) = self.backend {
+            return Ok(b.kind());
+        }
+        let cuda_artifact = g4c_runtime::artifact::is_artifact(model)
+            && g4c_runtime::artifact::Artifact::read_manifest(model)?.target["platform"] == "cuda";
+        Ok(if cuda_artifact { g4c_driver::BackendKind::Cuda } else { g4c_driver::BackendKind::Pjrt })
+    }
+
+    /// The session's options for running `model` (a checkpoint or an artifact).
+    pub fn session_options(&self, model: &std::path::Path) -> anyhow::Result<g4c_driver::SessionOptions> {
         Ok(g4c_driver::SessionOptions {
-            backend: self.backend.kind(),
+            backend: self.backend_for(model)?,
             target: self.target.clone(),
             plugin: self.plugin.clone(),
             use_cache: true,

@@ -64,7 +64,7 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
-    let session = Session::open(&args.model_dir, args.execution.session_options()?)?;
+    let session = Session::open(&args.model_dir, args.execution.session_options(&args.model_dir)?)?;
     let source = &session.source;
     let config = &source.config;
     let tokenizer = source.tokenizer.as_ref();
@@ -83,7 +83,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         bail!("the prompt is empty: give at least one token id");
     }
     let fixed = source.fixed_shapes();
-    let fixed_shapes = matches!(args.execution.backend, super::Backend::Pjrt);
+    let fixed_shapes = session.backend == g4c_driver::BackendKind::Pjrt;
     // The interpreter sizes its caches to the run; generation stops where the context ends.
     let context = source.context(args.context, if fixed_shapes { 4096 } else { prompt.len() + args.max_new_tokens })?;
     let requested = args.prefill_buckets.as_deref().map(|list| super::parse_buckets(list, context)).transpose()?;
@@ -143,7 +143,7 @@ pub fn run(args: RunArgs) -> Result<()> {
                 ready.total_seconds
             );
         }
-        print_stats(&args, source.target, &ModelShape::of(&module)?, &generation);
+        print_stats(session.backend, source.target, &ModelShape::of(&module)?, &generation);
     }
 
     if let Some(path) = &args.logits_out {
@@ -177,14 +177,14 @@ fn default_buckets(context: usize) -> Vec<usize> {
     }
 }
 
-fn print_stats(args: &RunArgs, target: &Target, shape: &ModelShape, g: &Generation) {
+fn print_stats(backend: g4c_driver::BackendKind, target: &Target, shape: &ModelShape, g: &Generation) {
     let t = g.timings;
     let decoded = g.generated_ids.len().saturating_sub(1);
     let rate = if t.decode_seconds > 0.0 { decoded as f64 / t.decode_seconds } else { 0.0 };
     let calls: Vec<String> = shape.prefill_plan(g.prompt_ids.len()).iter().map(|(_, t, _)| t.to_string()).collect();
     eprintln!(
         "stats: backend {} (target {}), prefill {} (calls of {}) {:.1} ms, decode {} {:.2} tok/s, peak memory {}",
-        args.execution.backend.kind().name(),
+        backend.name(),
         target.name,
         super::count(g.prompt_ids.len(), "token", "tokens"),
         calls.join(" + "),

@@ -48,7 +48,7 @@ const DEFAULT_PREFILL: usize = 64;
 
 pub fn run(args: ServeArgs) -> Result<()> {
     let listener = g4c_serve::bind(&args.host, args.port).map_err(anyhow::Error::msg)?;
-    let mut session = Session::open(&args.model_dir, args.execution.session_options()?)?;
+    let mut session = Session::open(&args.model_dir, args.execution.session_options(&args.model_dir)?)?;
     let source = &session.source;
     let context = source.context(args.context, 4096)?;
     let shapes = match source.fixed_shapes() {

@@ -8,7 +8,7 @@ mod kernel;
 mod nvrtc;
 mod ptxas;
 
-pub use nvrtc::{compile_ptx, nvrtc_version, ptx_isa_version};
+pub use nvrtc::{compile_ptx, nvrtc_version};
 pub use ptxas::{assemble, find_ptxas, Cubin, KernelResources};
 
 use g4c_ir::plan::{EntryPlan, KernelPlan};

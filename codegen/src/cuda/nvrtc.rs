@@ -83,11 +83,3 @@ fn compile_log(e: cudarc::nvrtc::CompileError) -> String {
         other => format!("{other:?}"),
     }
 }
-
-/// The PTX ISA version a PTX text declares (`.version 8.8` → `(8, 8)`): a driver JITs it only if
-/// it knows that ISA.
-pub fn ptx_isa_version(ptx: &str) -> Option<(u32, u32)> {
-    let line = ptx.lines().find(|l| l.trim_start().starts_with(".version"))?;
-    let (major, minor) = line.split_whitespace().nth(1)?.split_once('.')?;
-    Some((major.parse().ok()?, minor.parse().ok()?))
-}

@@ -27,6 +27,9 @@ pub struct Manifest {
     pub executables_environment: Option<Value>,
     /// The compile report (`g4c compile --json`).
     pub report: Value,
+    /// CUDA targets: the kernels' files, NVRTC version and PTX ISA.
+    #[serde(default)]
+    pub cuda: Option<super::CudaInfo>,
 }
 
 impl Manifest {

@@ -6,14 +6,17 @@
 //! stablehlo/<entry>.mlir each entry point's program, in a folder the backend names (PJRT: StableHLO)
 //! weights.safetensors    every weight in the dtype and layout the target uses
 //! executables/*.g4cx     serialized executables (cache-entry format), when a plugin was present
+//! cuda/<entry>.{cu,ptx}  CUDA targets: each entry point's kernels, and `<entry>.sm_XY.cubin`
 //! config.json            the checkpoint's config; and those of tokenizer.json, generation_config.json,
 //!                        chat_template.jinja and tokenizer_config.json it had
 //! ```
 
+mod cuda;
 mod manifest;
 mod open;
 mod write;
 
+pub use cuda::{CudaEntry, CudaInfo, CudaKernels};
 pub use manifest::{EntryInfo, Manifest, ModelInfo, ShapeInfo, WeightsInfo, FORMAT_VERSION};
 pub use open::Artifact;
 pub use write::{check_output_dir, write_artifact, ArtifactSource};

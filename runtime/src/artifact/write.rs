@@ -35,6 +35,8 @@ pub struct ArtifactSource<'a> {
     pub options: String,
     pub report: Value,
     pub shapes: ShapeInfo,
+    /// CUDA targets: the kernels.
+    pub cuda: Option<super::CudaKernels<'a>>,
 }
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> RuntimeError + '_ {
@@ -100,6 +102,10 @@ pub fn write_artifact(out: &Path, src: &ArtifactSource, progress: &dyn Progress)
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or(Value::Null);
 
+    let cuda = match &src.cuda {
+        Some(kernels) => Some(super::cuda::write(&root, kernels)?),
+        None => None,
+    };
     let weights = write_weights(&root.join(files::WEIGHTS), &originals, &module.weights, src.store, progress)?;
     let manifest = Manifest {
         format_version: FORMAT_VERSION,
@@ -114,6 +120,7 @@ pub fn write_artifact(out: &Path, src: &ArtifactSource, progress: &dyn Progress)
         entries,
         executables_environment: src.executables_environment.clone(),
         report: src.report.clone(),
+        cuda,
     };
     let text = serde_json::to_string_pretty(&manifest).expect("manifests serialize") + "\n";
     write_file(&root.join(files::MANIFEST), text.as_bytes())?;

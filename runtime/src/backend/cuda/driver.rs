@@ -66,7 +66,7 @@ impl CudaDevice {
             let image = match (&p.cubin, &p.ptx) {
                 (Some((built, cubin)), _) if *built == sm => Ptx::from_binary(cubin.clone()),
                 (_, Some(ptx)) => {
-                    let isa = g4c_ptx_isa(ptx);
+                    let isa = ptx_isa_version(ptx);
                     if !isa.is_some_and(|isa| ptx_isa_supported(isa, driver)) {
                         return invalid(format!(
                             "@{}: its PTX is ISA {}, which this driver ({}.{}) cannot JIT-compile, and it has no cubin for sm_{}{}; recompile with an older NVRTC or on a newer driver",
@@ -101,7 +101,9 @@ impl CudaDevice {
     }
 }
 
-fn g4c_ptx_isa(ptx: &str) -> Option<(u32, u32)> {
+/// The PTX ISA version a PTX text declares (`.version 8.8` → `(8, 8)`): a driver JITs it only if
+/// it knows that ISA.
+pub fn ptx_isa_version(ptx: &str) -> Option<(u32, u32)> {
     let line = ptx.lines().find(|l| l.trim_start().starts_with(".version"))?;
     let (major, minor) = line.split_whitespace().nth(1)?.split_once('.')?;
     Some((major.parse().ok()?, minor.parse().ok()?))
