@@ -4,7 +4,7 @@
 use crate::common::{assert_matches_golden, golden_cases, golden_dir, run_transformed, target_generate, Backend};
 use g4c_codegen::cuda::{assemble, compile_ptx, emit_entry};
 use g4c_frontend::{Model, Shapes};
-use g4c_ir::plan::KernelPlan;
+use g4c_ir::plan::{print_plan, KernelPlan};
 use g4c_ir::Target;
 use g4c_passes::{plan_module, Pass, Pipeline, PipelineOptions};
 use g4c_runtime::backend::cuda::ptx_isa_version;
@@ -163,4 +163,43 @@ fn a_t4g_artifact_holds_its_kernels() {
         String::from_utf8(out.stdout).unwrap()
     };
     assert_eq!(tokens("cuda-host"), tokens("interp"));
+}
+
+fn e2b_plan(target: &'static Target) -> KernelPlan {
+    let shapes = Shapes { batch: 1, prefill_len: 128, context: 4096 };
+    let mut m = g4c_frontend::synth::Preset::E2b.declared_module(&shapes).unwrap();
+    Pipeline::new(target, &PipelineOptions { quantize_group: Some(32) }).run_all(&mut m).unwrap();
+    plan_module(&m, target).unwrap()
+}
+
+/// E2B's decode plan on t4g, W4A16 in groups of 32 (the QAT export's): every launch, its kind,
+/// buffers, grid, tile and shared memory.
+#[test]
+fn e2b_decode_plan_on_t4g() {
+    let mut plan = e2b_plan(Target::by_name("t4g").unwrap());
+    plan.entries.retain(|e| e.entry == "decode");
+    insta::assert_snapshot!("e2b_w4a16_t4g_decode_plan", print_plan(&plan, false));
+}
+
+/// Every E2B kernel, decode and a 128-token prefill, compiles for t4g, a100 and h200, within each
+/// one's shared memory, and ptxas agrees with the footprints and finds no spills.
+#[test]
+fn e2b_kernels_compile_and_fit_on_every_gpu_class() {
+    for (target, sm) in [("t4g", (7, 5)), ("a100", (8, 0)), ("h200", (9, 0))] {
+        let t = Target::by_name(target).unwrap();
+        let plan = e2b_plan(t);
+        let limit = t.gpu.as_ref().unwrap().smem_per_block;
+        for entry in &plan.entries {
+            let program = emit_entry(&plan, entry).unwrap();
+            let ptx = compile_ptx(&program.source, sm, &entry.entry).unwrap_or_else(|e| panic!("{e}"));
+            let cubin = assemble(&ptx, sm).unwrap_or_else(|e| panic!("{target}: {e}"));
+            for (call, k) in entry.calls.iter().zip(&program.kernels) {
+                let used = cubin.kernels[&k.symbol];
+                let what = format!("{target} {} ({})", call.kernel, k.symbol);
+                assert!(call.launch.smem_bytes <= limit, "{what}");
+                assert_eq!(used.smem_bytes, call.launch.smem_bytes, "{what}: shared memory");
+                assert_eq!((used.spill_stores, used.spill_loads), (0, 0), "{what}: spills");
+            }
+        }
+    }
 }

@@ -121,17 +121,17 @@ fn scatter(
 }
 
 /// The tiled matvec: per `k` step the block stages `rows × k` activations (the prologue computed
-/// once per block), each warp multiplies them by its column of the weight (lanes striding `k`),
-/// then reduces across lanes; lane 0 applies the epilogue and stores.
+/// once per block), each warp multiplies them by its column of every weight (lanes striding `k`),
+/// then reduces across lanes; lane 0 applies the epilogue to the products and stores.
 fn matvec(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<(), CudaError> {
     let (rows, kt, cols) = (tile.rows, tile.k, tile.cols);
-    let (n_total, depth) = (m.cols, m.depth);
+    let (n_total, depth, products) = (m.cols, m.depth, m.dots.len());
     let lhs_shape = em.k.ty(m.lhs).shape.clone();
     em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
     em.line(format!("const int n = blockIdx.x * {cols} + warp;"));
-    em.line(format!("float acc[{rows}];"));
+    em.line(format!("float acc[{products}][{rows}];"));
     em.line("#pragma unroll");
-    em.line(format!("for (int r = 0; r < {rows}; ++r) acc[r] = 0.f;"));
+    em.line(format!("for (int j = 0; j < {products}; ++j) for (int r = 0; r < {rows}; ++r) acc[j][r] = 0.f;"));
     em.open(format!("for (int k0 = 0; k0 < {depth}; k0 += {kt})"));
     em.open(format!("for (int e = threadIdx.x; e < {}; e += blockDim.x)", rows * kt));
     em.line(format!("const int r = e / {kt}, kk = k0 + e % {kt};"));
@@ -146,22 +146,28 @@ fn matvec(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<()
     em.line("__syncthreads();");
     em.open(format!("if (n < {n_total})"));
     em.open(format!("for (int kk = lane; kk < {kt} && k0 + kk < {depth}; kk += 32)"));
-    let w = em.value(m.rhs, &["n".into(), "(k0 + kk)".into()])?;
-    em.line("#pragma unroll");
-    em.line(format!("for (int r = 0; r < {rows}; ++r) acc[r] += act[r * {kt} + kk] * {w};"));
+    for (j, &(_, w)) in m.dots.iter().enumerate() {
+        let w = em.value(w, &["n".into(), "(k0 + kk)".into()])?;
+        em.line("#pragma unroll");
+        em.line(format!("for (int r = 0; r < {rows}; ++r) acc[{j}][r] += act[r * {kt} + kk] * {w};"));
+    }
     em.close();
     em.close();
     em.line("__syncthreads();");
     em.close();
     em.line("#pragma unroll");
-    em.line(format!("for (int r = 0; r < {rows}; ++r) acc[r] = warp_sum(acc[r]);"));
+    em.line(format!(
+        "for (int j = 0; j < {products}; ++j) for (int r = 0; r < {rows}; ++r) acc[j][r] = warp_sum(acc[j][r]);"
+    ));
     em.open(format!("if (lane == 0 && n < {n_total})"));
     em.line("#pragma unroll");
     em.open(format!("for (int r = 0; r < {rows}; ++r)"));
     em.line(format!("const int i = r * {n_total} + n;"));
-    let dot_ty = em.k.ty(m.dot).dtype;
-    let product = em.var(value_type(dot_ty), "d", &super::elemental::rounded(dot_ty, "acc[r]"));
-    em.bound.insert(m.dot, product);
+    for (j, &(dot, _)) in m.dots.iter().enumerate() {
+        let dot_ty = em.k.ty(dot).dtype;
+        let product = em.var(value_type(dot_ty), "d", &super::elemental::rounded(dot_ty, &format!("acc[{j}][r]")));
+        em.bound.insert(dot, product);
+    }
     let root_ty = em.k.ty(root).clone();
     let x = em.value(root, &unlinear("i", &root_ty.shape))?;
     em.line(store(root_ty.dtype, "out", "i", &x));

@@ -53,44 +53,47 @@ fn weight_of(k: &Function, v: ValueId) -> Option<WeightKind> {
     }
 }
 
-/// A matrix product the matvec template computes: `out[r, n] = Σ_k lhs[r, k] · w[n, k]` with the
-/// activation's rows and the weight's `[N, K]` rows both contiguous in `k`, and the root an
-/// elementwise function of the product at the same element (an epilogue).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Matrix products the matvec template computes: `out_j[r, n] = Σ_k lhs[r, k] · w_j[n, k]` for one
+/// or more weights `w_j` of the same `[N, K]` shape read with the same activation (GELU(gate)·up
+/// reads both projections), the activation's rows and the weights' rows contiguous in `k`, and the
+/// root an elementwise function of the products at the same element (an epilogue).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Matvec {
-    /// The `dot_general` in the kernel's function.
-    pub dot: ValueId,
+    /// Each `dot_general` of the kernel's function, and the weight it reads.
+    pub dots: Vec<(ValueId, ValueId)>,
     pub lhs: ValueId,
-    pub rhs: ValueId,
     pub rows: usize,
     pub cols: usize,
     pub depth: usize,
 }
 
-/// The matvec of a kernel, when the template applies: one product, no batch dimensions, the
-/// activation contracted on its last dimension and the weight `[N, K]` on its last, and every path
-/// from the product to the root through ops that keep the element's linear index.
+/// The matvec of a kernel, when the template applies: no batch dimensions, one activation
+/// contracted on its last dimension, weights `[N, K]` of one shape contracted on their last, and
+/// every path from a product to the root through ops that keep the element's linear index.
 pub fn matvec_of(k: &Function) -> Option<Matvec> {
-    let mut dots = k.body.iter().filter(|i| matches!(i.op, Op::DotGeneral { .. }));
-    let instr = dots.next()?;
-    if dots.next().is_some() {
-        return None;
+    let mut dots = Vec::new();
+    let mut lhs_of = None;
+    for instr in k.body.iter().filter(|i| matches!(i.op, Op::DotGeneral { .. })) {
+        let Op::DotGeneral { lhs, rhs, dims } = &instr.op else { unreachable!() };
+        let (lt, rt) = (k.ty(*lhs), k.ty(*rhs));
+        let last_of = |rank: usize, contract: &[usize]| contract == [rank - 1];
+        let fits = dims.lhs_batch.is_empty()
+            && dims.rhs_batch.is_empty()
+            && weight_of(k, *lhs).is_none()
+            && weight_of(k, *rhs).is_some()
+            && rt.rank() == 2
+            && last_of(lt.rank(), &dims.lhs_contract)
+            && last_of(2, &dims.rhs_contract)
+            && *lhs_of.get_or_insert(*lhs) == *lhs
+            && dots.first().is_none_or(|&(_, w): &(ValueId, ValueId)| k.ty(w) == rt);
+        if !fits || !keeps_index_to_root(k, instr.result) {
+            return None;
+        }
+        dots.push((instr.result, *rhs));
     }
-    let Op::DotGeneral { lhs, rhs, dims } = &instr.op else { unreachable!() };
-    let (lt, rt) = (k.ty(*lhs), k.ty(*rhs));
-    let last_of = |rank: usize, contract: &[usize]| contract == [rank - 1];
-    let fits = dims.lhs_batch.is_empty()
-        && dims.rhs_batch.is_empty()
-        && weight_of(k, *lhs).is_none()
-        && weight_of(k, *rhs).is_some()
-        && rt.rank() == 2
-        && last_of(lt.rank(), &dims.lhs_contract)
-        && last_of(2, &dims.rhs_contract);
-    if !fits || !keeps_index_to_root(k, instr.result) {
-        return None;
-    }
-    let depth = rt.shape[1];
-    Some(Matvec { dot: instr.result, lhs: *lhs, rhs: *rhs, rows: lt.numel() / depth, cols: rt.shape[0], depth })
+    let (lhs, &(_, w)) = (lhs_of?, dots.first()?);
+    let (cols, depth) = (k.ty(w).shape[0], k.ty(w).shape[1]);
+    Some(Matvec { dots, lhs, rows: k.ty(lhs).numel() / depth, cols, depth })
 }
 
 /// Whether every use of `v`, and of each value computed from it, up to the root, reads it at the
