@@ -120,3 +120,26 @@ fn sampling_is_seeded_and_stop_ids_end_generation() {
     assert_eq!(stopped["generated_ids"].as_array().unwrap().len(), 3, "{stopped}");
     assert_eq!(stopped["stop_reason"], "stop_id");
 }
+
+/// `g4c bench --project` runs nothing and prints, per CUDA target, the plan's bytes per decode step
+/// and the tok/s the datasheet bandwidth allows.
+#[test]
+fn bench_project_prints_the_plans_roofline() {
+    let dir = golden_dir("tiny-qat").join("hf");
+    let out = g4c(&["bench", dir.to_str().unwrap(), "--project", "--json", "--context", "64", "--prompt-len", "16"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["projection"].as_array().unwrap();
+    assert_eq!(rows.iter().map(|r| r["target"].as_str().unwrap()).collect::<Vec<_>>(), ["t4g", "h200"]);
+    for r in rows {
+        let (w, kv, act) = (
+            r["weight_bytes"].as_u64().unwrap(),
+            r["kv_bytes"].as_u64().unwrap(),
+            r["activation_bytes"].as_u64().unwrap(),
+        );
+        assert_eq!(r["bytes_per_step"].as_u64().unwrap(), w + kv + act);
+        let tok_s = r["bandwidth_bytes_per_s"].as_f64().unwrap() / (w + kv + act) as f64;
+        assert!((r["tokens_per_s"].as_f64().unwrap() - tok_s).abs() < 1e-6 * tok_s, "{r}");
+        assert!(w > 0 && kv > 0 && act > 0, "{r}");
+    }
+}

@@ -203,3 +203,30 @@ fn e2b_kernels_compile_and_fit_on_every_gpu_class() {
         }
     }
 }
+
+/// On a GPU (skipped without one, saying why): the tiny models' kernels through the CUDA driver
+/// against the goldens, for t4g (sm_75 PTX, which a newer GPU's driver JIT-compiles: how Turing's
+/// kernels run on an H200) and for h200 (its sm_90 cubin), where the GPU can run them.
+#[test]
+fn cuda_kernels_on_a_gpu_match_the_goldens() {
+    let Some(gpu) = g4c_runtime::backend::cuda::cuda_device_capability() else {
+        let why = g4c_runtime::backend::cuda::cuda_driver_problem().unwrap_or_else(|| "no usable GPU".into());
+        eprintln!("skipped: {why}");
+        return;
+    };
+    for target in ["t4g", "h200"] {
+        let cc = Target::by_name(target).unwrap().gpu.as_ref().unwrap().compute_capability;
+        if cc > gpu {
+            eprintln!("skipped {target}: sm_{}{} code does not run on this sm_{}{} GPU", cc.0, cc.1, gpu.0, gpu.1);
+            continue;
+        }
+        for model in ["tiny", "tiny-qat", "gqa"] {
+            for case in golden_cases(model) {
+                let dir = golden_dir(model).join("hf");
+                let n = case.generated_ids.len();
+                let got = target_generate(Backend::Cuda, target, &dir, &case.prompt_ids, n, None, &|_| {});
+                assert_matches_golden(&format!("cuda {target} {model}/{}", case.name), &got, &case);
+            }
+        }
+    }
+}

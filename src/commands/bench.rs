@@ -3,7 +3,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use g4c_driver::{ModelSource, Session, SessionOptions};
 use g4c_frontend::Shapes;
-use g4c_runtime::bench::{read_bandwidth, run_once, BenchRun, DecodeTraffic};
+use g4c_runtime::bench::{read_bandwidth, run_once, BenchRun, DecodeTraffic, PlanTraffic};
 use serde_json::json;
 use std::path::PathBuf;
 
@@ -36,6 +36,11 @@ pub struct BenchArgs {
     /// Print one JSON object instead of the table
     #[arg(long)]
     pub json: bool,
+    /// Run nothing: print the decode roofline the CUDA kernel plan implies on each CUDA target's
+    /// datasheet bandwidth (bytes per step of weights, KV and activations, and tok/s), for t4g and
+    /// h200, or --target, or an artifact's own target
+    #[arg(long)]
+    pub project: bool,
     #[command(flatten)]
     pub pipeline: super::PipelineArgs,
 }
@@ -59,6 +64,9 @@ struct Startup {
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
+    if args.project {
+        return project(&args);
+    }
     let options = SessionOptions {
         target: args.target.clone(),
         plugin: args.plugin.clone(),
@@ -267,4 +275,66 @@ impl Report<'_> {
             },
         })
     }
+}
+
+/// `--project`: per CUDA target, the plan's bytes per decode step and the tok/s its bandwidth allows.
+fn project(args: &BenchArgs) -> Result<()> {
+    let targets: Vec<String> = match (&args.target, g4c_runtime::artifact::is_artifact(&args.model)) {
+        (Some(t), _) => vec![t.clone()],
+        (None, true) => vec![g4c_runtime::artifact::Artifact::read_manifest(&args.model)?.target_name().to_string()],
+        (None, false) => vec!["t4g".into(), "h200".into()],
+    };
+    let prefill_len =
+        args.prompt_len.split(',').next().map(super::sizes::positions).transpose().map_err(anyhow::Error::msg)?;
+    let mut rows = Vec::new();
+    for name in &targets {
+        let source = ModelSource::open(&args.model, Some(name), args.pipeline.options()?)?;
+        let target = source.target;
+        let Some(bandwidth) = target.bandwidth_bytes_per_s.filter(|_| target.gpu.is_some()) else {
+            bail!("--project: target {name} is not a CUDA target with a datasheet bandwidth");
+        };
+        let shapes = match source.fixed_shapes() {
+            Some(s) => Shapes { batch: s.batch, prefill_len: s.longest_prefill(), context: s.context },
+            None => Shapes {
+                batch: args.batch,
+                prefill_len: prefill_len.unwrap_or(128),
+                context: args.context.unwrap_or(4096),
+            },
+        };
+        let module = source.module(&shapes)?;
+        let plan = g4c_driver::kernel_plan(&module, target)?;
+        let traffic =
+            PlanTraffic::of(&plan, &module).ok_or_else(|| anyhow::anyhow!("the module has no decode entry point"))?;
+        let tok_s = bandwidth as f64 / traffic.total().max(1) as f64 * shapes.batch as f64;
+        rows.push((name.clone(), bandwidth, shapes, traffic, tok_s));
+    }
+    if args.json {
+        let out: Vec<_> = rows
+            .iter()
+            .map(|(name, bw, s, t, tok_s)| {
+                json!({"target": name, "bandwidth_bytes_per_s": bw, "batch": s.batch, "context": s.context,
+                       "weight_bytes": t.weight_bytes, "kv_bytes": t.kv_bytes, "activation_bytes": t.activation_bytes,
+                       "bytes_per_step": t.total(), "launches": t.launches, "tokens_per_s": tok_s})
+            })
+            .collect();
+        return super::write_stdout(&format!("{}\n", json!({"projection": out})));
+    }
+    let mut text =
+        String::from("decode roofline of the CUDA kernel plan (DRAM bytes per step; L2 hits not modelled)\n");
+    text.push_str("target   bandwidth   weights    KV         activations  per step   launches  tok/s\n");
+    for (name, bw, s, t, tok_s) in &rows {
+        let b = |x: u64| super::fmt_bytes(x);
+        text.push_str(&format!(
+            "{name:<8} {:>9}/s {:>9}  {:>9}  {:>11}  {:>9}  {:>8}  {tok_s:.1} (batch {}, context {})\n",
+            b(*bw),
+            b(t.weight_bytes),
+            b(t.kv_bytes),
+            b(t.activation_bytes),
+            b(t.total()),
+            t.launches,
+            s.batch,
+            s.context
+        ));
+    }
+    super::write_stdout(&text)
 }

@@ -5,7 +5,7 @@ mod bandwidth;
 mod traffic;
 
 pub use bandwidth::read_bandwidth;
-pub use traffic::DecodeTraffic;
+pub use traffic::{DecodeTraffic, PlanTraffic};
 
 use crate::error::Result;
 use crate::executor::Executor;

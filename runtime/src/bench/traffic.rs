@@ -41,3 +41,72 @@ impl DecodeTraffic {
         bandwidth / self.total().max(1) as f64
     }
 }
+
+/// The bytes one decode step of a kernel plan moves through device memory, launch by launch: the
+/// weights each launch reads (a weight read by two launches counts twice), the KV caches and slot
+/// positions it reads or writes (a cache write counts what it writes), and activations (inputs,
+/// scratch buffers, logits). L2 hits are not modelled: this is the DRAM bound.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PlanTraffic {
+    pub weight_bytes: u64,
+    pub kv_bytes: u64,
+    pub activation_bytes: u64,
+    pub launches: usize,
+}
+
+impl PlanTraffic {
+    pub fn of(plan: &g4c_ir::plan::KernelPlan, module: &Module) -> Option<PlanTraffic> {
+        use g4c_ir::plan::Slot;
+        use g4c_ir::Op;
+        let decode = module.decode()?;
+        let entry = plan.entry(&decode.name)?;
+        let is_state = |slot: &Slot| matches!(slot, Slot::Param(i) if decode.params[*i].role.is_state());
+        let mut t = PlanTraffic { launches: entry.calls.len(), ..Default::default() };
+        for call in &entry.calls {
+            let k = plan.kernels.function(&call.kernel)?;
+            let root = k.results[0].value;
+            let written = match k.body.iter().find(|i| i.result == root).map(|i| &i.op) {
+                Some(Op::UpdateSlots { updates, .. }) => k.ty(*updates).byte_size(),
+                _ => k.ty(root).byte_size(),
+            };
+            let in_place = call.inputs.contains(&call.output);
+            for (p, slot) in k.params.iter().zip(&call.inputs) {
+                if in_place && *slot == call.output {
+                    continue;
+                }
+                let bytes = k.ty(p.value).byte_size();
+                if is_state(slot) {
+                    t.kv_bytes += bytes;
+                } else {
+                    t.activation_bytes += bytes;
+                }
+            }
+            match is_state(&call.output) {
+                true => t.kv_bytes += written,
+                false => t.activation_bytes += written,
+            }
+            for (value, name) in k.weight_reads() {
+                let decl = plan.kernels.weight(name)?;
+                // A table only gathered from is read a row per index, not whole (the embedding).
+                let users: Vec<&Op> =
+                    k.body.iter().map(|i| &i.op).filter(|op| op.operands().contains(&value)).collect();
+                let gathered: Option<u64> = users
+                    .iter()
+                    .map(|op| match op {
+                        Op::Gather { table, indices } if *table == value => {
+                            let rows = k.ty(*indices).numel() as u64;
+                            Some(rows * decl.ty.byte_size() / decl.ty.shape[0].max(1) as u64)
+                        }
+                        _ => None,
+                    })
+                    .sum();
+                t.weight_bytes += gathered.unwrap_or(decl.ty.byte_size());
+            }
+        }
+        Some(t)
+    }
+
+    pub fn total(&self) -> u64 {
+        self.weight_bytes + self.kv_bytes + self.activation_bytes
+    }
+}

@@ -26,6 +26,15 @@ pub fn cuda_driver_problem() -> Option<String> {
     }
 }
 
+/// The compute capability of GPU 0, when a driver and a GPU are there.
+pub fn cuda_device_capability() -> Option<(u32, u32)> {
+    if cuda_driver_problem().is_some() {
+        return None;
+    }
+    let cc = CudaContext::new(0).ok()?.compute_capability().ok()?;
+    Some((cc.0 as u32, cc.1 as u32))
+}
+
 /// Whether a driver of version `driver` (`cuDriverGetVersion`: 12090 for 12.9) can JIT PTX ISA
 /// `isa`: ISA 8.x arrived with CUDA 12.(x+1) for x ≥ 4 (PTX ISA release notes), 8.0–8.3 with 12.0–12.3.
 pub fn ptx_isa_supported(isa: (u32, u32), driver: i32) -> bool {

@@ -10,6 +10,6 @@ mod emulator;
 mod executor;
 
 pub use device::{Buffer, Device, DeviceProgram, KernelBinding, LaunchSpec};
-pub use driver::{cuda_driver_problem, ptx_isa_supported, ptx_isa_version, CudaDevice};
+pub use driver::{cuda_device_capability, cuda_driver_problem, ptx_isa_supported, ptx_isa_version, CudaDevice};
 pub use emulator::Emulator;
 pub use executor::DeviceExecutor;
