@@ -22,11 +22,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Measure prefill and decode speed, startup and memory, against the decode roofline
+    /// Measure prefill and decode speed, startup and memory, against the decode roofline (--project: a CUDA plan's roofline, running nothing)
     Bench(commands::bench::BenchArgs),
     /// List, clear or verify the executable cache
     Cache(commands::cache::CacheArgs),
-    /// Run a target's pass pipeline, lower to StableHLO, compile through the cache, write an artifact (-o)
+    /// Run a target's pass pipeline, lower to StableHLO (and for CUDA targets plan the kernels and compile them to PTX and cubins), compile through the cache, write an artifact (-o)
     Compile(commands::compile::CompileArgs),
     /// Score a token sequence (teacher forced): perplexity, and divergence from a reference's logits
     Eval(commands::eval::EvalArgs),
