@@ -123,3 +123,25 @@ fn only_cuda_targets_have_plans() {
     let err = err.to_string();
     assert_eq!(err, "target cpu has no kernel plan: kernel plans are for CUDA targets");
 }
+
+/// A cache write whose updates read the cache it writes cannot run in place (other threads may
+/// already have stored): the plan refuses it, naming both.
+#[test]
+fn an_in_place_write_that_reads_its_own_cache_is_refused() {
+    let text = "module @m {
+  func @decode(
+    %c: f32[1,4] state(0.0),
+    %s: i32[1,1]
+  ) -> (
+    c: f32[1,4]
+  ) {
+    %x = slice %c {start = [0, 1], limit = [1, 2]} : f32[1,1]
+    %c.next = update_slots %c, %s, %x {axis = 1} : f32[1,4]
+    return %c.next
+  }
+}
+";
+    let m = g4c_ir::parse_module(text).unwrap();
+    let Err(err) = plan_module(&m, Target::by_name("t4g").unwrap()).map(|_| ()) else { panic!("planned") };
+    assert_eq!(err.to_string(), "kernel plan of @decode: %c is read while %c.next writes it in place");
+}

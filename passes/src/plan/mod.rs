@@ -70,6 +70,17 @@ fn plan_entry(
                 names.get(*operand)
             )));
         };
+        // The write races with any read of the old cache inside the same kernel (other threads may
+        // already have stored), and a result that is the old cache would read the new one.
+        let reads_inside =
+            g.instrs.iter().any(|&i| f.body[i].result != g.root && f.body[i].op.operands().contains(operand));
+        if reads_inside || f.results.iter().any(|r| r.value == *operand) {
+            return Err(unsupported(format!(
+                "{} is read while {} writes it in place",
+                names.get(*operand),
+                names.get(g.root)
+            )));
+        }
         if let Some(later) = groups[k + 1..].iter().find(|later| later.inputs.contains(operand)) {
             return Err(unsupported(format!(
                 "{} is read by the kernel of {} after {} wrote it in place",
@@ -90,6 +101,15 @@ fn plan_entry(
     let mut calls = Vec::new();
     for (k, g) in groups.iter().enumerate() {
         let function = kernel_function(f, g, format!("{}.k{k}", f.name));
+        // Kernels index with 32-bit ints.
+        if let Some(v) = function.values.iter().find(|v| v.ty.numel() > i32::MAX as usize) {
+            return Err(unsupported(format!(
+                "{} has a value of {} elements ({}), more than 32-bit indices reach",
+                function.name,
+                v.ty.numel(),
+                v.ty
+            )));
+        }
         let kind = kind::classify(&function);
         let launch = launch::launch(&function, kind, gpu);
         launch::check_fit(&launch, gpu).map_err(|(what, need, limit)| PlanError::DoesNotFit {

@@ -36,20 +36,38 @@ pub fn cuda_device_capability() -> Option<(u32, u32)> {
 }
 
 /// Whether a driver of version `driver` (`cuDriverGetVersion`: 12090 for 12.9) can JIT PTX ISA
-/// `isa`: ISA 8.x arrived with CUDA 12.(x+1) for x ≥ 4 (PTX ISA release notes), 8.0–8.3 with 12.0–12.3.
+/// `isa`: the CUDA release that introduced each ISA, from the PTX ISA document's release history.
+/// An ISA not in the table is refused.
 pub fn ptx_isa_supported(isa: (u32, u32), driver: i32) -> bool {
-    let needed = match isa {
-        (8, minor @ 0..=3) => 12000 + 10 * minor as i32,
-        (8, minor) => 12000 + 10 * (minor as i32 + 1),
-        (major, _) if major < 8 => 11000,
-        _ => i32::MAX,
+    let introduced = match isa {
+        (7, 0) => 9000,
+        (7, 1) => 10000,
+        (7, 2) => 10010,
+        (7, 3) => 10020,
+        (7, 4) => 11000,
+        (7, 5) => 11010,
+        (7, 6) => 11020,
+        (7, 7) => 11040,
+        (7, 8) => 11080,
+        (8, 0) => 12000,
+        (8, 1) => 12010,
+        (8, 2) => 12020,
+        (8, 3) => 12030,
+        (8, 4) => 12040,
+        (8, 5) => 12050,
+        (8, 6) => 12070,
+        (8, 7) => 12080,
+        (8, 8) => 12090,
+        (9, 0) => 13000,
+        (9, 1) => 13010,
+        _ => return false,
     };
-    driver >= needed
+    driver >= introduced
 }
 
 pub struct CudaDevice {
-    /// Held so the context outlives the modules, stream and buffers made in it.
-    _context: Arc<CudaContext>,
+    /// Bound to whichever thread calls, and held so it outlives the modules, stream and buffers.
+    context: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     modules: HashMap<String, Arc<CudaModule>>,
     functions: HashMap<(String, String), CudaFunction>,
@@ -68,7 +86,7 @@ impl CudaDevice {
         let sm = (sm.0 as u32, sm.1 as u32);
         let mut driver = 0;
         // SAFETY: writes one int.
-        unsafe { sys::cuDriverGetVersion(&mut driver) };
+        unsafe { sys::cuDriverGetVersion(&mut driver) }.result().map_err(|e| fail("the driver's version", e))?;
         let stream = context.default_stream();
         let mut modules = HashMap::new();
         for p in programs {
@@ -94,7 +112,13 @@ impl CudaDevice {
             let module = context.load_module(image).map_err(|e| fail(&format!("loading @{}", p.entry), e))?;
             modules.insert(p.entry.clone(), module);
         }
-        Ok(CudaDevice { _context: context, stream, modules, functions: HashMap::new(), buffers: Vec::new() })
+        Ok(CudaDevice { context, stream, modules, functions: HashMap::new(), buffers: Vec::new() })
+    }
+
+    /// Makes the context current on the calling thread: the executor may be built on one thread and
+    /// stepped on another (`g4c serve`'s engine thread), and the raw driver calls need it current.
+    fn bind(&self) -> Result<()> {
+        self.context.bind_to_thread().map_err(|e| driver_error("binding the context to this thread", e))
     }
 
     fn function(&mut self, program: &str, symbol: &str) -> Result<CudaFunction> {
@@ -124,6 +148,7 @@ fn driver_error(what: &str, e: cudarc::driver::DriverError) -> RuntimeError {
 
 impl Device for CudaDevice {
     fn alloc(&mut self, bytes: usize) -> Result<Buffer> {
+        self.bind()?;
         let bytes = bytes.max(1);
         // SAFETY: the context is current on this thread; the allocation is freed on drop.
         let ptr = unsafe { result::malloc_sync(bytes) }.map_err(|e| driver_error("cuMemAlloc", e))?;
@@ -134,6 +159,7 @@ impl Device for CudaDevice {
     }
 
     fn upload(&mut self, buffer: Buffer, bytes: &[u8]) -> Result<()> {
+        self.bind()?;
         let (ptr, size) = self.buffers[buffer];
         if bytes.len() > size {
             return invalid(format!("an upload of {} bytes into a buffer of {size}", bytes.len()));
@@ -143,6 +169,7 @@ impl Device for CudaDevice {
     }
 
     fn download(&mut self, buffer: Buffer, bytes: usize) -> Result<Vec<u8>> {
+        self.bind()?;
         self.stream.synchronize().map_err(|e| driver_error("a kernel", e))?;
         let (ptr, size) = self.buffers[buffer];
         let mut out = vec![0u8; bytes.min(size)];
@@ -152,12 +179,14 @@ impl Device for CudaDevice {
     }
 
     fn copy(&mut self, dst: Buffer, src: Buffer, bytes: usize) -> Result<()> {
+        self.bind()?;
         let ((d, _), (s, _)) = (self.buffers[dst], self.buffers[src]);
         // SAFETY: both allocations hold at least `bytes` bytes (state buffers are sized by type).
         unsafe { result::memcpy_dtod_sync(d, s, bytes) }.map_err(|e| driver_error("cuMemcpyDtoD", e))
     }
 
     fn launch(&mut self, launch: &LaunchSpec, args: &[Buffer]) -> Result<()> {
+        self.bind()?;
         let f = self.function(launch.program, launch.symbol)?;
         let mut pointers: Vec<sys::CUdeviceptr> = args.iter().map(|&b| self.buffers[b].0).collect();
         let mut params: Vec<*mut std::ffi::c_void> =
@@ -180,10 +209,26 @@ impl Device for CudaDevice {
 
 impl Drop for CudaDevice {
     fn drop(&mut self) {
+        let _ = self.bind();
         let _ = self.stream.synchronize();
         for &(ptr, _) in &self.buffers {
             // SAFETY: allocated by `alloc`, freed once.
             let _ = unsafe { result::free_sync(ptr) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ptx_isa_supported;
+
+    #[test]
+    fn ptx_isa_needs_the_cuda_release_that_introduced_it() {
+        assert!(ptx_isa_supported((8, 8), 12090));
+        assert!(!ptx_isa_supported((8, 8), 12080));
+        assert!(ptx_isa_supported((8, 6), 12070) && !ptx_isa_supported((8, 6), 12060));
+        assert!(ptx_isa_supported((8, 4), 12040));
+        assert!(ptx_isa_supported((9, 0), 13000) && !ptx_isa_supported((9, 0), 12090));
+        assert!(!ptx_isa_supported((9, 9), i32::MAX), "an ISA not in the table is refused");
     }
 }
