@@ -15,13 +15,18 @@
 //! - other elementwise ops and index maps are computed wherever they are read (a norm's scaling
 //!   inside the next matrix product's prologue), unless that recomputes more than
 //!   `RECOMPUTE_LIMIT` arithmetic ops per element (the residual stream is then materialized, not
-//!   recomputed through every layer).
+//!   recomputed through every layer), or `RECOMPUTE_LIMIT_IN_ATTENTION` inside a product of two
+//!   activations (a query's norm and RoPE would be recomputed for every cache slot).
 
 use g4c_ir::{Function, Op, ValueId};
 use std::collections::BTreeSet;
 
 /// Arithmetic ops a value may take to be recomputed at each of its reads.
 const RECOMPUTE_LIMIT: usize = 8;
+/// The same for an operand of a product of two activations (attention), which recomputes it for
+/// every element of the other side (every cache slot): a matvec's activation is staged once per
+/// block, a cache is not.
+const RECOMPUTE_LIMIT_IN_ATTENTION: usize = 2;
 
 /// A kernel: its root, the instructions it computes (in body order) and the values it reads.
 pub(crate) struct Group {
@@ -49,7 +54,9 @@ fn reads_aligned(op: &Op, pos: usize) -> bool {
 
 /// Whether `op` reads each element of operand `pos` at most once over all its own elements.
 fn reads_once(op: &Op, pos: usize) -> bool {
-    reads_aligned(op, pos) || matches!(op, Op::Transpose { .. } | Op::Slice { .. } | Op::Concat { .. })
+    // A reduction reads each input element for exactly one output element.
+    reads_aligned(op, pos)
+        || matches!(op, Op::Transpose { .. } | Op::Slice { .. } | Op::Concat { .. } | Op::Reduce { .. })
 }
 
 /// Ops that cost arithmetic per element (index maps and conversions cost none).
@@ -206,7 +213,12 @@ pub(crate) fn partition(f: &Function) -> Vec<Group> {
             .map(|o| cost[o.index()])
             .sum();
         cost[v] = arithmetic(&instr.op) + inherited;
-        if !once[v] && cost[v] > RECOMPUTE_LIMIT {
+        let in_attention = g.users[v].iter().any(|&(u, pos)| match &f.body[u].op {
+            Op::DotGeneral { lhs, rhs, .. } => !free[[*rhs, *lhs][pos].index()],
+            _ => false,
+        });
+        let limit = if in_attention { RECOMPUTE_LIMIT_IN_ATTENTION } else { RECOMPUTE_LIMIT };
+        if !once[v] && cost[v] > limit {
             materialized[v] = true;
             cost[v] = 0;
         }
