@@ -25,7 +25,11 @@ pub struct DeviceExecutor<D: Device> {
     store: Arc<dyn WeightStore>,
     device: D,
     weights: HashMap<String, Buffer>,
+    /// The state a step is handed (`bind_args` takes it out, the step puts it back).
     state: HashMap<String, Buffer>,
+    /// Every state's buffer, for good: a step that fails midway leaves `state` short, and `reset`
+    /// refills the same buffers rather than allocating new ones.
+    state_buffers: HashMap<String, Buffer>,
     entries: HashMap<String, EntryBuffers>,
 }
 
@@ -73,6 +77,7 @@ impl<D: Device> DeviceExecutor<D> {
             device,
             weights,
             state: HashMap::new(),
+            state_buffers: HashMap::new(),
             entries: HashMap::new(),
         })
     }
@@ -105,11 +110,12 @@ impl<D: Device> Executor for DeviceExecutor<D> {
     fn reset(&mut self) -> Result<()> {
         for (name, t) in initial_state(&self.module)? {
             let bytes = t.to_bytes();
-            let b = match self.state.remove(&name) {
-                Some(b) => b,
+            let b = match self.state_buffers.get(&name) {
+                Some(&b) => b,
                 None => self.device.alloc(bytes.len())?,
             };
             self.device.upload(b, &bytes)?;
+            self.state_buffers.insert(name.clone(), b);
             self.state.insert(name, b);
         }
         Ok(())
