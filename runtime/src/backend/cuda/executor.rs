@@ -21,7 +21,8 @@ struct EntryBuffers {
 pub struct DeviceExecutor<D: Device> {
     module: Arc<Module>,
     plan: Arc<KernelPlan>,
-    kernels: HashMap<String, Vec<KernelBinding>>,
+    /// Per entry point, each launch's symbol and weights (shared, so a step takes no copy).
+    kernels: HashMap<String, Arc<[KernelBinding]>>,
     store: Arc<dyn WeightStore>,
     device: D,
     weights: HashMap<String, Buffer>,
@@ -67,7 +68,7 @@ impl<D: Device> DeviceExecutor<D> {
                 store.release(decl);
                 weights.insert(name.clone(), b);
             }
-            kernels.insert(p.entry.clone(), p.kernels.clone());
+            kernels.insert(p.entry.clone(), Arc::from(p.kernels.as_slice()));
         }
         Ok(DeviceExecutor {
             module,
@@ -151,7 +152,7 @@ impl<D: Device> Executor for DeviceExecutor<D> {
             Slot::Param(i) => params[i],
             Slot::Scratch(b) => scratch[b],
         };
-        for (call, k) in ep.calls.iter().zip(&bindings) {
+        for (call, k) in ep.calls.iter().zip(bindings.iter()) {
             let mut launch_args: Vec<Buffer> = call.inputs.iter().map(|&s| buffer(s)).collect();
             launch_args.extend(k.weights.iter().map(|w| self.weights[w]));
             if !call.inputs.contains(&call.output) {
