@@ -100,6 +100,46 @@ fn narrow_targets_are_no_worse_than_transformers_in_that_dtype() {
     }
 }
 
+/// Turing's overflow policy end to end: a tiny model whose attention logits leave f16's range (its
+/// q and k norms 64 times larger: logits up to ~10^5 from operands below 130) still generates on
+/// t4g, every logit finite and near f32's.
+#[test]
+fn t4g_keeps_attention_logits_beyond_f16_range() {
+    use crate::common::{published_copy, run_generate, target_generate};
+    use crate::frontend_errors::rewrite;
+    let dir = published_copy("tiny");
+    rewrite(dir.path(), |name, dtype, shape, bytes| {
+        let factor: f32 = match name.rsplit('.').nth(1) {
+            Some("q_norm" | "k_norm") => 64.0,
+            _ => return Some((dtype, shape, bytes)),
+        };
+        let scaled = bytes
+            .chunks(2)
+            .flat_map(|b| half::bf16::from_f32(half::bf16::from_le_bytes([b[0], b[1]]).to_f32() * factor).to_le_bytes())
+            .collect();
+        Some((dtype, shape, scaled))
+    });
+    let t4g = Target::by_name("t4g").unwrap();
+    let prompt = [2, 17, 99, 300, 41];
+    let reference = run_generate(Backend::Interp, dir.path(), &prompt, 3, None);
+    let pipeline = |m: &mut Module| {
+        Pipeline::for_target(t4g).run_all(m).unwrap();
+    };
+    let scale = reference.logits[0].iter().fold(0f32, |a, x| a.max(x.abs()));
+    // The legalized module, its kernel plan, and the plan's CUDA kernels (emulated on the host).
+    for backend in [Backend::Interp, Backend::Plan, Backend::CudaHost] {
+        let on_t4g = match backend {
+            Backend::Interp => run_transformed(backend, dir.path(), &prompt, 3, None, &pipeline),
+            _ => target_generate(backend, "t4g", dir.path(), &prompt, 3, None, &pipeline),
+        };
+        for (step, (ours, theirs)) in on_t4g.logits.iter().zip(&reference.logits).enumerate() {
+            assert!(ours.iter().all(|x| x.is_finite()), "{backend:?} step {step}: t4g logits are not finite");
+            let error = ours.iter().zip(theirs).fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+            assert!(error <= 0.05 * scale, "{backend:?} step {step}: t4g is {error} from f32 (logit scale {scale})");
+        }
+    }
+}
+
 #[test]
 fn legalized_ir_follows_the_policy() {
     let model = Model::open(&golden_dir("tiny").join("published")).unwrap();
@@ -127,12 +167,24 @@ fn legalized_ir_follows_the_policy() {
         }
         // Norm statistics and softmax sums are f32 reductions.
         assert!(text.lines().filter(|l| l.contains("= reduce ")).all(|l| l.contains(": f32[")), "{}", target.name);
-        // Matmuls run in the compute type.
+        // Matmuls multiply in the compute type; on f16 (range 65504) they sum and return f32.
+        let dot_result = if c == "f16" { "f32" } else { c };
         assert!(
-            text.lines().filter(|l| l.contains("= dot_general ")).all(|l| l.contains(&format!(": {c}["))),
+            text.lines().filter(|l| l.contains("= dot_general ")).all(|l| l.contains(&format!(": {dot_result}["))),
             "{}",
             target.name
         );
+        if c == "f16" {
+            // The overflow policy: no sum, product or scaling is computed in f16 (the embedding
+            // scale, the residual stream and the attention logits included); f16 is only stored.
+            let arithmetic =
+                ["add", "sub", "mul", "div", "max", "pow", "reduce", "dot_general"].map(|op| format!("= {op} "));
+            let narrow: Vec<&str> = text
+                .lines()
+                .filter(|l| arithmetic.iter().any(|a| l.contains(a.as_str())) && l.contains(": f16["))
+                .collect();
+            assert!(narrow.is_empty(), "{narrow:#?}");
+        }
     }
 }
 

@@ -5,7 +5,10 @@
 //! through that same convert. It is then declared in that type and those converts disappear.
 //! Widening is exact; the same-width bf16 → f16 conversion of Turing targets (which have no bf16)
 //! rounds exactly as the in-graph convert did, only once. Tables that are only gathered keep their
-//! stored type: converting the few rows a call reads costs nothing.
+//! stored type: converting the few rows a call reads costs nothing. Rows of a retyped table may also
+//! be widened further (Turing's f32 embedding scale reads the f16-stored tied embedding): they pass
+//! through the new type first, which holds every bf16 value between 6.1e-5 and 65504 exactly, and
+//! the tied matmul reads the same rounded table anyway.
 //!
 //! On `cpu`, which computes in f32, this turns the per-call bf16 → f32 conversion of every matrix
 //! into one conversion at load.
@@ -65,7 +68,7 @@ impl Pass for WeightDtype {
                 let new_dtype = match &f.body[i].op {
                     Op::Weight { name } => retyped.get(name).copied(),
                     Op::Gather { table, .. } if changed.contains_key(table) => Some(f.values[table.index()].ty.dtype),
-                    Op::Convert { x } if changed.contains_key(x) => {
+                    Op::Convert { x } if changed.contains_key(x) && f.ty(*x).dtype == f.ty(result).dtype => {
                         replace.insert(result, *x);
                         None
                     }
@@ -95,8 +98,8 @@ fn users(f: &Function) -> HashMap<ValueId, Vec<&Op>> {
 }
 
 /// The element type `v` is converted to, if every read of `v` is a convert to it or a gather of rows
-/// that are themselves only converted to it (and `v` is not returned); and whether it is converted
-/// whole.
+/// that are themselves only converted to it or to a wider float (and `v` is not returned); and
+/// whether it is converted whole.
 fn widened_to(f: &Function, users: &HashMap<ValueId, Vec<&Op>>, v: ValueId) -> Option<(DType, bool)> {
     if f.results.iter().any(|r| r.value == v) {
         return None;
@@ -104,6 +107,8 @@ fn widened_to(f: &Function, users: &HashMap<ValueId, Vec<&Op>>, v: ValueId) -> O
     let result_of = |op: &Op| f.body.iter().find(|i| std::ptr::eq(&i.op, op)).map(|i| i.result);
     let mut to: Option<DType> = None;
     let mut converted_whole = false;
+    // The type each read of gathered rows converts them to (`None`: a read that is not a convert).
+    let mut row_converts: Vec<Option<DType>> = Vec::new();
     let mut agree = |d: DType| match to {
         None => {
             to = Some(d);
@@ -123,10 +128,12 @@ fn widened_to(f: &Function, users: &HashMap<ValueId, Vec<&Op>>, v: ValueId) -> O
                     return None;
                 }
                 let row_users = users.get(&rows).map(|u| u.as_slice()).unwrap_or(&[]);
-                !row_users.is_empty()
-                    && row_users
+                row_converts.extend(
+                    row_users
                         .iter()
-                        .all(|u| matches!(u, Op::Convert { .. }) && agree(f.ty(result_of(u).unwrap()).dtype))
+                        .map(|u| matches!(u, Op::Convert { .. }).then(|| f.ty(result_of(u).unwrap()).dtype)),
+                );
+                !row_users.is_empty()
             }
             _ => false,
         };
@@ -134,5 +141,11 @@ fn widened_to(f: &Function, users: &HashMap<ValueId, Vec<&Op>>, v: ValueId) -> O
             return None;
         }
     }
-    to.map(|d| (d, converted_whole))
+    // Whole converts decide the type; rows may go there or wider. Without a whole convert, rows alone.
+    let to = match to {
+        Some(d) => d,
+        None => row_converts.first().copied().flatten()?,
+    };
+    let row_ok = |r: &Option<DType>| r.is_some_and(|r| r == to || (r.is_float() && r.bits() > to.bits()));
+    row_converts.iter().all(row_ok).then_some((to, converted_whole))
 }
