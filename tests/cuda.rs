@@ -55,6 +55,59 @@ fn cuda_kernels_on_the_host_match_the_goldens() {
     }
 }
 
+/// The host emulator, noting which launch sequence each call runs.
+struct NotingSequences {
+    device: g4c_runtime::backend::cuda::Emulator,
+    runs: std::sync::Arc<std::sync::Mutex<Vec<(String, u64, usize)>>>,
+}
+
+impl g4c_runtime::backend::cuda::Device for NotingSequences {
+    fn alloc(&mut self, bytes: usize) -> g4c_runtime::Result<usize> {
+        self.device.alloc(bytes)
+    }
+    fn upload(&mut self, buffer: usize, bytes: &[u8]) -> g4c_runtime::Result<()> {
+        self.device.upload(buffer, bytes)
+    }
+    fn download(&mut self, buffer: usize, bytes: usize) -> g4c_runtime::Result<Vec<u8>> {
+        self.device.download(buffer, bytes)
+    }
+    fn copy(&mut self, dst: usize, src: usize, bytes: usize) -> g4c_runtime::Result<()> {
+        self.device.copy(dst, src, bytes)
+    }
+    fn run(&mut self, sequence: &g4c_runtime::backend::cuda::LaunchSequence) -> g4c_runtime::Result<()> {
+        self.runs.lock().unwrap().push((sequence.program.clone(), sequence.id, sequence.launches.len()));
+        self.device.run(sequence)
+    }
+}
+
+/// What lets a GPU replay a CUDA graph instead of launching kernel by kernel: every call of an entry
+/// point runs the very same launch sequence (same buffers), holding all of the plan's launches.
+#[test]
+fn each_entry_point_runs_one_fixed_launch_sequence() {
+    use g4c_runtime::backend::cuda::{DeviceExecutor, Emulator};
+    let target = Target::by_name("t4g").unwrap();
+    let model = Model::open(&golden_dir("tiny").join("published")).unwrap();
+    let prompt = [2, 17, 99, 300];
+    let mut m = model.module(&Shapes { batch: 1, prefill_len: prompt.len(), context: 12 }).unwrap();
+    Pipeline::for_target(target).run_all(&mut m).unwrap();
+    let plan = std::sync::Arc::new(g4c_driver::kernel_plan(&m, target).unwrap());
+    let programs = g4c_driver::cuda_programs(&plan, target, false).unwrap().programs;
+    let runs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let device = NotingSequences { device: Emulator::new(&programs).unwrap(), runs: runs.clone() };
+    let mut exec =
+        DeviceExecutor::new(std::sync::Arc::new(m), plan.clone(), &programs, model.checkpoint.clone(), device).unwrap();
+    let opts = g4c_runtime::GenerateOptions { max_new_tokens: 4, ignore_eos: true, ..Default::default() };
+    g4c_runtime::generate(&mut exec, &prompt, &opts, &mut |_| {}).unwrap();
+    let runs = runs.lock().unwrap();
+    for entry in ["prefill", "decode"] {
+        let calls: Vec<&(String, u64, usize)> = runs.iter().filter(|r| r.0 == entry).collect();
+        let launches = plan.entry(entry).unwrap().calls.len();
+        assert!(!calls.is_empty(), "@{entry} never ran");
+        assert!(calls.iter().all(|r| r.1 == calls[0].1 && r.2 == launches), "@{entry}: {calls:?}, {launches} launches");
+    }
+    assert_eq!(runs.iter().filter(|r| r.0 == "decode").count(), 3, "{runs:?}");
+}
+
 /// After t4g's pipeline without its f16 legalization (so in f32, with 4-bit weights dequantized
 /// inside the matvecs), the kernels on the host generate what the interpreter generates from the
 /// same module, with logits within 1e-3 of their scale (the matvec sums in another order), also

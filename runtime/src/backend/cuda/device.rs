@@ -1,6 +1,7 @@
-//! What a device offers the plan executor: zeroed buffers, copies, and kernel launches by symbol.
+//! What a device offers the plan executor: zeroed buffers, copies, and sequences of kernel launches.
 
 use crate::error::Result;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A buffer of one device, by index.
 pub type Buffer = usize;
@@ -26,22 +27,44 @@ pub struct KernelBinding {
     pub weights: Vec<String>,
 }
 
-/// One launch: which program's kernel, its grid and block, its dynamic shared memory, and whether
-/// its threads synchronize (barriers, warp shuffles).
-pub struct LaunchSpec<'a> {
-    pub program: &'a str,
-    pub symbol: &'a str,
+/// One kernel launch: its symbol, grid and block, whether its threads synchronize (barriers, warp
+/// shuffles), and its arguments, every one a buffer's address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launch {
+    pub symbol: String,
     pub grid: u32,
     pub block: u32,
     pub synchronizes: bool,
+    pub args: Vec<Buffer>,
+}
+
+/// The launches of one call of an entry point, in order, over buffers that stay the same from call
+/// to call: the same work every time, so a device may record it once and replay the recording
+/// (a CUDA graph) instead of launching kernel by kernel. A sequence never changes; one over other
+/// buffers is a new sequence with a new `id`.
+#[derive(Debug)]
+pub struct LaunchSequence {
+    pub id: u64,
+    /// The program (entry point) whose kernels it launches.
+    pub program: String,
+    pub launches: Vec<Launch>,
+}
+
+impl LaunchSequence {
+    pub fn new(program: &str, launches: Vec<Launch>) -> LaunchSequence {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+        LaunchSequence { id: NEXT_ID.fetch_add(1, Ordering::Relaxed), program: program.to_string(), launches }
+    }
 }
 
 pub trait Device: Send {
     /// A zeroed buffer of `bytes` bytes.
     fn alloc(&mut self, bytes: usize) -> Result<Buffer>;
     fn upload(&mut self, buffer: Buffer, bytes: &[u8]) -> Result<()>;
+    /// Waits for the launches before it.
     fn download(&mut self, buffer: Buffer, bytes: usize) -> Result<Vec<u8>>;
     fn copy(&mut self, dst: Buffer, src: Buffer, bytes: usize) -> Result<()>;
-    /// Launches a kernel whose every parameter is a buffer's address.
-    fn launch(&mut self, launch: &LaunchSpec, args: &[Buffer]) -> Result<()>;
+    /// Runs a sequence's launches in order, after every operation before it and before every one
+    /// after it.
+    fn run(&mut self, sequence: &LaunchSequence) -> Result<()>;
 }

@@ -1,10 +1,12 @@
 //! A CUDA GPU through the driver API (cudarc): modules loaded from the program's cubin when it was
 //! built for this GPU's SM, else JIT-compiled by the driver from its PTX; buffers from
-//! `cuMemAlloc`; launches by `cuLaunchKernel` on one stream.
+//! `cuMemAlloc`; every copy and launch on one stream of its own. A launch sequence is captured once
+//! into a CUDA graph and replayed, one `cuGraphLaunch` for a call's hundreds of kernels: launched
+//! one by one, E2B's 797 decode launches would cost more host time than an H200 takes to run them.
 
-use super::device::{Buffer, Device, DeviceProgram, LaunchSpec};
+use super::device::{Buffer, Device, DeviceProgram, LaunchSequence};
 use crate::error::{invalid, Result, RuntimeError};
-use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaGraph, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -72,7 +74,17 @@ pub struct CudaDevice {
     modules: HashMap<String, Arc<CudaModule>>,
     functions: HashMap<(String, String), CudaFunction>,
     buffers: Vec<(sys::CUdeviceptr, usize)>,
+    /// Per program, the graph of its current launch sequence (by the sequence's id).
+    graphs: HashMap<String, (u64, Graph)>,
 }
+
+/// A CUDA graph, held and replayed only by the thread that steps the executor.
+struct Graph(CudaGraph);
+
+// SAFETY: the graph is created, launched and dropped only through `&mut CudaDevice`, so never from
+// two threads at once, which is all the driver asks of graph objects; the context is bound to the
+// calling thread before each use.
+unsafe impl Send for Graph {}
 
 impl CudaDevice {
     /// Opens GPU 0 and loads every program. Fails with one line when there is no usable driver.
@@ -87,7 +99,8 @@ impl CudaDevice {
         let mut driver = 0;
         // SAFETY: writes one int.
         unsafe { sys::cuDriverGetVersion(&mut driver) }.result().map_err(|e| fail("the driver's version", e))?;
-        let stream = context.default_stream();
+        // Not the legacy default stream: a stream can only be captured into a graph if it is not that.
+        let stream = context.new_stream().map_err(|e| fail("creating a stream", e))?;
         let mut modules = HashMap::new();
         for p in programs {
             let image = match (&p.cubin, &p.ptx) {
@@ -112,7 +125,14 @@ impl CudaDevice {
             let module = context.load_module(image).map_err(|e| fail(&format!("loading @{}", p.entry), e))?;
             modules.insert(p.entry.clone(), module);
         }
-        Ok(CudaDevice { context, stream, modules, functions: HashMap::new(), buffers: Vec::new() })
+        Ok(CudaDevice {
+            context,
+            stream,
+            modules,
+            functions: HashMap::new(),
+            buffers: Vec::new(),
+            graphs: HashMap::new(),
+        })
     }
 
     /// Makes the context current on the calling thread: the executor may be built on one thread and
@@ -146,6 +166,43 @@ fn driver_error(what: &str, e: cudarc::driver::DriverError) -> RuntimeError {
     RuntimeError::Invalid(format!("CUDA: {what}: {e:?}"))
 }
 
+impl CudaDevice {
+    /// Records `sequence`'s launches on the stream into a graph, without running them.
+    fn capture(&mut self, sequence: &LaunchSequence) -> Result<Graph> {
+        // Look every kernel up first: nothing but launches may happen while the stream records.
+        let functions: Vec<CudaFunction> =
+            sequence.launches.iter().map(|l| self.function(&sequence.program, &l.symbol)).collect::<Result<_>>()?;
+        let capturing = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        self.stream.begin_capture(capturing).map_err(|e| driver_error("starting a graph capture", e))?;
+        let launched = sequence.launches.iter().zip(&functions).try_for_each(|(launch, f)| {
+            let mut pointers: Vec<sys::CUdeviceptr> = launch.args.iter().map(|&b| self.buffers[b].0).collect();
+            let mut params: Vec<*mut std::ffi::c_void> =
+                pointers.iter_mut().map(|p| p as *mut sys::CUdeviceptr as *mut std::ffi::c_void).collect();
+            // SAFETY: every parameter of g4c's kernels is a pointer, passed by address as the driver
+            // API requires (the values are copied into the graph node); shared memory is static.
+            unsafe {
+                result::launch_kernel(
+                    f.cu_function(),
+                    (launch.grid, 1, 1),
+                    (launch.block, 1, 1),
+                    0,
+                    self.stream.cu_stream(),
+                    &mut params,
+                )
+            }
+            .map_err(|e| driver_error(&format!("recording {}", launch.symbol), e))
+        });
+        // The capture is ended whatever happened, so the stream is usable again.
+        let ended = self.stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        launched?;
+        let graph = ended
+            .map_err(|e| driver_error(&format!("instantiating @{}'s graph", sequence.program), e))?
+            .ok_or_else(|| RuntimeError::Invalid(format!("CUDA: @{}'s graph is empty", sequence.program)))?;
+        graph.upload().map_err(|e| driver_error("uploading a graph", e))?;
+        Ok(Graph(graph))
+    }
+}
+
 impl Device for CudaDevice {
     fn alloc(&mut self, bytes: usize) -> Result<Buffer> {
         self.bind()?;
@@ -153,7 +210,8 @@ impl Device for CudaDevice {
         // SAFETY: the context is current on this thread; the allocation is freed on drop.
         let ptr = unsafe { result::malloc_sync(bytes) }.map_err(|e| driver_error("cuMemAlloc", e))?;
         // SAFETY: `ptr` is a live allocation of `bytes` bytes.
-        unsafe { result::memset_d8_sync(ptr, 0, bytes) }.map_err(|e| driver_error("cuMemsetD8", e))?;
+        unsafe { result::memset_d8_async(ptr, 0, bytes, self.stream.cu_stream()) }
+            .map_err(|e| driver_error("cuMemsetD8", e))?;
         self.buffers.push((ptr, bytes));
         Ok(self.buffers.len() - 1)
     }
@@ -164,46 +222,40 @@ impl Device for CudaDevice {
         if bytes.len() > size {
             return invalid(format!("an upload of {} bytes into a buffer of {size}", bytes.len()));
         }
-        // SAFETY: within the allocation; synchronous.
-        unsafe { result::memcpy_htod_sync(ptr, bytes) }.map_err(|e| driver_error("cuMemcpyHtoD", e))
+        // SAFETY: within the allocation; `bytes` outlives the copy, which is waited for.
+        unsafe { result::memcpy_htod_async(ptr, bytes, self.stream.cu_stream()) }
+            .map_err(|e| driver_error("cuMemcpyHtoD", e))?;
+        self.stream.synchronize().map_err(|e| driver_error("an upload", e))
     }
 
     fn download(&mut self, buffer: Buffer, bytes: usize) -> Result<Vec<u8>> {
         self.bind()?;
-        self.stream.synchronize().map_err(|e| driver_error("a kernel", e))?;
         let (ptr, size) = self.buffers[buffer];
         let mut out = vec![0u8; bytes.min(size)];
-        // SAFETY: within the allocation; synchronous.
-        unsafe { result::memcpy_dtoh_sync(&mut out, ptr) }.map_err(|e| driver_error("cuMemcpyDtoH", e))?;
+        // SAFETY: within the allocation; `out` outlives the copy, which is waited for.
+        unsafe { result::memcpy_dtoh_async(&mut out, ptr, self.stream.cu_stream()) }
+            .map_err(|e| driver_error("cuMemcpyDtoH", e))?;
+        self.stream.synchronize().map_err(|e| driver_error("a kernel", e))?;
         Ok(out)
     }
 
     fn copy(&mut self, dst: Buffer, src: Buffer, bytes: usize) -> Result<()> {
         self.bind()?;
         let ((d, _), (s, _)) = (self.buffers[dst], self.buffers[src]);
-        // SAFETY: both allocations hold at least `bytes` bytes (state buffers are sized by type).
-        unsafe { result::memcpy_dtod_sync(d, s, bytes) }.map_err(|e| driver_error("cuMemcpyDtoD", e))
+        // SAFETY: both allocations hold at least `bytes` bytes (state buffers are sized by type);
+        // ordered after the launches before it on the same stream.
+        unsafe { result::memcpy_dtod_async(d, s, bytes, self.stream.cu_stream()) }
+            .map_err(|e| driver_error("cuMemcpyDtoD", e))
     }
 
-    fn launch(&mut self, launch: &LaunchSpec, args: &[Buffer]) -> Result<()> {
+    fn run(&mut self, sequence: &LaunchSequence) -> Result<()> {
         self.bind()?;
-        let f = self.function(launch.program, launch.symbol)?;
-        let mut pointers: Vec<sys::CUdeviceptr> = args.iter().map(|&b| self.buffers[b].0).collect();
-        let mut params: Vec<*mut std::ffi::c_void> =
-            pointers.iter_mut().map(|p| p as *mut sys::CUdeviceptr as *mut std::ffi::c_void).collect();
-        // SAFETY: every parameter of g4c's kernels is a pointer, passed by address as the driver
-        // API requires; shared memory is static, so none is dynamic.
-        unsafe {
-            result::launch_kernel(
-                f.cu_function(),
-                (launch.grid, 1, 1),
-                (launch.block, 1, 1),
-                0,
-                self.stream.cu_stream(),
-                &mut params,
-            )
+        if self.graphs.get(&sequence.program).is_none_or(|(id, _)| *id != sequence.id) {
+            let graph = self.capture(sequence)?;
+            self.graphs.insert(sequence.program.clone(), (sequence.id, graph));
         }
-        .map_err(|e| driver_error(&format!("launching {}", launch.symbol), e))
+        let (_, Graph(graph)) = &self.graphs[&sequence.program];
+        graph.launch().map_err(|e| driver_error(&format!("launching @{}'s graph", sequence.program), e))
     }
 }
 
@@ -211,6 +263,7 @@ impl Drop for CudaDevice {
     fn drop(&mut self) {
         let _ = self.bind();
         let _ = self.stream.synchronize();
+        self.graphs.clear();
         for &(ptr, _) in &self.buffers {
             // SAFETY: allocated by `alloc`, freed once.
             let _ = unsafe { result::free_sync(ptr) };

@@ -3,7 +3,7 @@
 //! launches run by `g4c_emulate`. Slow, and only as exact as the host's libm, but it runs the very
 //! source NVRTC compiles, so a kernel's indexing, fusion and arguments are checked on any machine.
 
-use super::device::{Buffer, Device, DeviceProgram, LaunchSpec};
+use super::device::{Buffer, Device, DeviceProgram, Launch, LaunchSequence};
 use crate::error::{invalid, Result, RuntimeError};
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -80,32 +80,46 @@ impl Device for Emulator {
         Ok(())
     }
 
-    fn launch(&mut self, launch: &LaunchSpec, args: &[Buffer]) -> Result<()> {
-        let Some(lib) = self.libraries.get(launch.program) else {
-            return invalid(format!("the host emulator has no program @{}", launch.program));
+    /// Launch by launch: the host has nothing to record a sequence into.
+    fn run(&mut self, sequence: &LaunchSequence) -> Result<()> {
+        let Some(lib) = self.libraries.get(&sequence.program) else {
+            return invalid(format!("the host emulator has no program @{}", sequence.program));
         };
-        // SAFETY: the symbols are the kernels and launcher the library was built with; each kernel
-        // takes `args.len()` pointers to buffers this emulator owns, sized by the plan.
-        unsafe {
-            let kernel: libloading::Symbol<*mut c_void> = lib
-                .get(launch.symbol.as_bytes())
-                .map_err(|e| RuntimeError::Invalid(format!("kernel {}: {e}", launch.symbol)))?;
-            let emulate: libloading::Symbol<Emulate> =
-                lib.get(b"g4c_emulate").map_err(|e| RuntimeError::Invalid(e.to_string()))?;
-            let mut pointers: Vec<*mut c_void> =
-                args.iter().map(|&b| self.buffers[b].as_mut_ptr() as *mut c_void).collect();
-            let rc = emulate(
-                *kernel,
-                pointers.as_mut_ptr(),
-                pointers.len() as i32,
-                launch.grid,
-                launch.block,
-                launch.synchronizes as i32,
-            );
-            if rc != 0 {
-                return invalid(format!("kernel {}: the emulator refused the launch", launch.symbol));
-            }
+        // SAFETY: `g4c_emulate` is the launcher the library was built with.
+        let emulate: libloading::Symbol<Emulate> =
+            unsafe { lib.get(b"g4c_emulate") }.map_err(|e| RuntimeError::Invalid(e.to_string()))?;
+        for launch in &sequence.launches {
+            emulate_launch(lib, &emulate, &mut self.buffers, launch)?;
         }
         Ok(())
     }
+}
+
+fn emulate_launch(
+    lib: &libloading::Library,
+    emulate: &Emulate,
+    buffers: &mut [Vec<u64>],
+    launch: &Launch,
+) -> Result<()> {
+    // SAFETY: the symbol is a kernel the library was built with; it takes `args.len()` pointers to
+    // buffers this emulator owns, sized by the plan.
+    let rc = unsafe {
+        let kernel: libloading::Symbol<*mut c_void> = lib
+            .get(launch.symbol.as_bytes())
+            .map_err(|e| RuntimeError::Invalid(format!("kernel {}: {e}", launch.symbol)))?;
+        let mut pointers: Vec<*mut c_void> =
+            launch.args.iter().map(|&b| buffers[b].as_mut_ptr() as *mut c_void).collect();
+        emulate(
+            *kernel,
+            pointers.as_mut_ptr(),
+            pointers.len() as i32,
+            launch.grid,
+            launch.block,
+            launch.synchronizes as i32,
+        )
+    };
+    if rc != 0 {
+        return invalid(format!("kernel {}: the emulator refused the launch", launch.symbol));
+    }
+    Ok(())
 }

@@ -1,21 +1,24 @@
 //! Runs a kernel plan on a device. Weights are uploaded once; state stays on the device between
-//! calls (cache writes update it in place); per-call inputs are uploaded, and only the logits are
-//! copied back.
+//! calls (cache writes update it in place); per-call inputs are uploaded into the same buffers every
+//! call, so each entry point's launches are one fixed `LaunchSequence`, built on its first call;
+//! only the logits are copied back.
 
-use super::device::{Buffer, Device, DeviceProgram, KernelBinding, LaunchSpec};
+use super::device::{Buffer, Device, DeviceProgram, KernelBinding, Launch, LaunchSequence};
 use crate::error::{invalid, Result, RuntimeError};
 use crate::executor::{bind_args, initial_state, Arg, Executor, StepInputs};
 use crate::tensor::Tensor;
 use crate::weights::WeightStore;
-use g4c_ir::plan::{KernelPlan, Slot};
+use g4c_ir::plan::{EntryPlan, KernelPlan, Slot};
 use g4c_ir::{Module, ResultRole};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// The buffers of one entry point: its per-call inputs (by parameter) and its scratch buffers.
+/// The buffers of one entry point: its per-call inputs (by parameter) and its scratch buffers; and
+/// its launch sequence with the parameter buffers it was built over.
 struct EntryBuffers {
     inputs: HashMap<usize, Buffer>,
     scratch: Vec<Buffer>,
+    sequence: Option<(Vec<Buffer>, Arc<LaunchSequence>)>,
 }
 
 pub struct DeviceExecutor<D: Device> {
@@ -87,7 +90,7 @@ impl<D: Device> DeviceExecutor<D> {
         if !self.entries.contains_key(entry) {
             let plan = self.plan.entry(entry).ok_or_else(|| RuntimeError::Invalid(format!("no plan for @{entry}")))?;
             let scratch = plan.buffers.iter().map(|&b| self.device.alloc(b as usize)).collect::<Result<_>>()?;
-            self.entries.insert(entry.to_string(), EntryBuffers { inputs: HashMap::new(), scratch });
+            self.entries.insert(entry.to_string(), EntryBuffers { inputs: HashMap::new(), scratch, sequence: None });
         }
         Ok(self.entries.get_mut(entry).expect("inserted"))
     }
@@ -100,6 +103,46 @@ impl<D: Device> DeviceExecutor<D> {
         let b = self.device.alloc(bytes)?;
         self.entry_buffers(entry)?.inputs.insert(param, b);
         Ok(b)
+    }
+
+    /// The launch sequence of `entry` over parameter buffers `params`: built on the first call and
+    /// kept while they stay the same, which they do (inputs, state, scratch and weights never move);
+    /// a change builds a new sequence rather than replaying one over the wrong buffers.
+    fn sequence(&mut self, entry: &str, ep: &EntryPlan, params: &[Buffer]) -> Result<Arc<LaunchSequence>> {
+        if let Some((built_over, sequence)) = &self.entry_buffers(entry)?.sequence {
+            if built_over == params {
+                return Ok(sequence.clone());
+            }
+        }
+        let bindings =
+            self.kernels.get(entry).ok_or_else(|| RuntimeError::Invalid(format!("no kernels for @{entry}")))?;
+        let scratch = &self.entries[entry].scratch;
+        let buffer = |slot: Slot| match slot {
+            Slot::Param(i) => params[i],
+            Slot::Scratch(b) => scratch[b],
+        };
+        let launches = ep
+            .calls
+            .iter()
+            .zip(bindings.iter())
+            .map(|(call, k)| {
+                let mut args: Vec<Buffer> = call.inputs.iter().map(|&s| buffer(s)).collect();
+                args.extend(k.weights.iter().map(|w| self.weights[w]));
+                if !call.inputs.contains(&call.output) {
+                    args.push(buffer(call.output));
+                }
+                Launch {
+                    symbol: k.symbol.clone(),
+                    grid: call.launch.grid,
+                    block: call.launch.block,
+                    synchronizes: call.launch.tile.is_some(),
+                    args,
+                }
+            })
+            .collect();
+        let sequence = Arc::new(LaunchSequence::new(entry, launches));
+        self.entry_buffers(entry)?.sequence = Some((params.to_vec(), sequence.clone()));
+        Ok(sequence)
     }
 }
 
@@ -127,11 +170,6 @@ impl<D: Device> Executor for DeviceExecutor<D> {
         let plan = self.plan.clone();
         let f = module.function(entry).ok_or_else(|| RuntimeError::Invalid(format!("no @{entry}")))?;
         let Some(ep) = plan.entry(entry) else { return invalid(format!("the kernel plan has no @{entry}")) };
-        let bindings = self
-            .kernels
-            .get(entry)
-            .cloned()
-            .ok_or_else(|| RuntimeError::Invalid(format!("no kernels for @{entry}")))?;
         let args = bind_args(&module, self.store.as_ref(), f, inputs, &mut self.state)?;
         let mut params = Vec::with_capacity(args.len());
         for (i, arg) in args.into_iter().enumerate() {
@@ -147,26 +185,13 @@ impl<D: Device> Executor for DeviceExecutor<D> {
             self.device.upload(b, &bytes)?;
             params.push(b);
         }
-        let scratch = self.entry_buffers(entry)?.scratch.clone();
+        let sequence = self.sequence(entry, ep, &params)?;
+        self.device.run(&sequence)?;
+        let scratch = &self.entries[entry].scratch;
         let buffer = |slot: Slot| match slot {
             Slot::Param(i) => params[i],
             Slot::Scratch(b) => scratch[b],
         };
-        for (call, k) in ep.calls.iter().zip(bindings.iter()) {
-            let mut launch_args: Vec<Buffer> = call.inputs.iter().map(|&s| buffer(s)).collect();
-            launch_args.extend(k.weights.iter().map(|w| self.weights[w]));
-            if !call.inputs.contains(&call.output) {
-                launch_args.push(buffer(call.output));
-            }
-            let spec = LaunchSpec {
-                program: entry,
-                symbol: &k.symbol,
-                grid: call.launch.grid,
-                block: call.launch.block,
-                synchronizes: call.launch.tile.is_some(),
-            };
-            self.device.launch(&spec, &launch_args)?;
-        }
         let mut logits = None;
         for (r, &slot) in f.results.iter().zip(&ep.results) {
             let ty = f.ty(r.value);

@@ -1,6 +1,7 @@
-//! Kernel plans on a device: `DeviceExecutor` runs a plan's kernels, launch by launch, over device
-//! buffers (weights uploaded once, state kept on the device and written in place, scratch buffers
-//! as the plan assigns them), on any `Device`: a CUDA GPU through the driver API (`CudaDevice`),
+//! Kernel plans on a device: `DeviceExecutor` runs a plan's kernels over device buffers (weights
+//! uploaded once, state kept on the device and written in place, scratch buffers as the plan
+//! assigns them), as one fixed `LaunchSequence` per entry point, on any `Device`: a CUDA GPU through
+//! the driver API (`CudaDevice`, which records each sequence once as a CUDA graph and replays it),
 //! or the host (`Emulator`), which compiles the same CUDA C with the host C++ compiler, so the
 //! kernels, their arguments and the executor are checked against the goldens without a GPU.
 
@@ -9,7 +10,7 @@ mod driver;
 mod emulator;
 mod executor;
 
-pub use device::{Buffer, Device, DeviceProgram, KernelBinding, LaunchSpec};
+pub use device::{Buffer, Device, DeviceProgram, KernelBinding, Launch, LaunchSequence};
 pub use driver::{cuda_device_capability, cuda_driver_problem, ptx_isa_supported, ptx_isa_version, CudaDevice};
 pub use emulator::Emulator;
 pub use executor::DeviceExecutor;
