@@ -197,7 +197,7 @@ impl<'k> Emitter<'k> {
         self.var("int", "l", &lin)
     }
 
-    fn weight_arg(&mut self, name: &str) -> String {
+    pub(crate) fn weight_arg(&mut self, name: &str) -> String {
         let j = match self.weights.iter().position(|w| w == name) {
             Some(j) => j,
             None => {

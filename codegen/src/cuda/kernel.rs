@@ -3,7 +3,7 @@
 //! tiled matvec (`matvec`): activations staged in shared memory, the weight streamed once, a warp
 //! per output column, the epilogue applied to the reduced sums.
 
-use super::elemental::{linear, storage_type, store, unlinear, value_type, write_lines, Emitter};
+use super::elemental::{linear, rounded, storage_type, store, unlinear, value_type, write_lines, Emitter};
 use super::CudaError;
 use g4c_ir::plan::{KernelCall, Tile};
 use g4c_ir::{DType, Function, Op, ValueId};
@@ -34,7 +34,8 @@ pub(crate) fn kernel_code(k: &Function, call: &KernelCall) -> Result<KernelCode,
         }
         (_, Some(tile), Some(m)) => {
             let smem = footprint(&tile).staged_activations / 4;
-            writeln!(shared, "  __shared__ float act[{smem}];").unwrap();
+            // 16-byte aligned for the 128-bit loads of packed products.
+            writeln!(shared, "  __shared__ __align__(16) float act[{smem}];").unwrap();
             matvec(&mut em, &tile, &m, root)?;
         }
         (_, Some(_), None) => return Err(CudaError::Unsupported(format!("{}: a tile but no matvec", k.name))),
@@ -145,13 +146,20 @@ fn matvec(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<()
     em.close();
     em.line("__syncthreads();");
     em.open(format!("if (n < {n_total})"));
-    em.open(format!("for (int kk = lane; kk < {kt} && k0 + kk < {depth}; kk += 32)"));
-    for (j, &(_, w)) in m.dots.iter().enumerate() {
-        let w = em.value(w, &["n".into(), "(k0 + kk)".into()])?;
-        em.line("#pragma unroll");
-        em.line(format!("for (int r = 0; r < {rows}; ++r) acc[{j}][r] += act[r * {kt} + kk] * {w};"));
+    let packed: Option<Vec<PackedWeight>> =
+        m.dots.iter().map(|&(_, w)| PackedWeight::of(em.k, w)).collect::<Option<_>>().filter(|_| depth % 8 == 0);
+    match packed {
+        Some(weights) => packed_products(em, &weights, rows, kt, depth)?,
+        None => {
+            em.open(format!("for (int kk = lane; kk < {kt} && k0 + kk < {depth}; kk += 32)"));
+            for (j, &(_, w)) in m.dots.iter().enumerate() {
+                let w = em.value(w, &["n".into(), "(k0 + kk)".into()])?;
+                em.line("#pragma unroll");
+                em.line(format!("for (int r = 0; r < {rows}; ++r) acc[{j}][r] += act[r * {kt} + kk] * {w};"));
+            }
+            em.close();
+        }
     }
-    em.close();
     em.close();
     em.line("__syncthreads();");
     em.close();
@@ -165,12 +173,73 @@ fn matvec(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<()
     em.line(format!("const int i = r * {n_total} + n;"));
     for (j, &(dot, _)) in m.dots.iter().enumerate() {
         let dot_ty = em.k.ty(dot).dtype;
-        let product = em.var(value_type(dot_ty), "d", &super::elemental::rounded(dot_ty, &format!("acc[{j}][r]")));
+        let product = em.var(value_type(dot_ty), "d", &rounded(dot_ty, &format!("acc[{j}][r]")));
         em.bound.insert(dot, product);
     }
     let root_ty = em.k.ty(root).clone();
     let x = em.value(root, &unlinear("i", &root_ty.shape))?;
     em.line(store(root_ty.dtype, "out", "i", &x));
+    em.close();
+    em.close();
+    Ok(())
+}
+
+/// A matvec weight that is `dequantize(q, scale)` of a 4-bit weight `q` `[N, K]` whose scale groups
+/// span whole 32-bit words (8 values): each lane then reads 8 consecutive values with one 32-bit
+/// load and one scale, where reading value by value costs a byte load, a scale load and the
+/// unpacking per value (and a warp's load moves 16 bytes, not 128).
+struct PackedWeight {
+    q: String,
+    scale: ValueId,
+    group: usize,
+    dtype: DType,
+}
+
+impl PackedWeight {
+    fn of(k: &Function, w: ValueId) -> Option<PackedWeight> {
+        let def = |v: ValueId| k.body.iter().find(|i| i.result == v).map(|i| &i.op);
+        let Some(&Op::Dequantize { q, scale, group }) = def(w) else { return None };
+        let Some(Op::Weight { name }) = def(q) else { return None };
+        let (qt, wt) = (k.ty(q), k.ty(w));
+        (qt.dtype == DType::I4 && qt.shape == wt.shape && wt.rank() == 2 && group % 8 == 0).then(|| PackedWeight {
+            q: name.clone(),
+            scale,
+            group,
+            dtype: wt.dtype,
+        })
+    }
+}
+
+/// The products of a matvec over packed weights: lane `l` takes `k` values `8l .. 8l + 8` of each
+/// 256, one word and one scale per weight, and its 8 staged activations per row in two 128-bit
+/// shared-memory loads (a quarter-warp's loads then touch every bank once). The values are
+/// dequantized exactly as `dequantize` does: `(float)q · scale`, rounded to the weight's type.
+fn packed_products(
+    em: &mut Emitter,
+    weights: &[PackedWeight],
+    rows: u32,
+    kt: u32,
+    depth: usize,
+) -> Result<(), CudaError> {
+    em.open(format!("for (int kk = lane * 8; kk < {kt} && k0 + kk < {depth}; kk += 256)"));
+    let mut words = Vec::new();
+    for w in weights {
+        let array = em.weight_arg(&w.q);
+        let word = em.var("unsigned", "q", &format!("ld_word({array}, (n * {depth} + k0 + kk) >> 3)"));
+        let s = em.value(w.scale, &["n".into(), format!("((k0 + kk) / {})", w.group)])?;
+        let s = em.var("float", "s", &s);
+        words.push((word, s));
+    }
+    em.line(format!("float staged[{rows}][8];"));
+    em.line("#pragma unroll");
+    em.line(format!("for (int r = 0; r < {rows}; ++r) ld8(act + r * {kt} + kk, staged[r]);"));
+    em.line("#pragma unroll");
+    em.open("for (int i = 0; i < 8; ++i)");
+    for (j, (w, (word, s))) in weights.iter().zip(&words).enumerate() {
+        let value = em.var("float", "w", &rounded(w.dtype, &format!("(float)nib({word}, i) * {s}")));
+        em.line("#pragma unroll");
+        em.line(format!("for (int r = 0; r < {rows}; ++r) acc[{j}][r] += staged[r][i] * {value};"));
+    }
     em.close();
     em.close();
     Ok(())

@@ -22,6 +22,20 @@ __device__ __forceinline__ int ld_i4(const u8* p, int i) {
   int n = (i & 1) ? (b >> 4) : (b & 15);
   return (n ^ 8) - 8;
 }
+// Word `w` of a packed 4-bit array (4-byte aligned): values 8w .. 8w + 7, value 8w + i in bits
+// 4i .. 4i + 3, as ld_i4 reads them one by one.
+__device__ __forceinline__ unsigned ld_word(const u8* p, int w) { return ((const unsigned*)p)[w]; }
+// Value i of a word, sign-extended.
+__device__ __forceinline__ int nib(unsigned word, int i) { return ((int)(word << (28 - 4 * i))) >> 28; }
+// Eight consecutive floats of 16-byte-aligned shared memory, in two 128-bit loads.
+#ifndef G4C_HOST_EMULATION
+__device__ __forceinline__ void ld8(const float* p, float* v) {
+  const float4 x = *(const float4*)p, y = *(const float4*)(p + 4);
+  v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w; v[4] = y.x; v[5] = y.y; v[6] = y.z; v[7] = y.w;
+}
+#else
+inline void ld8(const float* p, float* v) { for (int i = 0; i < 8; ++i) v[i] = p[i]; }
+#endif
 __device__ __forceinline__ float fmax_nan(float a, float b) { return (isnan(a) || isnan(b)) ? __int_as_float(0x7fc00000) : fmaxf(a, b); }
 __device__ __forceinline__ float fmin_nan(float a, float b) { return (isnan(a) || isnan(b)) ? __int_as_float(0x7fc00000) : fminf(a, b); }
 __device__ __forceinline__ float sgn(float a) { return (a == 0.f || isnan(a)) ? a : copysignf(1.f, a); }

@@ -11,8 +11,8 @@ use g4c_ir::{Function, GpuLimits, Op};
 const BLOCK: u32 = 256;
 /// Output columns of a matvec block: one per warp.
 const MATVEC_COLS: u32 = BLOCK / 32;
-/// A matvec warp's 32 lanes each read one weight per step: the contraction is staged in multiples
-/// of this.
+/// A matvec warp's 32 lanes each read one weight (or, packed 4-bit, one word of 8) per step: the
+/// contraction is staged in multiples of this.
 const MATVEC_K_STEP: u32 = 32;
 
 /// What one block of a kernel holds in shared memory.

@@ -25,6 +25,7 @@ static float g4c_exchange[1024];
 #define __forceinline__ inline
 #define __shared__ static
 #define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
 using std::isnan;
 using std::max;
 using std::min;
