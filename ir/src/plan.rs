@@ -89,6 +89,16 @@ pub struct Launch {
     /// Registers per thread the kernel may use: what keeps `block` threads within the SM's file.
     pub registers: u32,
     pub tile: Option<Tile>,
+    /// A warp computes each output element together (a row reduction: lanes split the row and
+    /// combine with shuffles), rather than one thread each.
+    pub warp_per_output: bool,
+}
+
+impl Launch {
+    /// Whether the kernel's threads synchronize (barriers, warp shuffles).
+    pub fn synchronizes(&self) -> bool {
+        self.tile.is_some() || self.warp_per_output
+    }
 }
 
 /// One kernel launch of an entry point.
@@ -155,7 +165,11 @@ pub fn print_plan(plan: &KernelPlan, bodies: bool) -> String {
             let f = plan.kernels.function(&c.kernel).expect("a plan's kernels are in its module");
             let inputs: Vec<String> = c.inputs.iter().map(Slot::label).collect();
             let l = &c.launch;
-            let tile = l.tile.map(|t| format!(" tile {}x{}x{}/{}", t.rows, t.cols, t.k, t.stages)).unwrap_or_default();
+            let mut tile =
+                l.tile.map(|t| format!(" tile {}x{}x{}/{}", t.rows, t.cols, t.k, t.stages)).unwrap_or_default();
+            if l.warp_per_output {
+                tile.push_str(" warp/output");
+            }
             writeln!(
                 out,
                 "  {} {} ({}) -> {} : {}  grid {} block {} smem {} regs {}{tile}  ops {}",

@@ -23,7 +23,9 @@ pub use dtype_legalize::DtypeLegalize;
 pub use host_tables::HostTables;
 pub use int4_storage::Int4Storage;
 pub use pass::{pass_by_name, Pass, PassError, PassTiming, Pipeline, PipelineOptions};
-pub use plan::{elements_written, footprint, matvec_of, plan_module, Footprint, Matvec, PlanError};
+pub use plan::{
+    elements_written, footprint, matvec_of, plan_module, row_reduce_of, Footprint, Matvec, PlanError, RowReduce,
+};
 pub use quantize::Quantize;
 pub use report::compile_report;
 pub use weight_dtype::WeightDtype;

@@ -61,6 +61,29 @@ pub(crate) fn rounded(dtype: DType, x: &str) -> String {
     }
 }
 
+/// The value a float reduction of `kind` starts from.
+pub(crate) fn reduce_init(kind: ReduceKind) -> &'static str {
+    match kind {
+        ReduceKind::Sum => "0.f",
+        ReduceKind::Max => "__int_as_float(0xff800000)",
+        ReduceKind::Min => "__int_as_float(0x7f800000)",
+    }
+}
+
+/// `acc` and `a` combined by a reduction of `kind` (max and min propagate NaN).
+pub(crate) fn reduce_combine(kind: ReduceKind, acc: &str, a: &str) -> String {
+    match kind {
+        ReduceKind::Sum => format!("{acc} + {a}"),
+        ReduceKind::Max => format!("fmax_nan({acc}, {a})"),
+        ReduceKind::Min => format!("fmin_nan({acc}, {a})"),
+    }
+}
+
+/// How many input elements each output element of a reduction over `axes` combines.
+pub(crate) fn reduced_extent(input: &TensorType, axes: &[usize]) -> usize {
+    axes.iter().map(|&a| input.shape[a]).product()
+}
+
 /// An f32 literal that C reads back to the same bits.
 pub(crate) fn float_literal(x: f32) -> String {
     if x.is_finite() {
@@ -369,34 +392,13 @@ impl<'k> Emitter<'k> {
                 rounded(ty.dtype, &acc)
             }
             Op::Reduce { input, kind, axes } => {
-                let it = self.ty(*input);
-                let extents: Vec<usize> = axes.iter().map(|&a| it.shape[a]).collect();
-                let init = match kind {
-                    ReduceKind::Sum => "0.f",
-                    ReduceKind::Max => "__int_as_float(0xff800000)",
-                    ReduceKind::Min => "__int_as_float(0x7f800000)",
-                };
                 if !float {
                     return unsupported(format!("reduce to {}", ty.dtype));
                 }
-                let acc = self.var("float", "acc", init);
+                let acc = self.var("float", "acc", reduce_init(*kind));
                 let r = self.fresh("r");
-                self.open(format!("for (int {r} = 0; {r} < {}; ++{r})", extents.iter().product::<usize>()));
-                let ridx = unlinear(&r, &extents);
-                let mut kept = idx.iter();
-                let in_idx: Index = (0..it.rank())
-                    .map(|d| match axes.iter().position(|&a| a == d) {
-                        Some(q) => ridx[q].clone(),
-                        None => kept.next().expect("a kept dim").clone(),
-                    })
-                    .collect();
-                let a = self.value(*input, &in_idx)?;
-                let combined = match kind {
-                    ReduceKind::Sum => format!("{acc} + {a}"),
-                    ReduceKind::Max => format!("fmax_nan({acc}, {a})"),
-                    ReduceKind::Min => format!("fmin_nan({acc}, {a})"),
-                };
-                self.line(format!("{acc} = {combined};"));
+                self.open(format!("for (int {r} = 0; {r} < {}; ++{r})", reduced_extent(self.ty(*input), axes)));
+                self.reduce_step(*input, *kind, axes, idx, &r, &acc)?;
                 self.close();
                 rounded(ty.dtype, &acc)
             }
@@ -419,6 +421,32 @@ impl<'k> Emitter<'k> {
             }
             Op::UpdateSlots { .. } => return unsupported("a cache write inside another kernel".into()),
         })
+    }
+
+    /// One step of a reduction of `input` over `axes` for the output element at `idx`: combines
+    /// into `acc` the input element at linear position `r` of the reduced axes.
+    pub(crate) fn reduce_step(
+        &mut self,
+        input: ValueId,
+        kind: ReduceKind,
+        axes: &[usize],
+        idx: &[String],
+        r: &str,
+        acc: &str,
+    ) -> Result<(), CudaError> {
+        let it = self.ty(input);
+        let extents: Vec<usize> = axes.iter().map(|&a| it.shape[a]).collect();
+        let ridx = unlinear(r, &extents);
+        let mut kept = idx.iter();
+        let in_idx: Index = (0..it.rank())
+            .map(|d| match axes.iter().position(|&a| a == d) {
+                Some(q) => ridx[q].clone(),
+                None => kept.next().expect("a kept dim").clone(),
+            })
+            .collect();
+        let a = self.value(input, &in_idx)?;
+        self.line(format!("{acc} = {};", reduce_combine(kind, acc, &a)));
+        Ok(())
     }
 
     fn concat(

@@ -1,13 +1,14 @@
-//! One kernel's CUDA C from its IR function and launch, in one of three forms: one thread per
-//! element written (`elementwise`), one thread per cache slot written (`scatter`, in place), or the
-//! tiled matvec (`matvec`): activations staged in shared memory, the weight streamed once, a warp
-//! per output column, the epilogue applied to the reduced sums.
+//! One kernel's CUDA C from its IR function and launch, in one of four forms: one thread per
+//! element written (`elementwise`), one thread per cache slot written (`scatter`, in place), a warp
+//! per output of a row reduction (`row_reduce`), or the tiled matvec (`matvec`): activations staged
+//! in shared memory, the weight streamed once, a warp per output column, the epilogue applied to the
+//! reduced sums.
 
-use super::elemental::{linear, rounded, storage_type, store, unlinear, value_type, write_lines, Emitter};
+use super::elemental::{linear, reduce_init, rounded, storage_type, store, unlinear, value_type, write_lines, Emitter};
 use super::CudaError;
 use g4c_ir::plan::{KernelCall, Tile};
 use g4c_ir::{DType, Function, Op, ValueId};
-use g4c_passes::{footprint, matvec_of, Matvec};
+use g4c_passes::{footprint, matvec_of, row_reduce_of, Matvec};
 use std::fmt::Write;
 
 /// Stands for the kernel's symbol until its code is hashed.
@@ -39,6 +40,7 @@ pub(crate) fn kernel_code(k: &Function, call: &KernelCall) -> Result<KernelCode,
             matvec(&mut em, &tile, &m, root)?;
         }
         (_, Some(_), None) => return Err(CudaError::Unsupported(format!("{}: a tile but no matvec", k.name))),
+        (_, None, _) if call.launch.warp_per_output => row_reduce(&mut em, root, call.launch.block / 32)?,
         (_, None, _) => elementwise(&mut em, root)?,
     }
     let lines = em.take_lines();
@@ -93,6 +95,37 @@ fn elementwise(em: &mut Emitter, root: ValueId) -> Result<(), CudaError> {
     em.open(format!("for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < {}; {GRID_STRIDE})", ty.numel()));
     let x = em.value(root, &unlinear("i", &ty.shape))?;
     em.line(store(ty.dtype, "out", "i", &x));
+    em.close();
+    Ok(())
+}
+
+/// A warp per output element of a row reduction: its lanes stride the row, the warp combines their
+/// partial results with shuffles, and lane 0 applies the epilogue and stores.
+fn row_reduce(em: &mut Emitter, root: ValueId, warps: u32) -> Result<(), CudaError> {
+    let unsupported = || CudaError::Unsupported(format!("{}: a warp per output but no row reduction", em.k.name));
+    let r = row_reduce_of(em.k).ok_or_else(unsupported)?;
+    let Some(Op::Reduce { input, kind, axes }) = em.k.body.iter().find(|i| i.result == r.reduce).map(|i| &i.op) else {
+        return Err(unsupported());
+    };
+    let (input, kind, axes) = (*input, *kind, axes.clone());
+    let (outputs, extent) = (r.outputs, r.extent);
+    let reduced = em.k.ty(r.reduce).clone();
+    em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
+    em.line(format!("const int i = blockIdx.x * {warps} + warp;"));
+    em.line(format!("float acc = {};", reduce_init(kind)));
+    em.open(format!("if (i < {outputs})"));
+    em.open(format!("for (int c = lane; c < {extent}; c += 32)"));
+    em.reduce_step(input, kind, &axes, &unlinear("i", &reduced.shape), "c", "acc")?;
+    em.close();
+    em.close();
+    // Every lane of every warp shuffles, in or out of range: the warp's control flow stays uniform.
+    em.line(format!("acc = warp_{}(acc);", kind.name()));
+    em.open(format!("if (lane == 0 && i < {outputs})"));
+    let value = em.var(value_type(reduced.dtype), "red", &rounded(reduced.dtype, "acc"));
+    em.bound.insert(r.reduce, value);
+    let root_ty = em.k.ty(root).clone();
+    let x = em.value(root, &unlinear("i", &root_ty.shape))?;
+    em.line(store(root_ty.dtype, "out", "i", &x));
     em.close();
     Ok(())
 }

@@ -96,6 +96,32 @@ pub fn matvec_of(k: &Function) -> Option<Matvec> {
     Some(Matvec { dots, lhs, rows: k.ty(lhs).numel() / depth, cols, depth })
 }
 
+/// A reduction the row-reduction template computes: the root an elementwise function (an epilogue)
+/// of one `reduce` at the same element, each of whose `outputs` elements combines `extent` inputs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowReduce {
+    pub reduce: ValueId,
+    pub outputs: usize,
+    pub extent: usize,
+}
+
+/// The row reduction of a kernel, when the template applies: exactly one reduce reaches the root
+/// keeping its element's index (reductions inside its input are computed per input element), and
+/// no product does.
+pub fn row_reduce_of(k: &Function) -> Option<RowReduce> {
+    let mut to_root = k
+        .body
+        .iter()
+        .filter(|i| matches!(i.op, Op::Reduce { .. } | Op::DotGeneral { .. }) && keeps_index_to_root(k, i.result));
+    let (Some(instr), None) = (to_root.next(), to_root.next()) else { return None };
+    let Op::Reduce { input, axes, .. } = &instr.op else { return None };
+    if !k.ty(instr.result).dtype.is_float() {
+        return None;
+    }
+    let extent = axes.iter().map(|&a| k.ty(*input).shape[a]).product();
+    Some(RowReduce { reduce: instr.result, outputs: k.ty(instr.result).numel(), extent })
+}
+
 /// Whether every use of `v`, and of each value computed from it, up to the root, reads it at the
 /// reader's own linear index (elementwise ops and reshapes).
 fn keeps_index_to_root(k: &Function, v: ValueId) -> bool {

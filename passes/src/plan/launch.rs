@@ -3,7 +3,7 @@
 //! needs comes from one function, `footprint`, which codegen also sizes its `__shared__` arrays
 //! with, so the proof and the code cannot disagree.
 
-use super::kind::matvec_of;
+use super::kind::{matvec_of, row_reduce_of};
 use g4c_ir::plan::{KernelKind, Launch, Tile};
 use g4c_ir::{Function, GpuLimits, Op};
 
@@ -47,10 +47,31 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
             smem_bytes: footprint(&tile).smem_bytes as u32,
             registers,
             tile: Some(tile),
+            warp_per_output: false,
         };
     }
     let work = elements_written(k) as u32;
-    Launch { grid: work.div_ceil(BLOCK).max(1), block: BLOCK, smem_bytes: 0, registers, tile: None }
+    // Rows of at least a warp's width are reduced by a warp each: one thread summing a 1536-wide
+    // norm row (or a head's scores over 4096 slots) alone is a long chain of dependent adds.
+    let row_reduce = (kind == KernelKind::Reduce).then(|| row_reduce_of(k)).flatten().filter(|r| r.extent >= 32);
+    if let Some(r) = row_reduce {
+        return Launch {
+            grid: (r.outputs as u32).div_ceil(BLOCK / 32).max(1),
+            block: BLOCK,
+            smem_bytes: 0,
+            registers,
+            tile: None,
+            warp_per_output: true,
+        };
+    }
+    Launch {
+        grid: work.div_ceil(BLOCK).max(1),
+        block: BLOCK,
+        smem_bytes: 0,
+        registers,
+        tile: None,
+        warp_per_output: false,
+    }
 }
 
 /// Elements a one-thread-per-element kernel writes: its root's, or a cache write's updates.

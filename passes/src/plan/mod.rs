@@ -7,7 +7,7 @@ mod fusion;
 mod kind;
 mod launch;
 
-pub use kind::{matvec_of, Matvec};
+pub use kind::{matvec_of, row_reduce_of, Matvec, RowReduce};
 pub use launch::{elements_written, footprint, Footprint};
 
 use g4c_ir::plan::{EntryPlan, KernelCall, KernelPlan, Slot};

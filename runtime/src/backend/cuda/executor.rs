@@ -135,7 +135,7 @@ impl<D: Device> DeviceExecutor<D> {
                     symbol: k.symbol.clone(),
                     grid: call.launch.grid,
                     block: call.launch.block,
-                    synchronizes: call.launch.tile.is_some(),
+                    synchronizes: call.launch.synchronizes(),
                     args,
                 }
             })
