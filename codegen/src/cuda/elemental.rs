@@ -5,7 +5,7 @@
 //! after every op, so a kernel computes what the interpreter computes op by op.
 
 use super::CudaError;
-use g4c_ir::{BinaryOp, CompareDir, DType, Function, Literal, Op, ReduceKind, TensorType, UnaryOp, ValueId};
+use g4c_ir::{BinaryOp, CompareDir, DType, DotDims, Function, Literal, Op, ReduceKind, TensorType, UnaryOp, ValueId};
 use std::collections::HashMap;
 use std::fmt::Write;
 
@@ -77,6 +77,11 @@ pub(crate) fn reduce_combine(kind: ReduceKind, acc: &str, a: &str) -> String {
         ReduceKind::Max => format!("fmax_nan({acc}, {a})"),
         ReduceKind::Min => format!("fmin_nan({acc}, {a})"),
     }
+}
+
+/// How many products each output element of a `dot_general` sums.
+pub(crate) fn contracted_extent(lhs: &TensorType, dims: &DotDims) -> usize {
+    dims.lhs_contract.iter().map(|&d| lhs.shape[d]).product()
 }
 
 /// How many input elements each output element of a reduction over `axes` combines.
@@ -357,37 +362,11 @@ impl<'k> Emitter<'k> {
             }
             Op::Concat { inputs, axis } => return self.concat(inputs, *axis, ty, idx),
             Op::DotGeneral { lhs, rhs, dims } => {
-                let (lt, rt) = (self.ty(*lhs), self.ty(*rhs));
-                let depth: Vec<usize> = dims.lhs_contract.iter().map(|&d| lt.shape[d]).collect();
-                let nb = dims.lhs_batch.len();
-                let lhs_free: Vec<usize> =
-                    (0..lt.rank()).filter(|d| !dims.lhs_batch.contains(d) && !dims.lhs_contract.contains(d)).collect();
-                let rhs_free: Vec<usize> =
-                    (0..rt.rank()).filter(|d| !dims.rhs_batch.contains(d) && !dims.rhs_contract.contains(d)).collect();
                 let acc_ty = if float { "float" } else { "int" };
                 let acc = self.var(acc_ty, "acc", if float { "0.f" } else { "0" });
                 let c = self.fresh("c");
-                let total: usize = depth.iter().product();
-                self.open(format!("for (int {c} = 0; {c} < {total}; ++{c})"));
-                let cidx = unlinear(&c, &depth);
-                let side = |rank: usize, batch: &[usize], contract: &[usize], free: &[usize], offset: usize| -> Index {
-                    (0..rank)
-                        .map(|d| {
-                            if let Some(p) = batch.iter().position(|&b| b == d) {
-                                idx[p].clone()
-                            } else if let Some(q) = contract.iter().position(|&b| b == d) {
-                                cidx[q].clone()
-                            } else {
-                                idx[offset + free.iter().position(|&f| f == d).expect("a free dim")].clone()
-                            }
-                        })
-                        .collect()
-                };
-                let li = side(lt.rank(), &dims.lhs_batch, &dims.lhs_contract, &lhs_free, nb);
-                let ri = side(rt.rank(), &dims.rhs_batch, &dims.rhs_contract, &rhs_free, nb + lhs_free.len());
-                let a = self.value(*lhs, &li)?;
-                let b = self.value(*rhs, &ri)?;
-                self.line(format!("{acc} += {a} * {b};"));
+                self.open(format!("for (int {c} = 0; {c} < {}; ++{c})", contracted_extent(self.ty(*lhs), dims)));
+                self.dot_step(*lhs, *rhs, dims, idx, &c, &acc)?;
                 self.close();
                 rounded(ty.dtype, &acc)
             }
@@ -421,6 +400,46 @@ impl<'k> Emitter<'k> {
             }
             Op::UpdateSlots { .. } => return unsupported("a cache write inside another kernel".into()),
         })
+    }
+
+    /// One step of a `dot_general` for the output element at `idx`: adds to `acc` the product of
+    /// the operands' elements at linear position `c` of the contracted axes.
+    pub(crate) fn dot_step(
+        &mut self,
+        lhs: ValueId,
+        rhs: ValueId,
+        dims: &DotDims,
+        idx: &[String],
+        c: &str,
+        acc: &str,
+    ) -> Result<(), CudaError> {
+        let (lt, rt) = (self.ty(lhs), self.ty(rhs));
+        let depth: Vec<usize> = dims.lhs_contract.iter().map(|&d| lt.shape[d]).collect();
+        let nb = dims.lhs_batch.len();
+        let lhs_free: Vec<usize> =
+            (0..lt.rank()).filter(|d| !dims.lhs_batch.contains(d) && !dims.lhs_contract.contains(d)).collect();
+        let rhs_free: Vec<usize> =
+            (0..rt.rank()).filter(|d| !dims.rhs_batch.contains(d) && !dims.rhs_contract.contains(d)).collect();
+        let cidx = unlinear(c, &depth);
+        let side = |rank: usize, batch: &[usize], contract: &[usize], free: &[usize], offset: usize| -> Index {
+            (0..rank)
+                .map(|d| {
+                    if let Some(p) = batch.iter().position(|&b| b == d) {
+                        idx[p].clone()
+                    } else if let Some(q) = contract.iter().position(|&b| b == d) {
+                        cidx[q].clone()
+                    } else {
+                        idx[offset + free.iter().position(|&f| f == d).expect("a free dim")].clone()
+                    }
+                })
+                .collect()
+        };
+        let li = side(lt.rank(), &dims.lhs_batch, &dims.lhs_contract, &lhs_free, nb);
+        let ri = side(rt.rank(), &dims.rhs_batch, &dims.rhs_contract, &rhs_free, nb + lhs_free.len());
+        let a = self.value(lhs, &li)?;
+        let b = self.value(rhs, &ri)?;
+        self.line(format!("{acc} += {a} * {b};"));
+        Ok(())
     }
 
     /// One step of a reduction of `input` over `axes` for the output element at `idx`: combines

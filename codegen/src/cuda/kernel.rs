@@ -104,25 +104,30 @@ fn elementwise(em: &mut Emitter, root: ValueId) -> Result<(), CudaError> {
 fn row_reduce(em: &mut Emitter, root: ValueId, warps: u32) -> Result<(), CudaError> {
     let unsupported = || CudaError::Unsupported(format!("{}: a warp per output but no row reduction", em.k.name));
     let r = row_reduce_of(em.k).ok_or_else(unsupported)?;
-    let Some(Op::Reduce { input, kind, axes }) = em.k.body.iter().find(|i| i.result == r.reduce).map(|i| &i.op) else {
-        return Err(unsupported());
+    let op = em.k.body.iter().find(|i| i.result == r.reduction).map(|i| i.op.clone()).ok_or_else(unsupported)?;
+    let reduced = em.k.ty(r.reduction).clone();
+    let idx = unlinear("i", &reduced.shape);
+    let (init, combine) = match &op {
+        Op::Reduce { kind, .. } => (reduce_init(*kind), format!("warp_{}", kind.name())),
+        _ => ("0.f", "warp_sum".to_string()),
     };
-    let (input, kind, axes) = (*input, *kind, axes.clone());
-    let (outputs, extent) = (r.outputs, r.extent);
-    let reduced = em.k.ty(r.reduce).clone();
     em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
     em.line(format!("const int i = blockIdx.x * {warps} + warp;"));
-    em.line(format!("float acc = {};", reduce_init(kind)));
-    em.open(format!("if (i < {outputs})"));
-    em.open(format!("for (int c = lane; c < {extent}; c += 32)"));
-    em.reduce_step(input, kind, &axes, &unlinear("i", &reduced.shape), "c", "acc")?;
+    em.line(format!("float acc = {init};"));
+    em.open(format!("if (i < {})", r.outputs));
+    em.open(format!("for (int c = lane; c < {}; c += 32)", r.extent));
+    match &op {
+        Op::Reduce { input, kind, axes } => em.reduce_step(*input, *kind, axes, &idx, "c", "acc")?,
+        Op::DotGeneral { lhs, rhs, dims } => em.dot_step(*lhs, *rhs, dims, &idx, "c", "acc")?,
+        _ => return Err(unsupported()),
+    }
     em.close();
     em.close();
     // Every lane of every warp shuffles, in or out of range: the warp's control flow stays uniform.
-    em.line(format!("acc = warp_{}(acc);", kind.name()));
-    em.open(format!("if (lane == 0 && i < {outputs})"));
+    em.line(format!("acc = {combine}(acc);"));
+    em.open(format!("if (lane == 0 && i < {})", r.outputs));
     let value = em.var(value_type(reduced.dtype), "red", &rounded(reduced.dtype, "acc"));
-    em.bound.insert(r.reduce, value);
+    em.bound.insert(r.reduction, value);
     let root_ty = em.k.ty(root).clone();
     let x = em.value(root, &unlinear("i", &root_ty.shape))?;
     em.line(store(root_ty.dtype, "out", "i", &x));

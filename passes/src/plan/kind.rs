@@ -97,29 +97,40 @@ pub fn matvec_of(k: &Function) -> Option<Matvec> {
 }
 
 /// A reduction the row-reduction template computes: the root an elementwise function (an epilogue)
-/// of one `reduce` at the same element, each of whose `outputs` elements combines `extent` inputs.
+/// of one `reduce`, or one `dot_general` contracting both operands' innermost axis (each output a
+/// sum of products along contiguous rows: attention scores, a prefill product), at the same
+/// element; each of its `outputs` elements combines `extent` inputs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RowReduce {
-    pub reduce: ValueId,
+    pub reduction: ValueId,
     pub outputs: usize,
     pub extent: usize,
 }
 
-/// The row reduction of a kernel, when the template applies: exactly one reduce reaches the root
-/// keeping its element's index (reductions inside its input are computed per input element), and
-/// no product does.
+/// The row reduction of a kernel, when the template applies: exactly one reduce or product reaches
+/// the root keeping its element's index (reductions inside its input are computed per input
+/// element), it is float, and a product contracts one axis, the innermost of both operands.
 pub fn row_reduce_of(k: &Function) -> Option<RowReduce> {
     let mut to_root = k
         .body
         .iter()
         .filter(|i| matches!(i.op, Op::Reduce { .. } | Op::DotGeneral { .. }) && keeps_index_to_root(k, i.result));
     let (Some(instr), None) = (to_root.next(), to_root.next()) else { return None };
-    let Op::Reduce { input, axes, .. } = &instr.op else { return None };
     if !k.ty(instr.result).dtype.is_float() {
         return None;
     }
-    let extent = axes.iter().map(|&a| k.ty(*input).shape[a]).product();
-    Some(RowReduce { reduce: instr.result, outputs: k.ty(instr.result).numel(), extent })
+    let extent = match &instr.op {
+        Op::Reduce { input, axes, .. } => axes.iter().map(|&a| k.ty(*input).shape[a]).product(),
+        Op::DotGeneral { lhs, rhs, dims } => {
+            let (lr, rr) = (k.ty(*lhs).rank(), k.ty(*rhs).rank());
+            if dims.lhs_contract != [lr - 1] || dims.rhs_contract != [rr - 1] {
+                return None;
+            }
+            k.ty(*lhs).shape[lr - 1]
+        }
+        _ => unreachable!("filtered"),
+    };
+    Some(RowReduce { reduction: instr.result, outputs: k.ty(instr.result).numel(), extent })
 }
 
 /// Whether every use of `v`, and of each value computed from it, up to the root, reads it at the

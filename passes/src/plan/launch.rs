@@ -52,8 +52,10 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
     }
     let work = elements_written(k) as u32;
     // Rows of at least a warp's width are reduced by a warp each: one thread summing a 1536-wide
-    // norm row (or a head's scores over 4096 slots) alone is a long chain of dependent adds.
-    let row_reduce = (kind == KernelKind::Reduce).then(|| row_reduce_of(k)).flatten().filter(|r| r.extent >= 32);
+    // norm row (or a head's scores over 4096 slots) alone is a long chain of dependent adds, and
+    // threads each walking their own cache row read memory 32 rows apart.
+    let reduces = matches!(kind, KernelKind::Reduce | KernelKind::Dot | KernelKind::Gemm | KernelKind::GemmW4);
+    let row_reduce = reduces.then(|| row_reduce_of(k)).flatten().filter(|r| r.extent >= 32);
     if let Some(r) = row_reduce {
         return Launch {
             grid: (r.outputs as u32).div_ceil(BLOCK / 32).max(1),
