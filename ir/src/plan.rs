@@ -5,7 +5,7 @@
 //! (inputs and state, which update-in-place kernels write) or in scratch buffers, reused once their
 //! value is dead. The text form (`print_plan`) shows each kernel's ops, launch and budget.
 
-use crate::{print_function, Module};
+use crate::{print_function, MmaShape, Module};
 use std::fmt::Write;
 
 /// Where a value lives between kernels.
@@ -77,6 +77,10 @@ pub struct Tile {
     pub cols: u32,
     pub k: u32,
     pub stages: u32,
+    /// The tensor-core instruction of a GEMM tile (`None`: a matvec, on the CUDA cores).
+    pub mma: Option<MmaShape>,
+    /// Weights multiplied with the same activation in one kernel (GELU(gate)·up: 2).
+    pub products: u32,
 }
 
 /// How a kernel is launched, and what it may use.
@@ -165,8 +169,13 @@ pub fn print_plan(plan: &KernelPlan, bodies: bool) -> String {
             let f = plan.kernels.function(&c.kernel).expect("a plan's kernels are in its module");
             let inputs: Vec<String> = c.inputs.iter().map(Slot::label).collect();
             let l = &c.launch;
-            let mut tile =
-                l.tile.map(|t| format!(" tile {}x{}x{}/{}", t.rows, t.cols, t.k, t.stages)).unwrap_or_default();
+            let mut tile = l
+                .tile
+                .map(|t| {
+                    let mma = t.mma.map(|m| format!(" mma {}", m.name())).unwrap_or_default();
+                    format!(" tile {}x{}x{}/{}{mma}", t.rows, t.cols, t.k, t.stages)
+                })
+                .unwrap_or_default();
             if l.warp_per_output {
                 tile.push_str(" warp/output");
             }

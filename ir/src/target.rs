@@ -28,7 +28,7 @@ impl Platform {
 }
 
 /// One warp-level matrix multiply-accumulate shape (`mma.sync.aligned.mMnNkK`) and its input type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MmaShape {
     pub m: u32,
     pub n: u32,

@@ -33,6 +33,12 @@ pub(crate) fn kernel_code(k: &Function, call: &KernelCall) -> Result<KernelCode,
                 .ok_or_else(|| CudaError::Unsupported("a cache write of a value that is not an input".into()))?;
             scatter(&mut em, j, *operand, *slots, *updates, *axis)?;
         }
+        (_, Some(tile), Some(m)) if tile.mma.is_some() => {
+            let f = footprint(&tile);
+            writeln!(shared, "  __shared__ __align__(16) u16 as_[{}];", f.staged_activations / 2).unwrap();
+            writeln!(shared, "  __shared__ __align__(16) u16 ws_[{}];", f.staged_weights / 2).unwrap();
+            gemm(&mut em, &tile, &m, root)?;
+        }
         (_, Some(tile), Some(m)) => {
             let smem = footprint(&tile).staged_activations / 4;
             // 16-byte aligned for the 128-bit loads of packed products.
@@ -67,9 +73,11 @@ pub(crate) fn kernel_code(k: &Function, call: &KernelCall) -> Result<KernelCode,
     for c in &em.constants {
         writeln!(code, "{c}").unwrap();
     }
+    // At least one block per SM: the register budget the plan gives each thread (ptxas otherwise
+    // aims at more resident blocks and spills a tensor-core kernel at 32 registers).
     writeln!(
         code,
-        "extern \"C\" __global__ void __launch_bounds__({}) {NAME}({}) {{",
+        "extern \"C\" __global__ void __launch_bounds__({}, 1) {NAME}({}) {{",
         call.launch.block,
         params.join(", ")
     )
@@ -217,6 +225,109 @@ fn matvec(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<()
     let root_ty = em.k.ty(root).clone();
     let x = em.value(root, &unlinear("i", &root_ty.shape))?;
     em.line(store(root_ty.dtype, "out", "i", &x));
+    em.close();
+    em.close();
+    Ok(())
+}
+
+/// The tensor-core GEMM: a block computes `tile.rows × tile.cols` outputs. Per `tile.k` step it
+/// stages the activation rows (the prologue computed once per element) and each product's weight
+/// rows (dequantized) as 16-bit MMA operands in shared memory; each of the 8 warps then multiplies a
+/// 16 × 32 block of them with `mma.sync` (m16n8k8 on Turing, m16n8k16 after), f32 accumulators in
+/// the fragment layout of the PTX ISA, and applies the epilogue to its accumulators' elements.
+fn gemm(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<(), CudaError> {
+    let mma = tile.mma.expect("a GEMM tile");
+    let (bm, bn, bk, stride) = (tile.rows as usize, tile.cols as usize, tile.k as usize, footprint(tile).row_stride);
+    let (rows, cols, depth, products) = (m.rows, m.cols, m.depth, m.dots.len());
+    let operand = mma.input;
+    let to_word = match operand {
+        DType::F16 => "f2h",
+        DType::BF16 => "f2b",
+        d => return Err(CudaError::Unsupported(format!("a tensor-core GEMM of {d}"))),
+    };
+    let lhs_shape = em.k.ty(m.lhs).shape.clone();
+    em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
+    em.line("const int g = lane >> 2, t = lane & 3;");
+    em.line("const int wm = (warp & 3) * 16, wn = (warp >> 2) * 32;");
+    em.line(format!(
+        "const int m0 = blockIdx.x / {} * {bm}, n0 = blockIdx.x % {} * {bn};",
+        cols.div_ceil(bn),
+        cols.div_ceil(bn)
+    ));
+    em.line(format!("float acc[{products}][4][4];"));
+    em.line("#pragma unroll");
+    em.line(format!("for (int j = 0; j < {products}; ++j) for (int f = 0; f < 4; ++f) for (int r = 0; r < 4; ++r) acc[j][f][r] = 0.f;"));
+    em.open(format!("for (int k0 = 0; k0 < {depth}; k0 += {bk})"));
+    // Stage the activations, then each product's weights, as 16-bit words; zeros past the edges.
+    em.open(format!("for (int e = threadIdx.x; e < {}; e += blockDim.x)", bm * bk));
+    em.line(format!("const int r = m0 + e / {bk}, kk = k0 + e % {bk};"));
+    em.line("float a = 0.f;");
+    em.open(format!("if (r < {rows} && kk < {depth})"));
+    let lin = em.var("int", "l", &format!("r * {depth} + kk"));
+    let x = em.value(m.lhs, &unlinear(&lin, &lhs_shape))?;
+    em.line(format!("a = {x};"));
+    em.close();
+    em.line(format!("as_[e / {bk} * {stride} + e % {bk}] = {to_word}(a);"));
+    em.close();
+    for (j, &(_, w)) in m.dots.iter().enumerate() {
+        em.open(format!("for (int e = threadIdx.x; e < {}; e += blockDim.x)", bn * bk));
+        em.line(format!("const int n = n0 + e / {bk}, kk = k0 + e % {bk};"));
+        em.line("float b = 0.f;");
+        em.open(format!("if (n < {cols} && kk < {depth})"));
+        let x = em.value(w, &["n".into(), "kk".into()])?;
+        em.line(format!("b = {x};"));
+        em.close();
+        em.line(format!("ws_[{} + e / {bk} * {stride} + e % {bk}] = {to_word}(b);", j * bn * stride as usize));
+        em.close();
+    }
+    em.line("__syncthreads();");
+    let (mk, regs_a, regs_b) = (mma.k as usize, mma.k as usize / 4, mma.k as usize / 8);
+    let instruction = format!("mma_{operand}_k{mk}");
+    em.line("#pragma unroll");
+    em.open(format!("for (int kk = 0; kk < {bk}; kk += {mk})"));
+    // A fragment: rows g and g + 8 of the warp's 16, elements 2t, 2t + 1 (and 8 further on for k16).
+    em.line(format!("const u16* ap = as_ + (wm + g) * {stride} + kk + 2 * t;"));
+    em.line(format!("unsigned a[{regs_a}];"));
+    em.line(format!("a[0] = ld_pair(ap); a[1] = ld_pair(ap + 8 * {stride});"));
+    if regs_a == 4 {
+        em.line(format!("a[2] = ld_pair(ap + 8); a[3] = ld_pair(ap + 8 * {stride} + 8);"));
+    }
+    em.line("#pragma unroll");
+    em.open("for (int f = 0; f < 4; ++f)");
+    for j in 0..products {
+        // B fragment: column g of the 8, k elements 2t, 2t + 1 (and 8 further on for k16).
+        em.line(format!(
+            "const u16* bp{j} = ws_ + {} + (wn + f * 8 + g) * {stride} + kk + 2 * t;",
+            j * bn * stride as usize
+        ));
+        em.line(format!("unsigned b{j}[{regs_b}];"));
+        em.line(format!("b{j}[0] = ld_pair(bp{j});"));
+        if regs_b == 2 {
+            em.line(format!("b{j}[1] = ld_pair(bp{j} + 8);"));
+        }
+        em.line(format!("{instruction}(acc[{j}][f], a, b{j});"));
+    }
+    em.close();
+    em.close();
+    em.line("__syncthreads();");
+    em.close();
+    // Accumulator r of n-tile f: row g (+ 8 for r >= 2), column 2t + (r & 1).
+    em.line("#pragma unroll");
+    em.open("for (int f = 0; f < 4; ++f)");
+    em.line("#pragma unroll");
+    em.open("for (int r = 0; r < 4; ++r)");
+    em.line("const int row = m0 + wm + g + (r >> 1) * 8, col = n0 + wn + f * 8 + 2 * t + (r & 1);");
+    em.open(format!("if (row < {rows} && col < {cols})"));
+    em.line(format!("const int i = row * {cols} + col;"));
+    for (j, &(dot, _)) in m.dots.iter().enumerate() {
+        let dot_ty = em.k.ty(dot).dtype;
+        let product = em.var(value_type(dot_ty), "d", &rounded(dot_ty, &format!("acc[{j}][f][r]")));
+        em.bound.insert(dot, product);
+    }
+    let root_ty = em.k.ty(root).clone();
+    let x = em.value(root, &unlinear("i", &root_ty.shape))?;
+    em.line(store(root_ty.dtype, "out", "i", &x));
+    em.close();
     em.close();
     em.close();
     Ok(())

@@ -36,6 +36,29 @@ __device__ __forceinline__ void ld8(const float* p, float* v) {
 #else
 inline void ld8(const float* p, float* v) { for (int i = 0; i < 8; ++i) v[i] = p[i]; }
 #endif
+// Two consecutive 16-bit elements (4-byte aligned) as one MMA operand register, the first in the
+// low half.
+__device__ __forceinline__ unsigned ld_pair(const u16* p) { return *(const unsigned*)p; }
+// mma.sync with f32 accumulators, D += A · B, fragments as the PTX ISA lays them out (row-major A,
+// column-major B). m16n8k8 f16 is Turing's; m16n8k16 (f16, bf16) needs sm_80.
+#ifndef G4C_HOST_EMULATION
+__device__ __forceinline__ void mma_f16_k8(float* d, const unsigned* a, const unsigned* b) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[0]), "r"(a[1]), "r"(b[0]));
+}
+#if __CUDA_ARCH__ >= 800
+__device__ __forceinline__ void mma_f16_k16(float* d, const unsigned* a, const unsigned* b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ void mma_bf16_k16(float* d, const unsigned* a, const unsigned* b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#endif
+#endif
 __device__ __forceinline__ float fmax_nan(float a, float b) { return (isnan(a) || isnan(b)) ? __int_as_float(0x7fc00000) : fmaxf(a, b); }
 __device__ __forceinline__ float fmin_nan(float a, float b) { return (isnan(a) || isnan(b)) ? __int_as_float(0x7fc00000) : fminf(a, b); }
 __device__ __forceinline__ float sgn(float a) { return (a == 0.f || isnan(a)) ? a : copysignf(1.f, a); }

@@ -5,7 +5,7 @@
 
 use super::kind::{matvec_of, row_reduce_of};
 use g4c_ir::plan::{KernelKind, Launch, Tile};
-use g4c_ir::{Function, GpuLimits, Op};
+use g4c_ir::{DType, Function, GpuLimits, MmaShape, Op};
 
 /// Threads per block of every kernel: 8 warps.
 const BLOCK: u32 = 256;
@@ -15,32 +15,96 @@ const MATVEC_COLS: u32 = BLOCK / 32;
 /// contraction is staged in multiples of this.
 const MATVEC_K_STEP: u32 = 32;
 
+/// A GEMM block's output tile: rows (tokens) and columns (output features); 8 warps of 16 × 32.
+const GEMM_ROWS: u32 = 64;
+const GEMM_COLS: u32 = 64;
+/// The contraction a GEMM block stages at a time: two `k16` or four `k8` MMA steps.
+const GEMM_K: u32 = 32;
+/// 16-bit elements each staged GEMM row is padded by, so the fragment loads of a warp's 8 row
+/// groups fall in distinct shared-memory banks (a row of 40 elements is 20 words: 8 rows apart by
+/// 20 words cover every bank once per 4 lanes).
+const GEMM_ROW_PAD: u32 = 8;
+
 /// What one block of a kernel holds in shared memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Footprint {
-    /// The activation rows staged for the tile's `k`, as f32 (after the prologue), per stage.
+    /// The activation rows staged for the tile's `k`, per stage: f32 after the prologue for a
+    /// matvec, 16-bit MMA operands for a GEMM.
     pub staged_activations: u64,
+    /// The weight rows staged per stage (a GEMM's, 16-bit; a matvec streams its weights).
+    pub staged_weights: u64,
+    /// Elements from one staged GEMM row to the next.
+    pub row_stride: u64,
     pub smem_bytes: u64,
 }
 
-/// Shared memory of a matvec tile: `stages` copies of `rows × k` f32 activations. The weights are
-/// read once per block and never staged.
+/// Shared memory of a tile. A matvec: `stages` copies of `rows × k` f32 activations; the weights
+/// are read once per block and never staged. A GEMM: `stages` copies of its `rows` activation rows
+/// and `products × cols` weight rows of `k` 16-bit elements, each row padded.
 pub fn footprint(tile: &Tile) -> Footprint {
-    let staged = tile.rows as u64 * tile.k as u64 * 4;
-    Footprint { staged_activations: staged, smem_bytes: staged * tile.stages as u64 }
+    let (rows, cols, k, stages) = (tile.rows as u64, tile.cols as u64, tile.k as u64, tile.stages as u64);
+    if tile.mma.is_some() {
+        let row_stride = k + GEMM_ROW_PAD as u64;
+        let (activations, weights) = (rows * row_stride * 2, tile.products as u64 * cols * row_stride * 2);
+        return Footprint {
+            staged_activations: activations,
+            staged_weights: weights,
+            row_stride,
+            smem_bytes: (activations + weights) * stages,
+        };
+    }
+    let staged = rows * k * 4;
+    Footprint { staged_activations: staged, staged_weights: 0, row_stride: k, smem_bytes: staged * stages }
 }
 
-/// The launch of a kernel: matvec kernels the template applies to get a tile whose `k` is the
-/// largest step multiple that fits the target's static shared memory (at least one step, or the
-/// fit check fails); every other kernel one thread per element it writes.
+/// The tensor-core shape a GEMM of `operand`s uses on `gpu`: its `m16n8` shape of the largest `k`.
+fn gemm_mma(gpu: &GpuLimits, operand: DType) -> Option<MmaShape> {
+    gpu.mma.iter().filter(|s| s.m == 16 && s.n == 8 && s.input == operand).max_by_key(|s| s.k).copied()
+}
+
+/// The launch of a kernel: prefill products of 16-bit operands a tensor-core GEMM tile; matvec
+/// kernels the template applies to a tile whose `k` is the largest step multiple that fits the
+/// target's static shared memory (at least one step, or the fit check fails); row reductions a warp
+/// per output; every other kernel one thread per element it writes.
 pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch {
     let registers = registers_per_thread(gpu, BLOCK);
+    // A prefill product of 16-bit operands: tensor cores, a block per 64 × 64 outputs.
+    let gemm = matches!(kind, KernelKind::GemmW4 | KernelKind::Gemm).then(|| matvec_of(k)).flatten();
+    if let Some((m, mma)) = gemm.and_then(|m| {
+        let operand = k.ty(m.lhs).dtype;
+        let same = m.dots.iter().all(|&(_, w)| k.ty(w).dtype == operand);
+        same.then(|| gemm_mma(gpu, operand)).flatten().map(|mma| (m, mma))
+    }) {
+        let tile = Tile {
+            rows: GEMM_ROWS,
+            cols: GEMM_COLS,
+            k: GEMM_K,
+            stages: 1,
+            mma: Some(mma),
+            products: m.dots.len() as u32,
+        };
+        return Launch {
+            grid: (m.rows as u32).div_ceil(GEMM_ROWS) * (m.cols as u32).div_ceil(GEMM_COLS),
+            block: BLOCK,
+            smem_bytes: footprint(&tile).smem_bytes as u32,
+            registers,
+            tile: Some(tile),
+            warp_per_output: false,
+        };
+    }
     let matvec = matches!(kind, KernelKind::MatvecW4 | KernelKind::Matvec).then(|| matvec_of(k)).flatten();
     if let Some(m) = matvec {
         let rows = m.rows as u32;
         let whole = (m.depth as u32).div_ceil(MATVEC_K_STEP) * MATVEC_K_STEP;
         let fitting = (gpu.smem_per_block / (rows * 4) / MATVEC_K_STEP) * MATVEC_K_STEP;
-        let tile = Tile { rows, cols: MATVEC_COLS, k: whole.min(fitting).max(MATVEC_K_STEP), stages: 1 };
+        let tile = Tile {
+            rows,
+            cols: MATVEC_COLS,
+            k: whole.min(fitting).max(MATVEC_K_STEP),
+            stages: 1,
+            mma: None,
+            products: m.dots.len() as u32,
+        };
         return Launch {
             grid: (m.cols as u32).div_ceil(MATVEC_COLS),
             block: BLOCK,

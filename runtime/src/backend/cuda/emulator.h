@@ -72,6 +72,39 @@ static inline float __shfl_xor_sync(unsigned, float v, int o) {
   return r;
 }
 
+// mma.sync on the host: each lane of the block leaves its fragments, a barrier, then each computes
+// its own accumulators from its warp's, summing in k order in f32; a barrier again before the
+// fragments are overwritten. Element (row, k) of A is in lane (row % 8) * 4 + (k % 8) / 2, register
+// (row >= 8) + 2 (k >= 8), half k % 2; element (k, col) of B in lane col * 4 + (k % 8) / 2,
+// register k >= 8, half k % 2; accumulator r of a lane (g, t) = (lane / 4, lane % 4) is
+// (row g + 8 (r >= 2), column 2t + r % 2).
+static unsigned g4c_mma_a[1024][4], g4c_mma_b[1024][2];
+template <int K, float (*Widen)(unsigned short)>
+static inline void g4c_mma(float* d, const unsigned* a, const unsigned* b) {
+  for (int i = 0; i < K / 4; ++i) g4c_mma_a[threadIdx.x][i] = a[i];
+  for (int i = 0; i < K / 8; ++i) g4c_mma_b[threadIdx.x][i] = b[i];
+  __syncthreads();
+  const unsigned lane = threadIdx.x & 31, warp0 = threadIdx.x - lane, g = lane >> 2, t = lane & 3;
+  auto half = [](unsigned word, int k) { return (unsigned short)(word >> (16 * (k & 1))); };
+  float out[4];
+  for (int r = 0; r < 4; ++r) {
+    const unsigned row = g + 8 * (r >> 1), col = 2 * t + (r & 1);
+    float sum = d[r];
+    for (int k = 0; k < K; ++k) {
+      const unsigned a_word = g4c_mma_a[warp0 + (row % 8) * 4 + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)];
+      const unsigned b_word = g4c_mma_b[warp0 + col * 4 + (k % 8) / 2][k >= 8];
+      sum += Widen(half(a_word, k)) * Widen(half(b_word, k));
+    }
+    out[r] = sum;
+  }
+  __syncthreads();
+  for (int r = 0; r < 4; ++r) d[r] = out[r];
+}
+static inline float g4c_widen_bf16(unsigned short b) { return __uint_as_float(((unsigned)b) << 16); }
+static inline void mma_f16_k8(float* d, const unsigned* a, const unsigned* b) { g4c_mma<8, h2f>(d, a, b); }
+static inline void mma_f16_k16(float* d, const unsigned* a, const unsigned* b) { g4c_mma<16, h2f>(d, a, b); }
+static inline void mma_bf16_k16(float* d, const unsigned* a, const unsigned* b) { g4c_mma<16, g4c_widen_bf16>(d, a, b); }
+
 // Runs `grid` blocks of `block` threads of `kernel` on `args` (at most 24 pointers).
 extern "C" int g4c_emulate(void* kernel, void** args, int nargs, unsigned grid, unsigned block, int synchronizes) {
   if (nargs > 24 || block > 1024) return 1;
