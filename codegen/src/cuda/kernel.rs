@@ -1,8 +1,8 @@
-//! One kernel's CUDA C from its IR function and launch, in one of four forms: one thread per
+//! One kernel's CUDA C from its IR function and launch, in one of five forms: one thread per
 //! element written (`elementwise`), one thread per cache slot written (`scatter`, in place), a warp
-//! per output of a row reduction (`row_reduce`), or the tiled matvec (`matvec`): activations staged
-//! in shared memory, the weight streamed once, a warp per output column, the epilogue applied to the
-//! reduced sums.
+//! per output of a row reduction (`row_reduce`), the tiled matvec (`matvec`: activations staged in
+//! shared memory, the weight streamed once, a warp per output column), or the tensor-core GEMM
+//! (`gemm`). The last three apply the kernel's epilogue to their sums (`store_root`).
 
 use super::elemental::{linear, reduce_init, rounded, storage_type, store, unlinear, value_type, write_lines, Emitter};
 use super::CudaError;
@@ -134,11 +134,36 @@ fn row_reduce(em: &mut Emitter, root: ValueId, warps: u32) -> Result<(), CudaErr
     // Every lane of every warp shuffles, in or out of range: the warp's control flow stays uniform.
     em.line(format!("acc = {combine}(acc);"));
     em.open(format!("if (lane == 0 && i < {})", r.outputs));
-    let value = em.var(value_type(reduced.dtype), "red", &rounded(reduced.dtype, "acc"));
-    em.bound.insert(r.reduction, value);
+    store_root(em, &[(r.reduction, "acc".into())], root)?;
+    em.close();
+    Ok(())
+}
+
+/// Stores the root's element `i` (a C variable), with each of `sums` (a reduction or product of
+/// the kernel, and the f32 expression of its element `i`) rounded to its type and bound, so the
+/// epilogue from it to the root is computed on it.
+fn store_root(em: &mut Emitter, sums: &[(ValueId, String)], root: ValueId) -> Result<(), CudaError> {
+    for (v, sum) in sums {
+        let dtype = em.k.ty(*v).dtype;
+        let value = em.var(value_type(dtype), "d", &rounded(dtype, sum));
+        em.bound.insert(*v, value);
+    }
     let root_ty = em.k.ty(root).clone();
     let x = em.value(root, &unlinear("i", &root_ty.shape))?;
     em.line(store(root_ty.dtype, "out", "i", &x));
+    Ok(())
+}
+
+/// Declares `float {name}`: the activation of a matrix product at row `row` and contraction index
+/// `kk` (C expressions), its prologue computed, or 0 past the `rows × depth` edges.
+fn activation_at(em: &mut Emitter, m: &Matvec, name: &str, row: &str, kk: &str) -> Result<(), CudaError> {
+    let (rows, depth) = (m.rows, m.depth);
+    let lhs_shape = em.k.ty(m.lhs).shape.clone();
+    em.line(format!("float {name} = 0.f;"));
+    em.open(format!("if ({row} < {rows} && {kk} < {depth})"));
+    let lin = em.var("int", "l", &format!("{row} * {depth} + {kk}"));
+    let x = em.value(m.lhs, &unlinear(&lin, &lhs_shape))?;
+    em.line(format!("{name} = {x};"));
     em.close();
     Ok(())
 }
@@ -173,7 +198,6 @@ fn scatter(
 fn matvec(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<(), CudaError> {
     let (rows, kt, cols) = (tile.rows, tile.k, tile.cols);
     let (n_total, depth, products) = (m.cols, m.depth, m.dots.len());
-    let lhs_shape = em.k.ty(m.lhs).shape.clone();
     em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
     em.line(format!("const int n = blockIdx.x * {cols} + warp;"));
     em.line(format!("float acc[{products}][{rows}];"));
@@ -182,12 +206,7 @@ fn matvec(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<()
     em.open(format!("for (int k0 = 0; k0 < {depth}; k0 += {kt})"));
     em.open(format!("for (int e = threadIdx.x; e < {}; e += blockDim.x)", rows * kt));
     em.line(format!("const int r = e / {kt}, kk = k0 + e % {kt};"));
-    em.line("float a = 0.f;");
-    em.open(format!("if (kk < {depth})"));
-    let lin = em.var("int", "l", &format!("r * {depth} + kk"));
-    let x = em.value(m.lhs, &unlinear(&lin, &lhs_shape))?;
-    em.line(format!("a = {x};"));
-    em.close();
+    activation_at(em, m, "a", "r", "kk")?;
     em.line("act[e] = a;");
     em.close();
     em.line("__syncthreads();");
@@ -217,14 +236,9 @@ fn matvec(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<()
     em.line("#pragma unroll");
     em.open(format!("for (int r = 0; r < {rows}; ++r)"));
     em.line(format!("const int i = r * {n_total} + n;"));
-    for (j, &(dot, _)) in m.dots.iter().enumerate() {
-        let dot_ty = em.k.ty(dot).dtype;
-        let product = em.var(value_type(dot_ty), "d", &rounded(dot_ty, &format!("acc[{j}][r]")));
-        em.bound.insert(dot, product);
-    }
-    let root_ty = em.k.ty(root).clone();
-    let x = em.value(root, &unlinear("i", &root_ty.shape))?;
-    em.line(store(root_ty.dtype, "out", "i", &x));
+    let sums: Vec<(ValueId, String)> =
+        m.dots.iter().enumerate().map(|(j, &(dot, _))| (dot, format!("acc[{j}][r]"))).collect();
+    store_root(em, &sums, root)?;
     em.close();
     em.close();
     Ok(())
@@ -232,9 +246,10 @@ fn matvec(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<()
 
 /// The tensor-core GEMM: a block computes `tile.rows × tile.cols` outputs. Per `tile.k` step it
 /// stages the activation rows (the prologue computed once per element) and each product's weight
-/// rows (dequantized) as 16-bit MMA operands in shared memory; each of the 8 warps then multiplies a
-/// 16 × 32 block of them with `mma.sync` (m16n8k8 on Turing, m16n8k16 after), f32 accumulators in
-/// the fragment layout of the PTX ISA, and applies the epilogue to its accumulators' elements.
+/// rows (dequantized; a packed 4-bit weight 8 values per thread from one word and one scale) as
+/// 16-bit MMA operands in shared memory; each of the 8 warps then multiplies a 16 × 32 block of
+/// them with `mma.sync` (m16n8k8 on Turing, m16n8k16 after), f32 accumulators in the fragment
+/// layout of the PTX ISA, and applies the epilogue to its accumulators' elements.
 fn gemm(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<(), CudaError> {
     let mma = tile.mma.expect("a GEMM tile");
     let (bm, bn, bk, stride) = (tile.rows as usize, tile.cols as usize, tile.k as usize, footprint(tile).row_stride);
@@ -245,7 +260,6 @@ fn gemm(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<(), 
         DType::BF16 => "f2b",
         d => return Err(CudaError::Unsupported(format!("a tensor-core GEMM of {d}"))),
     };
-    let lhs_shape = em.k.ty(m.lhs).shape.clone();
     em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
     em.line("const int g = lane >> 2, t = lane & 3;");
     em.line("const int wm = (warp & 3) * 16, wn = (warp >> 2) * 32;");
@@ -261,15 +275,26 @@ fn gemm(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<(), 
     // Stage the activations, then each product's weights, as 16-bit words; zeros past the edges.
     em.open(format!("for (int e = threadIdx.x; e < {}; e += blockDim.x)", bm * bk));
     em.line(format!("const int r = m0 + e / {bk}, kk = k0 + e % {bk};"));
-    em.line("float a = 0.f;");
-    em.open(format!("if (r < {rows} && kk < {depth})"));
-    let lin = em.var("int", "l", &format!("r * {depth} + kk"));
-    let x = em.value(m.lhs, &unlinear(&lin, &lhs_shape))?;
-    em.line(format!("a = {x};"));
-    em.close();
+    activation_at(em, m, "a", "r", "kk")?;
     em.line(format!("as_[e / {bk} * {stride} + e % {bk}] = {to_word}(a);"));
     em.close();
     for (j, &(_, w)) in m.dots.iter().enumerate() {
+        let staged = j * bn * stride as usize;
+        if let Some(p) = PackedWeight::of(em.k, w).filter(|_| depth % 8 == 0) {
+            // A packed 4-bit weight: a thread stages 8 values from one word and one scale.
+            let words = bk / 8;
+            em.open(format!("for (int e = threadIdx.x; e < {}; e += blockDim.x)", bn * words));
+            em.line(format!("const int n = n0 + e / {words}, kk = k0 + e % {words} * 8;"));
+            em.line(format!("u16* const dst = ws_ + {staged} + e / {words} * {stride} + e % {words} * 8;"));
+            em.open(format!("if (n < {cols} && kk < {depth})"));
+            let (word, s) = packed_word(em, &p, "n", "kk", depth)?;
+            let value = rounded(p.dtype, &format!("(float)nib({word}, i) * {s}"));
+            em.line(format!("for (int i = 0; i < 8; ++i) dst[i] = {to_word}({value});"));
+            em.close();
+            em.line("else for (int i = 0; i < 8; ++i) dst[i] = 0;");
+            em.close();
+            continue;
+        }
         em.open(format!("for (int e = threadIdx.x; e < {}; e += blockDim.x)", bn * bk));
         em.line(format!("const int n = n0 + e / {bk}, kk = k0 + e % {bk};"));
         em.line("float b = 0.f;");
@@ -277,7 +302,7 @@ fn gemm(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<(), 
         let x = em.value(w, &["n".into(), "kk".into()])?;
         em.line(format!("b = {x};"));
         em.close();
-        em.line(format!("ws_[{} + e / {bk} * {stride} + e % {bk}] = {to_word}(b);", j * bn * stride as usize));
+        em.line(format!("ws_[{staged} + e / {bk} * {stride} + e % {bk}] = {to_word}(b);"));
         em.close();
     }
     em.line("__syncthreads();");
@@ -319,14 +344,9 @@ fn gemm(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<(), 
     em.line("const int row = m0 + wm + g + (r >> 1) * 8, col = n0 + wn + f * 8 + 2 * t + (r & 1);");
     em.open(format!("if (row < {rows} && col < {cols})"));
     em.line(format!("const int i = row * {cols} + col;"));
-    for (j, &(dot, _)) in m.dots.iter().enumerate() {
-        let dot_ty = em.k.ty(dot).dtype;
-        let product = em.var(value_type(dot_ty), "d", &rounded(dot_ty, &format!("acc[{j}][f][r]")));
-        em.bound.insert(dot, product);
-    }
-    let root_ty = em.k.ty(root).clone();
-    let x = em.value(root, &unlinear("i", &root_ty.shape))?;
-    em.line(store(root_ty.dtype, "out", "i", &x));
+    let sums: Vec<(ValueId, String)> =
+        m.dots.iter().enumerate().map(|(j, &(dot, _))| (dot, format!("acc[{j}][f][r]"))).collect();
+    store_root(em, &sums, root)?;
     em.close();
     em.close();
     em.close();
@@ -359,6 +379,22 @@ impl PackedWeight {
     }
 }
 
+/// Declares the word of packed weight `w` holding its 8 values from `(n, k)` on (`k` a multiple of
+/// 8), and their scale; returns both variables.
+fn packed_word(
+    em: &mut Emitter,
+    w: &PackedWeight,
+    n: &str,
+    k: &str,
+    depth: usize,
+) -> Result<(String, String), CudaError> {
+    let array = em.weight_arg(&w.q);
+    let word = em.var("unsigned", "q", &format!("ld_word({array}, ({n} * {depth} + {k}) >> 3)"));
+    let s = em.value(w.scale, &[n.to_string(), format!("({k} / {})", w.group)])?;
+    let s = em.var("float", "s", &s);
+    Ok((word, s))
+}
+
 /// The products of a matvec over packed weights: lane `l` takes `k` values `8l .. 8l + 8` of each
 /// 256, one word and one scale per weight, and its 8 staged activations per row in two 128-bit
 /// shared-memory loads (a quarter-warp's loads then touch every bank once). The values are
@@ -371,14 +407,7 @@ fn packed_products(
     depth: usize,
 ) -> Result<(), CudaError> {
     em.open(format!("for (int kk = lane * 8; kk < {kt} && k0 + kk < {depth}; kk += 256)"));
-    let mut words = Vec::new();
-    for w in weights {
-        let array = em.weight_arg(&w.q);
-        let word = em.var("unsigned", "q", &format!("ld_word({array}, (n * {depth} + k0 + kk) >> 3)"));
-        let s = em.value(w.scale, &["n".into(), format!("((k0 + kk) / {})", w.group)])?;
-        let s = em.var("float", "s", &s);
-        words.push((word, s));
-    }
+    let words = weights.iter().map(|w| packed_word(em, w, "n", "(k0 + kk)", depth)).collect::<Result<Vec<_>, _>>()?;
     em.line(format!("float staged[{rows}][8];"));
     em.line("#pragma unroll");
     em.line(format!("for (int r = 0; r < {rows}; ++r) ld8(act + r * {kt} + kk, staged[r]);"));
