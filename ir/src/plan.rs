@@ -93,16 +93,27 @@ pub struct Launch {
     /// Registers per thread the kernel may use: what keeps `block` threads within the SM's file.
     pub registers: u32,
     pub tile: Option<Tile>,
-    /// A warp computes each output element together (a row reduction: lanes split the row and
-    /// combine with shuffles), rather than one thread each.
-    pub warp_per_output: bool,
+    /// How threads share each output's reduction (`None`: a thread computes an output alone).
+    pub split: Option<ReduceSplit>,
 }
 
 impl Launch {
     /// Whether the kernel's threads synchronize (barriers, warp shuffles).
     pub fn synchronizes(&self) -> bool {
-        self.tile.is_some() || self.warp_per_output
+        self.tile.is_some() || self.split.is_some()
     }
+}
+
+/// How the threads of a reducing kernel share the reduction of each output element.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceSplit {
+    /// A warp per output: its lanes stride the reduced row, contiguous in memory, and combine
+    /// with shuffles (norm statistics, attention scores).
+    WarpPerOutput,
+    /// A lane per output, a block per 32 adjacent outputs: the block's warps split the reduced
+    /// extent and combine through shared memory. For reductions along a strided axis, where
+    /// adjacent outputs read adjacent inputs (attention's weighted sum of values over cache slots).
+    WarpsPerExtent,
 }
 
 /// One kernel launch of an entry point.
@@ -176,8 +187,10 @@ pub fn print_plan(plan: &KernelPlan, bodies: bool) -> String {
                     format!(" tile {}x{}x{}/{}{mma}", t.rows, t.cols, t.k, t.stages)
                 })
                 .unwrap_or_default();
-            if l.warp_per_output {
-                tile.push_str(" warp/output");
+            match l.split {
+                Some(ReduceSplit::WarpPerOutput) => tile.push_str(" warp/output"),
+                Some(ReduceSplit::WarpsPerExtent) => write!(tile, " lane/output extent/{}", l.block / 32).unwrap(),
+                None => {}
             }
             writeln!(
                 out,

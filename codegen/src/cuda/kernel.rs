@@ -1,14 +1,17 @@
 //! One kernel's CUDA C from its IR function and launch, in one of five forms: one thread per
-//! element written (`elementwise`), one thread per cache slot written (`scatter`, in place), a warp
-//! per output of a row reduction (`row_reduce`), the tiled matvec (`matvec`: activations staged in
-//! shared memory, the weight streamed once, a warp per output column), or the tensor-core GEMM
-//! (`gemm`). The last three apply the kernel's epilogue to their sums (`store_root`).
+//! element written (`elementwise`), one thread per cache slot written (`scatter`, in place), a
+//! reduction split over a warp per output or over a block's warps (`split_reduce`), the tiled
+//! matvec (`matvec`: activations staged in shared memory, the weight streamed once, a warp per
+//! output column), or the tensor-core GEMM (`gemm`). The last three apply the kernel's epilogue to
+//! their sums (`store_root`).
 
-use super::elemental::{linear, reduce_init, rounded, storage_type, store, unlinear, value_type, write_lines, Emitter};
+use super::elemental::{
+    linear, reduce_combine, reduce_init, rounded, storage_type, store, unlinear, value_type, write_lines, Emitter,
+};
 use super::CudaError;
-use g4c_ir::plan::{KernelCall, Tile};
-use g4c_ir::{DType, Function, Op, ValueId};
-use g4c_passes::{footprint, matvec_of, row_reduce_of, Matvec};
+use g4c_ir::plan::{KernelCall, ReduceSplit, Tile};
+use g4c_ir::{DType, Function, Op, ReduceKind, ValueId};
+use g4c_passes::{footprint, matvec_of, reduction_of, split_footprint, Matvec};
 use std::fmt::Write;
 
 /// Stands for the kernel's symbol until its code is hashed.
@@ -46,8 +49,16 @@ pub(crate) fn kernel_code(k: &Function, call: &KernelCall) -> Result<KernelCode,
             matvec(&mut em, &tile, &m, root)?;
         }
         (_, Some(_), None) => return Err(CudaError::Unsupported(format!("{}: a tile but no matvec", k.name))),
-        (_, None, _) if call.launch.warp_per_output => row_reduce(&mut em, root, call.launch.block / 32)?,
-        (_, None, _) => elementwise(&mut em, root)?,
+        (_, None, _) => match call.launch.split {
+            Some(split) => {
+                let partials = split_footprint(split, call.launch.block) / 4;
+                if partials > 0 {
+                    writeln!(shared, "  __shared__ float part[{partials}];").unwrap();
+                }
+                split_reduce(&mut em, root, split, call.launch.block / 32)?
+            }
+            None => elementwise(&mut em, root)?,
+        },
     }
     let lines = em.take_lines();
     let mut params: Vec<String> = k
@@ -107,23 +118,33 @@ fn elementwise(em: &mut Emitter, root: ValueId) -> Result<(), CudaError> {
     Ok(())
 }
 
-/// A warp per output element of a row reduction: its lanes stride the row, the warp combines their
-/// partial results with shuffles, and lane 0 applies the epilogue and stores.
-fn row_reduce(em: &mut Emitter, root: ValueId, warps: u32) -> Result<(), CudaError> {
-    let unsupported = || CudaError::Unsupported(format!("{}: a warp per output but no row reduction", em.k.name));
-    let r = row_reduce_of(em.k).ok_or_else(unsupported)?;
+/// A reduction split over threads: a warp per output (`WarpPerOutput`: its lanes stride the row,
+/// shuffles combine their partial results, lane 0 stores) or a lane per output and the block's warps
+/// over the extent (`WarpsPerExtent`: partial results combined through shared memory by warp 0).
+/// The storing thread applies the epilogue.
+fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32) -> Result<(), CudaError> {
+    let unsupported = || CudaError::Unsupported(format!("{}: a split reduction but no reduction", em.k.name));
+    let r = reduction_of(em.k).ok_or_else(unsupported)?;
     let op = em.k.body.iter().find(|i| i.result == r.reduction).map(|i| i.op.clone()).ok_or_else(unsupported)?;
-    let reduced = em.k.ty(r.reduction).clone();
-    let idx = unlinear("i", &reduced.shape);
-    let (init, combine) = match &op {
-        Op::Reduce { kind, .. } => (reduce_init(*kind), format!("warp_{}", kind.name())),
-        _ => ("0.f", "warp_sum".to_string()),
+    let idx = unlinear("i", &em.k.ty(r.reduction).shape);
+    let (init, kind) = match &op {
+        Op::Reduce { kind, .. } => (reduce_init(*kind), *kind),
+        _ => ("0.f", ReduceKind::Sum),
     };
     em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
-    em.line(format!("const int i = blockIdx.x * {warps} + warp;"));
+    let (first, stride) = match split {
+        ReduceSplit::WarpPerOutput => {
+            em.line(format!("const int i = blockIdx.x * {warps} + warp;"));
+            ("lane", 32)
+        }
+        ReduceSplit::WarpsPerExtent => {
+            em.line("const int i = blockIdx.x * 32 + lane;");
+            ("warp", warps)
+        }
+    };
     em.line(format!("float acc = {init};"));
     em.open(format!("if (i < {})", r.outputs));
-    em.open(format!("for (int c = lane; c < {}; c += 32)", r.extent));
+    em.open(format!("for (int c = {first}; c < {}; c += {stride})", r.extent));
     match &op {
         Op::Reduce { input, kind, axes } => em.reduce_step(*input, *kind, axes, &idx, "c", "acc")?,
         Op::DotGeneral { lhs, rhs, dims } => em.dot_step(*lhs, *rhs, dims, &idx, "c", "acc")?,
@@ -131,9 +152,21 @@ fn row_reduce(em: &mut Emitter, root: ValueId, warps: u32) -> Result<(), CudaErr
     }
     em.close();
     em.close();
-    // Every lane of every warp shuffles, in or out of range: the warp's control flow stays uniform.
-    em.line(format!("acc = {combine}(acc);"));
-    em.open(format!("if (lane == 0 && i < {})", r.outputs));
+    match split {
+        ReduceSplit::WarpPerOutput => {
+            // Every lane of every warp shuffles, in or out of range: the warp's control flow stays
+            // uniform.
+            em.line(format!("acc = warp_{}(acc);", kind.name()));
+            em.open(format!("if (lane == 0 && i < {})", r.outputs));
+        }
+        ReduceSplit::WarpsPerExtent => {
+            em.line("part[threadIdx.x] = acc;");
+            em.line("__syncthreads();");
+            em.open(format!("if (warp == 0 && i < {})", r.outputs));
+            let step = reduce_combine(kind, "acc", "part[w * 32 + lane]");
+            em.line(format!("for (int w = 1; w < {warps}; ++w) acc = {step};"));
+        }
+    }
     store_root(em, &[(r.reduction, "acc".into())], root)?;
     em.close();
     Ok(())

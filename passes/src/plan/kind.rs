@@ -96,21 +96,23 @@ pub fn matvec_of(k: &Function) -> Option<Matvec> {
     Some(Matvec { dots, lhs, rows: k.ty(lhs).numel() / depth, cols, depth })
 }
 
-/// A reduction the row-reduction template computes: the root an elementwise function (an epilogue)
-/// of one `reduce`, or one `dot_general` contracting both operands' innermost axis (each output a
-/// sum of products along contiguous rows: attention scores, a prefill product), at the same
-/// element; each of its `outputs` elements combines `extent` inputs.
+/// A reduction the reducing templates compute: the root an elementwise function (an epilogue) of
+/// one `reduce` or `dot_general` at the same element; each of its `outputs` elements combines
+/// `extent` inputs, which lie along a contiguous row of each operand (`contiguous`: a reduce over
+/// innermost axes, a product contracting both operands' innermost axis: norm statistics, attention
+/// scores) or not (attention's weighted sum of values over cache slots).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RowReduce {
+pub struct Reduction {
     pub reduction: ValueId,
     pub outputs: usize,
     pub extent: usize,
+    pub contiguous: bool,
 }
 
-/// The row reduction of a kernel, when the template applies: exactly one reduce or product reaches
-/// the root keeping its element's index (reductions inside its input are computed per input
-/// element), it is float, and a product contracts one axis, the innermost of both operands.
-pub fn row_reduce_of(k: &Function) -> Option<RowReduce> {
+/// The reduction of a kernel, when the templates apply: exactly one reduce or product reaches the
+/// root keeping its element's index (reductions inside its input are computed per input element),
+/// and it is float.
+pub fn reduction_of(k: &Function) -> Option<Reduction> {
     let mut to_root = k
         .body
         .iter()
@@ -119,18 +121,25 @@ pub fn row_reduce_of(k: &Function) -> Option<RowReduce> {
     if !k.ty(instr.result).dtype.is_float() {
         return None;
     }
-    let extent = match &instr.op {
-        Op::Reduce { input, axes, .. } => axes.iter().map(|&a| k.ty(*input).shape[a]).product(),
+    let innermost = |rank: usize, axes: &[usize]| {
+        let mut axes = axes.to_vec();
+        axes.sort_unstable();
+        axes.iter().copied().eq(rank - axes.len()..rank)
+    };
+    let (extent, contiguous) = match &instr.op {
+        Op::Reduce { input, axes, .. } => {
+            let it = k.ty(*input);
+            (axes.iter().map(|&a| it.shape[a]).product(), innermost(it.rank(), axes))
+        }
         Op::DotGeneral { lhs, rhs, dims } => {
-            let (lr, rr) = (k.ty(*lhs).rank(), k.ty(*rhs).rank());
-            if dims.lhs_contract != [lr - 1] || dims.rhs_contract != [rr - 1] {
-                return None;
-            }
-            k.ty(*lhs).shape[lr - 1]
+            let (lt, rt) = (k.ty(*lhs), k.ty(*rhs));
+            let extent = dims.lhs_contract.iter().map(|&d| lt.shape[d]).product();
+            let one_axis = dims.lhs_contract.len() == 1;
+            (extent, one_axis && innermost(lt.rank(), &dims.lhs_contract) && innermost(rt.rank(), &dims.rhs_contract))
         }
         _ => unreachable!("filtered"),
     };
-    Some(RowReduce { reduction: instr.result, outputs: k.ty(instr.result).numel(), extent })
+    Some(Reduction { reduction: instr.result, outputs: k.ty(instr.result).numel(), extent, contiguous })
 }
 
 /// Whether every use of `v`, and of each value computed from it, up to the root, reads it at the

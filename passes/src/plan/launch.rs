@@ -3,14 +3,16 @@
 //! needs comes from one function, `footprint`, which codegen also sizes its `__shared__` arrays
 //! with, so the proof and the code cannot disagree.
 
-use super::kind::{matvec_of, row_reduce_of};
-use g4c_ir::plan::{KernelKind, Launch, Tile};
+use super::kind::{matvec_of, reduction_of};
+use g4c_ir::plan::{KernelKind, Launch, ReduceSplit, Tile};
 use g4c_ir::{DType, Function, GpuLimits, MmaShape, Op};
 
 /// Threads per block of every kernel: 8 warps.
 const BLOCK: u32 = 256;
+/// Warps per block.
+const WARPS: usize = BLOCK as usize / 32;
 /// Output columns of a matvec block: one per warp.
-const MATVEC_COLS: u32 = BLOCK / 32;
+const MATVEC_COLS: u32 = WARPS as u32;
 /// A matvec warp's 32 lanes each read one weight (or, packed 4-bit, one word of 8) per step: the
 /// contraction is staged in multiples of this.
 const MATVEC_K_STEP: u32 = 32;
@@ -64,8 +66,9 @@ fn gemm_mma(gpu: &GpuLimits, operand: DType) -> Option<MmaShape> {
 
 /// The launch of a kernel: prefill products of 16-bit operands a tensor-core GEMM tile; matvec
 /// kernels the template applies to a tile whose `k` is the largest step multiple that fits the
-/// target's static shared memory (at least one step, or the fit check fails); row reductions a warp
-/// per output; every other kernel one thread per element it writes.
+/// target's static shared memory (at least one step, or the fit check fails); reductions split
+/// over a warp per output or the warps of a block (`ReduceSplit`); every other kernel one thread per
+/// element it writes.
 pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch {
     let registers = registers_per_thread(gpu, BLOCK);
     // A prefill product of 16-bit operands: tensor cores, a block per 64 × 64 outputs.
@@ -89,7 +92,7 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
             smem_bytes: footprint(&tile).smem_bytes as u32,
             registers,
             tile: Some(tile),
-            warp_per_output: false,
+            split: None,
         };
     }
     let matvec = matches!(kind, KernelKind::MatvecW4 | KernelKind::Matvec).then(|| matvec_of(k)).flatten();
@@ -111,32 +114,40 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
             smem_bytes: footprint(&tile).smem_bytes as u32,
             registers,
             tile: Some(tile),
-            warp_per_output: false,
+            split: None,
         };
     }
     let work = elements_written(k) as u32;
-    // Rows of at least a warp's width are reduced by a warp each: one thread summing a 1536-wide
-    // norm row (or a head's scores over 4096 slots) alone is a long chain of dependent adds, and
-    // threads each walking their own cache row read memory 32 rows apart.
     let reduces = matches!(kind, KernelKind::Reduce | KernelKind::Dot | KernelKind::Gemm | KernelKind::GemmW4);
-    let row_reduce = reduces.then(|| row_reduce_of(k)).flatten().filter(|r| r.extent >= 32);
-    if let Some(r) = row_reduce {
+    let split = reduces.then(|| reduction_of(k)).flatten().and_then(|r| match r.contiguous {
+        // Rows of at least a warp's width are reduced by a warp each: one thread summing a
+        // 1536-wide norm row (or a head's scores over 4096 slots) alone is a long chain of
+        // dependent adds, and threads each walking their own row read memory 32 rows apart.
+        true => (r.extent >= 32).then_some((ReduceSplit::WarpPerOutput, r.outputs.div_ceil(WARPS))),
+        // Along a strided axis, adjacent threads already read adjacent inputs; what a thread per
+        // output lacks is parallelism (E2B's 2048 weighted sums of values over 4096 slots would
+        // be 8 blocks of threads each walking every slot): the block's warps split the extent.
+        false => (r.extent >= WARPS).then_some((ReduceSplit::WarpsPerExtent, r.outputs.div_ceil(32))),
+    });
+    if let Some((split, blocks)) = split {
         return Launch {
-            grid: (r.outputs as u32).div_ceil(BLOCK / 32).max(1),
+            grid: (blocks as u32).max(1),
             block: BLOCK,
-            smem_bytes: 0,
+            smem_bytes: split_footprint(split, BLOCK) as u32,
             registers,
             tile: None,
-            warp_per_output: true,
+            split: Some(split),
         };
     }
-    Launch {
-        grid: work.div_ceil(BLOCK).max(1),
-        block: BLOCK,
-        smem_bytes: 0,
-        registers,
-        tile: None,
-        warp_per_output: false,
+    Launch { grid: work.div_ceil(BLOCK).max(1), block: BLOCK, smem_bytes: 0, registers, tile: None, split: None }
+}
+
+/// Shared memory of a split reduction's block of `block` threads: a warp per output combines
+/// with shuffles (none); warps splitting the extent combine each thread's f32 partial result.
+pub fn split_footprint(split: ReduceSplit, block: u32) -> u64 {
+    match split {
+        ReduceSplit::WarpPerOutput => 0,
+        ReduceSplit::WarpsPerExtent => block as u64 * 4,
     }
 }
 
@@ -158,11 +169,13 @@ fn registers_per_thread(gpu: &GpuLimits, block: u32) -> u32 {
 /// limit, threads within the block's, and registers × threads within the SM's file. On failure:
 /// what, how much it needs, and the limit.
 pub(crate) fn check_fit(launch: &Launch, gpu: &GpuLimits) -> Result<(), (&'static str, u64, u64)> {
-    if let Some(tile) = &launch.tile {
-        let smem = footprint(tile).smem_bytes;
-        if smem != launch.smem_bytes as u64 || smem > gpu.smem_per_block as u64 {
-            return Err(("bytes of static shared memory", smem, gpu.smem_per_block as u64));
-        }
+    let smem = match (&launch.tile, launch.split) {
+        (Some(tile), _) => footprint(tile).smem_bytes,
+        (None, Some(split)) => split_footprint(split, launch.block),
+        (None, None) => 0,
+    };
+    if smem != launch.smem_bytes as u64 || smem > gpu.smem_per_block as u64 {
+        return Err(("bytes of static shared memory", smem, gpu.smem_per_block as u64));
     }
     if launch.block > gpu.threads_per_block {
         return Err(("threads per block", launch.block as u64, gpu.threads_per_block as u64));

@@ -7,8 +7,8 @@ mod fusion;
 mod kind;
 mod launch;
 
-pub use kind::{matvec_of, row_reduce_of, Matvec, RowReduce};
-pub use launch::{elements_written, footprint, Footprint};
+pub use kind::{matvec_of, reduction_of, Matvec, Reduction};
+pub use launch::{elements_written, footprint, split_footprint, Footprint};
 
 use g4c_ir::plan::{EntryPlan, KernelCall, KernelPlan, Slot};
 use g4c_ir::{FuncResult, Function, GpuLimits, Instr, Module, Op, Param, ParamRole, ResultRole, Target, ValueId};
