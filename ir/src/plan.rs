@@ -110,6 +110,10 @@ pub enum ReduceSplit {
     /// A warp per output: its lanes stride the reduced row, contiguous in memory, and combine
     /// with shuffles (norm statistics, attention scores).
     WarpPerOutput,
+    /// A block per output: its threads stride the row, shuffles and then shared memory combine
+    /// (few long rows, which a warp each would leave most SMs idle for: a decode step's softmax
+    /// statistics over 4096 slots, a norm over 1536 features).
+    BlockPerOutput,
     /// A lane per output, a block per 32 adjacent outputs: the block's warps split the reduced
     /// extent and combine through shared memory. For reductions along a strided axis, where
     /// adjacent outputs read adjacent inputs (attention's weighted sum of values over cache slots).
@@ -189,6 +193,7 @@ pub fn print_plan(plan: &KernelPlan, bodies: bool) -> String {
                 .unwrap_or_default();
             match l.split {
                 Some(ReduceSplit::WarpPerOutput) => tile.push_str(" warp/output"),
+                Some(ReduceSplit::BlockPerOutput) => tile.push_str(" block/output"),
                 Some(ReduceSplit::WarpsPerExtent) => write!(tile, " lane/output extent/{}", l.block / 32).unwrap(),
                 None => {}
             }

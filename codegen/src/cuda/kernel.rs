@@ -1,6 +1,6 @@
 //! One kernel's CUDA C from its IR function and launch, in one of five forms: one thread per
 //! element written (`elementwise`), one thread per cache slot written (`scatter`, in place), a
-//! reduction split over a warp per output or over a block's warps (`split_reduce`), the tiled
+//! reduction split over a warp or a block per output, or over a block's warps (`split_reduce`), the tiled
 //! matvec (`matvec`: activations staged in shared memory, the weight streamed once, a warp per
 //! output column), or the tensor-core GEMM (`gemm`). The last three apply the kernel's epilogue to
 //! their sums (`store_root`).
@@ -119,9 +119,10 @@ fn elementwise(em: &mut Emitter, root: ValueId) -> Result<(), CudaError> {
 }
 
 /// A reduction split over threads: a warp per output (`WarpPerOutput`: its lanes stride the row,
-/// shuffles combine their partial results, lane 0 stores) or a lane per output and the block's warps
-/// over the extent (`WarpsPerExtent`: partial results combined through shared memory by warp 0).
-/// The storing thread applies the epilogue.
+/// shuffles combine their partial results, lane 0 stores), a block per output (`BlockPerOutput`:
+/// shuffles, then thread 0 combines the warps' results through shared memory), or a lane per output
+/// and the block's warps over the extent (`WarpsPerExtent`: warp 0 combines the partial results
+/// through shared memory). The storing thread applies the epilogue.
 fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32) -> Result<(), CudaError> {
     let unsupported = || CudaError::Unsupported(format!("{}: a split reduction but no reduction", em.k.name));
     let r = reduction_of(em.k).ok_or_else(unsupported)?;
@@ -136,6 +137,10 @@ fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32)
         ReduceSplit::WarpPerOutput => {
             em.line(format!("const int i = blockIdx.x * {warps} + warp;"));
             ("lane", 32)
+        }
+        ReduceSplit::BlockPerOutput => {
+            em.line("const int i = blockIdx.x;");
+            ("threadIdx.x", warps * 32)
         }
         ReduceSplit::WarpsPerExtent => {
             em.line("const int i = blockIdx.x * 32 + lane;");
@@ -158,6 +163,14 @@ fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32)
             // uniform.
             em.line(format!("acc = warp_{}(acc);", kind.name()));
             em.open(format!("if (lane == 0 && i < {})", r.outputs));
+        }
+        ReduceSplit::BlockPerOutput => {
+            em.line(format!("acc = warp_{}(acc);", kind.name()));
+            em.line("if (lane == 0) part[warp] = acc;");
+            em.line("__syncthreads();");
+            em.open(format!("if (threadIdx.x == 0 && i < {})", r.outputs));
+            let step = reduce_combine(kind, "acc", "part[w]");
+            em.line(format!("for (int w = 1; w < {warps}; ++w) acc = {step};"));
         }
         ReduceSplit::WarpsPerExtent => {
             em.line("part[threadIdx.x] = acc;");

@@ -123,6 +123,11 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
         // Rows of at least a warp's width are reduced by a warp each: one thread summing a
         // 1536-wide norm row (or a head's scores over 4096 slots) alone is a long chain of
         // dependent adds, and threads each walking their own row read memory 32 rows apart.
+        // Fewer rows than would fill the SMs a warp each are reduced by a block each, when at
+        // least two of its warps get work.
+        true if r.outputs.div_ceil(WARPS) < gpu.sm_count as usize && r.extent >= 64 => {
+            Some((ReduceSplit::BlockPerOutput, r.outputs))
+        }
         true => (r.extent >= 32).then_some((ReduceSplit::WarpPerOutput, r.outputs.div_ceil(WARPS))),
         // Along a strided axis, adjacent threads already read adjacent inputs; what a thread per
         // output lacks is parallelism (E2B's 2048 weighted sums of values over 4096 slots would
@@ -143,10 +148,12 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
 }
 
 /// Shared memory of a split reduction's block of `block` threads: a warp per output combines
-/// with shuffles (none); warps splitting the extent combine each thread's f32 partial result.
+/// with shuffles (none); a block per output each warp's f32 result; warps splitting the extent
+/// each thread's.
 pub fn split_footprint(split: ReduceSplit, block: u32) -> u64 {
     match split {
         ReduceSplit::WarpPerOutput => 0,
+        ReduceSplit::BlockPerOutput => block as u64 / 32 * 4,
         ReduceSplit::WarpsPerExtent => block as u64 * 4,
     }
 }
