@@ -258,7 +258,7 @@ fn matvec(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<()
     em.line("__syncthreads();");
     em.open(format!("if (n < {n_total})"));
     let packed: Option<Vec<PackedWeight>> =
-        m.dots.iter().map(|&(_, w)| PackedWeight::of(em.k, w)).collect::<Option<_>>().filter(|_| depth % 8 == 0);
+        m.dots.iter().map(|&(_, w)| PackedWeight::of(em.k, w)).collect::<Option<_>>();
     match packed {
         Some(weights) => packed_products(em, &weights, rows, kt, depth)?,
         None => {
@@ -326,15 +326,14 @@ fn gemm(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<(), 
     em.close();
     for (j, &(_, w)) in m.dots.iter().enumerate() {
         let staged = j * bn * stride as usize;
-        if let Some(p) = PackedWeight::of(em.k, w).filter(|_| depth % 8 == 0) {
+        if let Some(p) = PackedWeight::of(em.k, w) {
             // A packed 4-bit weight: a thread stages 8 values from one word and one scale.
             let words = bk / 8;
             em.open(format!("for (int e = threadIdx.x; e < {}; e += blockDim.x)", bn * words));
             em.line(format!("const int n = n0 + e / {words}, kk = k0 + e % {words} * 8;"));
             em.line(format!("u16* const dst = ws_ + {staged} + e / {words} * {stride} + e % {words} * 8;"));
             em.open(format!("if (n < {cols} && kk < {depth})"));
-            let (word, s) = packed_word(em, &p, "n", "kk", depth)?;
-            let value = rounded(p.dtype, &format!("(float)nib({word}, i) * {s}"));
+            let value = packed_values(em, &p, "n", "kk", depth)?;
             em.line(format!("for (int i = 0; i < 8; ++i) dst[i] = {to_word}({value});"));
             em.close();
             em.line("else for (int i = 0; i < 8; ++i) dst[i] = 0;");
@@ -399,8 +398,8 @@ fn gemm(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<(), 
     Ok(())
 }
 
-/// A matvec weight that is `dequantize(q, scale)` of a 4-bit weight `q` `[N, K]` whose scale groups
-/// span whole 32-bit words (8 values): each lane then reads 8 consecutive values with one 32-bit
+/// A matvec weight that is `dequantize(q, scale)` of a 4-bit weight `q` `[N, K]` whose rows and
+/// scale groups span whole 32-bit words (8 values): each lane then reads 8 consecutive values with one 32-bit
 /// load and one scale, where reading value by value costs a byte load, a scale load and the
 /// unpacking per value (and a warp's load moves 16 bytes, not 128).
 struct PackedWeight {
@@ -416,7 +415,8 @@ impl PackedWeight {
         let Some(&Op::Dequantize { q, scale, group }) = def(w) else { return None };
         let Some(Op::Weight { name }) = def(q) else { return None };
         let (qt, wt) = (k.ty(q), k.ty(w));
-        (qt.dtype == DType::I4 && qt.shape == wt.shape && wt.rank() == 2 && group % 8 == 0).then(|| PackedWeight {
+        let whole_words = wt.rank() == 2 && wt.shape[1] % 8 == 0 && group % 8 == 0;
+        (qt.dtype == DType::I4 && qt.shape == wt.shape && whole_words).then(|| PackedWeight {
             q: name.clone(),
             scale,
             group,
@@ -425,26 +425,20 @@ impl PackedWeight {
     }
 }
 
-/// Declares the word of packed weight `w` holding its 8 values from `(n, k)` on (`k` a multiple of
-/// 8), and their scale; returns both variables.
-fn packed_word(
-    em: &mut Emitter,
-    w: &PackedWeight,
-    n: &str,
-    k: &str,
-    depth: usize,
-) -> Result<(String, String), CudaError> {
+/// Loads the word of packed weight `w` holding its 8 values from `(n, k)` on (`k` a multiple of
+/// 8) and their scale; returns the f32 expression of value `i` (a C variable) among them,
+/// dequantized exactly as `dequantize` does: `(float)q · scale`, rounded to the weight's type.
+fn packed_values(em: &mut Emitter, w: &PackedWeight, n: &str, k: &str, depth: usize) -> Result<String, CudaError> {
     let array = em.weight_arg(&w.q);
     let word = em.var("unsigned", "q", &format!("ld_word({array}, ({n} * {depth} + {k}) >> 3)"));
     let s = em.value(w.scale, &[n.to_string(), format!("({k} / {})", w.group)])?;
     let s = em.var("float", "s", &s);
-    Ok((word, s))
+    Ok(rounded(w.dtype, &format!("(float)nib({word}, i) * {s}")))
 }
 
 /// The products of a matvec over packed weights: lane `l` takes `k` values `8l .. 8l + 8` of each
 /// 256, one word and one scale per weight, and its 8 staged activations per row in two 128-bit
-/// shared-memory loads (a quarter-warp's loads then touch every bank once). The values are
-/// dequantized exactly as `dequantize` does: `(float)q · scale`, rounded to the weight's type.
+/// shared-memory loads (a quarter-warp's loads then touch every bank once).
 fn packed_products(
     em: &mut Emitter,
     weights: &[PackedWeight],
@@ -453,14 +447,15 @@ fn packed_products(
     depth: usize,
 ) -> Result<(), CudaError> {
     em.open(format!("for (int kk = lane * 8; kk < {kt} && k0 + kk < {depth}; kk += 256)"));
-    let words = weights.iter().map(|w| packed_word(em, w, "n", "(k0 + kk)", depth)).collect::<Result<Vec<_>, _>>()?;
+    let values =
+        weights.iter().map(|w| packed_values(em, w, "n", "(k0 + kk)", depth)).collect::<Result<Vec<_>, _>>()?;
     em.line(format!("float staged[{rows}][8];"));
     em.line("#pragma unroll");
     em.line(format!("for (int r = 0; r < {rows}; ++r) ld8(act + r * {kt} + kk, staged[r]);"));
     em.line("#pragma unroll");
     em.open("for (int i = 0; i < 8; ++i)");
-    for (j, (w, (word, s))) in weights.iter().zip(&words).enumerate() {
-        let value = em.var("float", "w", &rounded(w.dtype, &format!("(float)nib({word}, i) * {s}")));
+    for (j, value) in values.iter().enumerate() {
+        let value = em.var("float", "w", value);
         em.line("#pragma unroll");
         em.line(format!("for (int r = 0; r < {rows}; ++r) acc[{j}][r] += staged[r][i] * {value};"));
     }
