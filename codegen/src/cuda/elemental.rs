@@ -5,6 +5,7 @@
 //! after every op, so a kernel computes what the interpreter computes op by op.
 
 use super::CudaError;
+use g4c_ir::scalar::round_float;
 use g4c_ir::{BinaryOp, CompareDir, DType, DotDims, Function, Literal, Op, ReduceKind, TensorType, UnaryOp, ValueId};
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -61,21 +62,27 @@ pub(crate) fn rounded(dtype: DType, x: &str) -> String {
     }
 }
 
-/// The value a float reduction of `kind` starts from.
-pub(crate) fn reduce_init(kind: ReduceKind) -> &'static str {
-    match kind {
-        ReduceKind::Sum => "0.f",
-        ReduceKind::Max => "__int_as_float(0xff800000)",
-        ReduceKind::Min => "__int_as_float(0x7f800000)",
+/// The value a reduction of `kind` into `dtype` starts from, in the C type `value_type(dtype)`.
+pub(crate) fn reduce_init(kind: ReduceKind, dtype: DType) -> &'static str {
+    match (kind, dtype.is_float()) {
+        (ReduceKind::Sum, true) => "0.f",
+        (ReduceKind::Max, true) => "__int_as_float(0xff800000)",
+        (ReduceKind::Min, true) => "__int_as_float(0x7f800000)",
+        (ReduceKind::Sum, false) => "0",
+        (ReduceKind::Max, false) => "(-2147483647 - 1)",
+        (ReduceKind::Min, false) => "2147483647",
     }
 }
 
-/// `acc` and `a` combined by a reduction of `kind` (max and min propagate NaN).
-pub(crate) fn reduce_combine(kind: ReduceKind, acc: &str, a: &str) -> String {
-    match kind {
-        ReduceKind::Sum => format!("{acc} + {a}"),
-        ReduceKind::Max => format!("fmax_nan({acc}, {a})"),
-        ReduceKind::Min => format!("fmin_nan({acc}, {a})"),
+/// `acc` and `a` combined by a reduction of `kind` into `dtype` (float max and min propagate NaN;
+/// integers are summed in `int`, and wrap to a narrower `dtype` when stored, as the interpreter's do).
+pub(crate) fn reduce_combine(kind: ReduceKind, dtype: DType, acc: &str, a: &str) -> String {
+    match (kind, dtype.is_float()) {
+        (ReduceKind::Sum, _) => format!("{acc} + {a}"),
+        (ReduceKind::Max, true) => format!("fmax_nan({acc}, {a})"),
+        (ReduceKind::Min, true) => format!("fmin_nan({acc}, {a})"),
+        (ReduceKind::Max, false) => format!("max({acc}, {a})"),
+        (ReduceKind::Min, false) => format!("min({acc}, {a})"),
     }
 }
 
@@ -274,14 +281,30 @@ impl<'k> Emitter<'k> {
             Op::Constant { literal: Literal::Splat(x) } => scalar_literal(ty.dtype, *x),
             Op::Constant { literal: Literal::Dense(values) } => {
                 let name = format!("{}_c{}", self.prefix, self.constants.len());
-                let items: Vec<String> = values.iter().map(|&x| scalar_literal(ty.dtype, x)).collect();
+                let at = linear(idx, &ty.shape);
+                // Floats as their f32 bits: an initializer must be a constant expression, which
+                // `__int_as_float` (how a NaN or an infinity is written) is not.
+                let (c_type, items, element): (_, Vec<String>, _) = match float {
+                    true => (
+                        "unsigned",
+                        values
+                            .iter()
+                            .map(|&x| format!("0x{:08x}u", round_float(ty.dtype, x as f32).to_bits()))
+                            .collect(),
+                        format!("__uint_as_float({name}[{at}])"),
+                    ),
+                    false => (
+                        value_type(ty.dtype),
+                        values.iter().map(|&x| scalar_literal(ty.dtype, x)).collect(),
+                        format!("{name}[{at}]"),
+                    ),
+                };
                 self.constants.push(format!(
-                    "__device__ const {} {name}[{}] = {{{}}};",
-                    value_type(ty.dtype),
+                    "__device__ const {c_type} {name}[{}] = {{{}}};",
                     values.len(),
                     items.join(", ")
                 ));
-                format!("{name}[{}]", linear(idx, &ty.shape))
+                element
             }
             Op::Iota { dim } => match float {
                 true => rounded(ty.dtype, &format!("(float){}", idx[*dim])),
@@ -371,10 +394,7 @@ impl<'k> Emitter<'k> {
                 rounded(ty.dtype, &acc)
             }
             Op::Reduce { input, kind, axes } => {
-                if !float {
-                    return unsupported(format!("reduce to {}", ty.dtype));
-                }
-                let acc = self.var("float", "acc", reduce_init(*kind));
+                let acc = self.var(value_type(ty.dtype), "acc", reduce_init(*kind, ty.dtype));
                 let r = self.fresh("r");
                 self.open(format!("for (int {r} = 0; {r} < {}; ++{r})", reduced_extent(self.ty(*input), axes)));
                 self.reduce_step(*input, *kind, axes, idx, &r, &acc)?;
@@ -453,7 +473,7 @@ impl<'k> Emitter<'k> {
         r: &str,
         acc: &str,
     ) -> Result<(), CudaError> {
-        let it = self.ty(input);
+        let it = self.ty(input).clone();
         let extents: Vec<usize> = axes.iter().map(|&a| it.shape[a]).collect();
         let ridx = unlinear(r, &extents);
         let mut kept = idx.iter();
@@ -464,7 +484,7 @@ impl<'k> Emitter<'k> {
             })
             .collect();
         let a = self.value(input, &in_idx)?;
-        self.line(format!("{acc} = {};", reduce_combine(kind, acc, &a)));
+        self.line(format!("{acc} = {};", reduce_combine(kind, it.dtype, acc, &a)));
         Ok(())
     }
 
@@ -514,7 +534,7 @@ impl<'k> Emitter<'k> {
 
 fn scalar_literal(dtype: DType, x: f64) -> String {
     match dtype {
-        DType::F32 | DType::F16 | DType::BF16 => float_literal(g4c_ir::scalar::round_float(dtype, x as f32)),
+        DType::F32 | DType::F16 | DType::BF16 => float_literal(round_float(dtype, x as f32)),
         DType::Bool => (if x != 0.0 { "true" } else { "false" }).into(),
         _ => format!("{}", x as i64),
     }

@@ -51,9 +51,11 @@ pub(crate) fn kernel_code(k: &Function, call: &KernelCall) -> Result<KernelCode,
         (_, Some(_), None) => return Err(CudaError::Unsupported(format!("{}: a tile but no matvec", k.name))),
         (_, None, _) => match call.launch.split {
             Some(split) => {
+                // Partial results in the accumulator's type (`float` or `int`: 4 bytes either way).
                 let partials = split_footprint(split, call.launch.block) / 4;
+                let acc = reduction_of(k).map_or("float", |r| value_type(k.ty(r.reduction).dtype));
                 if partials > 0 {
-                    writeln!(shared, "  __shared__ float part[{partials}];").unwrap();
+                    writeln!(shared, "  __shared__ {acc} part[{partials}];").unwrap();
                 }
                 split_reduce(&mut em, root, split, call.launch.block / 32)?
             }
@@ -128,10 +130,11 @@ fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32)
     let r = reduction_of(em.k).ok_or_else(unsupported)?;
     let op = em.k.body.iter().find(|i| i.result == r.reduction).map(|i| i.op.clone()).ok_or_else(unsupported)?;
     let idx = unlinear("i", &em.k.ty(r.reduction).shape);
-    let (init, kind) = match &op {
-        Op::Reduce { kind, .. } => (reduce_init(*kind), *kind),
-        _ => ("0.f", ReduceKind::Sum),
+    let kind = match &op {
+        Op::Reduce { kind, .. } => *kind,
+        _ => ReduceKind::Sum,
     };
+    let dtype = em.k.ty(r.reduction).dtype;
     em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
     let (first, stride) = match split {
         ReduceSplit::WarpPerOutput => {
@@ -147,7 +150,7 @@ fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32)
             ("warp", warps)
         }
     };
-    em.line(format!("float acc = {init};"));
+    em.line(format!("{} acc = {};", value_type(dtype), reduce_init(kind, dtype)));
     em.open(format!("if (i < {})", r.outputs));
     em.open(format!("for (int c = {first}; c < {}; c += {stride})", r.extent));
     match &op {
@@ -169,14 +172,14 @@ fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32)
             em.line("if (lane == 0) part[warp] = acc;");
             em.line("__syncthreads();");
             em.open(format!("if (threadIdx.x == 0 && i < {})", r.outputs));
-            let step = reduce_combine(kind, "acc", "part[w]");
+            let step = reduce_combine(kind, dtype, "acc", "part[w]");
             em.line(format!("for (int w = 1; w < {warps}; ++w) acc = {step};"));
         }
         ReduceSplit::WarpsPerExtent => {
             em.line("part[threadIdx.x] = acc;");
             em.line("__syncthreads();");
             em.open(format!("if (warp == 0 && i < {})", r.outputs));
-            let step = reduce_combine(kind, "acc", "part[w * 32 + lane]");
+            let step = reduce_combine(kind, dtype, "acc", "part[w * 32 + lane]");
             em.line(format!("for (int w = 1; w < {warps}; ++w) acc = {step};"));
         }
     }

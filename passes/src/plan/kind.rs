@@ -110,17 +110,14 @@ pub struct Reduction {
 }
 
 /// The reduction of a kernel, when the templates apply: exactly one reduce or product reaches the
-/// root keeping its element's index (reductions inside its input are computed per input element),
-/// and it is float.
+/// root keeping its element's index (reductions inside its input are computed per input element).
+/// Float or integer: the kernels accumulate in `float` or `int`, 4 bytes either way.
 pub fn reduction_of(k: &Function) -> Option<Reduction> {
     let mut to_root = k
         .body
         .iter()
         .filter(|i| matches!(i.op, Op::Reduce { .. } | Op::DotGeneral { .. }) && keeps_index_to_root(k, i.result));
     let (Some(instr), None) = (to_root.next(), to_root.next()) else { return None };
-    if !k.ty(instr.result).dtype.is_float() {
-        return None;
-    }
     let innermost = |rank: usize, axes: &[usize]| {
         let mut axes = axes.to_vec();
         axes.sort_unstable();

@@ -148,8 +148,8 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
 }
 
 /// Shared memory of a split reduction's block of `block` threads: a warp per output combines
-/// with shuffles (none); a block per output each warp's f32 result; warps splitting the extent
-/// each thread's.
+/// with shuffles (none); a block per output each warp's result; warps splitting the extent each
+/// thread's (results are `float` or `int`, 4 bytes).
 pub fn split_footprint(split: ReduceSplit, block: u32) -> u64 {
     match split {
         ReduceSplit::WarpPerOutput => 0,

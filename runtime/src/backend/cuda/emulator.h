@@ -33,6 +33,7 @@ using std::min;
 static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 static inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+static inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
 static inline float h2f(unsigned short h) { _Float16 x; std::memcpy(&x, &h, 2); return (float)x; }
 static inline unsigned short f2h(float f) { _Float16 x = (_Float16)f; unsigned short h; std::memcpy(&h, &x, 2); return h; }
 
@@ -70,6 +71,10 @@ static inline float __shfl_xor_sync(unsigned, float v, int o) {
   float r = g4c_exchange[threadIdx.x ^ (unsigned)o];
   __syncthreads();
   return r;
+}
+// Integers go through the same exchange, bit for bit.
+static inline int __shfl_xor_sync(unsigned mask, int v, int o) {
+  return __float_as_int(__shfl_xor_sync(mask, __int_as_float(v), o));
 }
 
 // mma.sync on the host: each lane of the block leaves its fragments, a barrier, then each computes
