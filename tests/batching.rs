@@ -8,7 +8,8 @@ use g4c_driver::{Feedback, Session, SessionOptions};
 use g4c_frontend::Shapes;
 use g4c_runtime::batching::CallKind;
 use g4c_runtime::{
-    BatchEngine, Executor, GenerateOptions, SamplingParams, SequenceEvent, SequenceRequest, SequenceSink, Tensor,
+    BatchEngine, Executor, GenerateOptions, SamplingParams, SequenceEvent, SequenceRequest, SequenceSink, StepInputs,
+    StepOutput, Tensor,
 };
 use std::sync::{Arc, Mutex};
 
@@ -216,10 +217,12 @@ fn requests_the_module_cannot_run_are_refused() {
     refuse(&mut engine, greedy(&[2], 4), "every row holds a sequence");
 }
 
-/// The tiny model's executor, with a fault: row `row`'s logits are NaN from call `nan_from` on, or
+/// The tiny model's executor, with a fault: row `row`'s logits are NaN from call `nan_from` on (or
+/// its greedy token says so), or
 /// the call numbered `panic_at` panics.
 struct Faulty {
     inner: Box<dyn Executor>,
+    vocab: usize,
     calls: usize,
     nan: Option<(usize, usize)>,
     panic_at: Option<usize>,
@@ -234,17 +237,27 @@ impl Executor for Faulty {
         self.inner.reset()
     }
 
-    fn step(&mut self, entry: &str, inputs: &g4c_runtime::StepInputs) -> g4c_runtime::Result<Tensor> {
+    fn step(&mut self, entry: &str, inputs: &StepInputs, output: StepOutput) -> g4c_runtime::Result<Tensor> {
         self.calls += 1;
         if self.panic_at == Some(self.calls) {
             panic!("an injected fault");
         }
-        let logits = self.inner.step(entry, inputs)?;
-        let Some((row, _)) = self.nan.filter(|&(_, from)| self.calls >= from) else { return Ok(logits) };
-        let mut values = logits.as_f32().unwrap().to_vec();
-        let vocab = logits.shape()[1];
-        values[row * vocab + 7] = f32::NAN;
-        Ok(Tensor::f32(logits.shape().to_vec(), values))
+        let out = self.inner.step(entry, inputs, output)?;
+        let Some((row, _)) = self.nan.filter(|&(_, from)| self.calls >= from) else { return Ok(out) };
+        // A NaN logit, or as greedy tokens report one: token -1.
+        let vocab = self.vocab;
+        match output {
+            StepOutput::Logits => {
+                let mut values = out.as_f32().unwrap().to_vec();
+                values[row * vocab + 7] = f32::NAN;
+                Ok(Tensor::f32(out.shape().to_vec(), values))
+            }
+            StepOutput::GreedyTokens => {
+                let mut ids = out.as_i32().unwrap().to_vec();
+                ids[row] = -1;
+                Ok(Tensor::i32(out.shape().to_vec(), ids))
+            }
+        }
     }
 }
 
@@ -254,7 +267,7 @@ fn faulty_engine(nan: Option<(usize, usize)>, panic_at: Option<usize>) -> BatchE
     let session = Session::open(&dir, options).unwrap();
     let module = session.module(&Shapes { batch: 2, prefill_len: 4, context: 40 }).unwrap();
     let inner = session.executor(module, &Feedback::silent()).unwrap().executor;
-    let faulty = Faulty { inner, calls: 0, nan, panic_at };
+    let faulty = Faulty { inner, vocab: session.source.config.vocab_size, calls: 0, nan, panic_at };
     BatchEngine::new(Box::new(faulty), session.source.config.sliding_window).unwrap()
 }
 

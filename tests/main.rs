@@ -15,6 +15,7 @@ mod filetests;
 mod frontend_errors;
 mod fuzz;
 mod goldens;
+mod greedy;
 mod hardening;
 mod interp_ops;
 mod ir_text;

@@ -14,6 +14,7 @@
 //!   %embed_tokens_per_layer.rows: bf16[1,1,80] host_gather(@embed_tokens_per_layer, %ids)
 //! ) -> (
 //!   logits: f32[1,512] logits,
+//!   greedy: i32[1] greedy_tokens,
 //!   cache.sliding.pos: i32[1,8],
 //!   cache.l0.k: f32[1,1,8,32]
 //! )
@@ -89,6 +90,10 @@ impl ParamRole {
 pub enum ResultRole {
     /// The next-token logits of each sequence, `f32[B, V]`.
     Logits,
+    /// The id of each sequence's largest logit, the lowest on ties: its greedy next token, `i32[B]`,
+    /// computed where the logits are so that a greedy call copies back `B` ids, not `B × V` logits.
+    /// -1 (no token) where a logit of the sequence is not finite.
+    GreedyTokens,
     /// The next value of the state parameter of the same name.
     NextState,
     /// Anything else (hand-written IR).

@@ -236,6 +236,32 @@ impl<'w> FunctionBuilder<'w> {
         self.broadcast(x, shape, &dims)
     }
 
+    /// An entry point's greedy tokens (`ResultRole::GreedyTokens`): the argmax of `logits` along
+    /// the last axis, as `i32` without that axis; the lowest id on ties, as the host's greedy
+    /// sampler picks, and -1 (no token) where a row holds a value that is not finite, which the host
+    /// refuses to pick from. Each element is a candidate: its id where it equals the row's max, the
+    /// vocabulary size where it does not, -1 where it is not finite (`0·x` is not 0); the least
+    /// candidate is the result. So no backend's handling of NaN in a max matters (XLA's CPU max
+    /// drops NaN operands).
+    pub fn greedy_tokens(&mut self, logits: ValueId) -> ValueId {
+        let shape = self.shape(logits);
+        let axis = shape.len() - 1;
+        let keep: Vec<usize> = (0..axis).collect();
+        let max = self.reduce(ReduceKind::Max, logits, &[axis]);
+        let max = self.broadcast(max, &shape, &keep);
+        let hit = self.compare(CompareDir::Eq, logits, max);
+        let ids = TensorType::new(DType::I32, shape.clone());
+        let id = self.iota(axis, ids.clone());
+        let none = self.splat(shape[axis] as f64, ids.clone());
+        let candidate = self.select(hit, id, none);
+        let zero = self.splat(0.0, self.ty(logits).clone());
+        let product = self.binary(BinaryOp::Mul, logits, zero);
+        let finite = self.compare(CompareDir::Eq, product, zero);
+        let refused = self.splat(-1.0, ids);
+        let candidate = self.select(finite, candidate, refused);
+        self.reduce(ReduceKind::Min, candidate, &[axis])
+    }
+
     /// `x op c` for a scalar constant `c` of `x`'s element type.
     pub fn binary_scalar(&mut self, b: BinaryOp, x: ValueId, c: f64) -> ValueId {
         let ty = self.ty(x).clone();

@@ -451,6 +451,10 @@ impl Parser {
                         self.next();
                         ResultRole::Logits
                     }
+                    Tok::Word(w) if w == "greedy_tokens" => {
+                        self.next();
+                        ResultRole::GreedyTokens
+                    }
                     // A result named like a state parameter is that state's next value.
                     _ if f.param(&name).is_some_and(|p| p.role.is_state()) => ResultRole::NextState,
                     _ => ResultRole::Output,

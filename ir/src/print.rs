@@ -118,8 +118,10 @@ fn print_function_into(out: &mut String, f: &Function) {
     out.push_str("  ) -> (\n");
     for (i, r) in f.results.iter().enumerate() {
         write!(out, "    {}: {}", r.name, f.ty(r.value)).unwrap();
-        if r.role == ResultRole::Logits {
-            out.push_str(" logits");
+        match r.role {
+            ResultRole::Logits => out.push_str(" logits"),
+            ResultRole::GreedyTokens => out.push_str(" greedy_tokens"),
+            ResultRole::NextState | ResultRole::Output => {}
         }
         out.push_str(if i + 1 < f.results.len() { ",\n" } else { "\n" });
     }

@@ -1,7 +1,10 @@
 //! The verifier: every operand defined before use, every result type equal to what its op implies,
 //! weights declared once with the type functions read them at, and state threaded through results.
 
-use crate::{abi::check_param_type, infer_type, print::ValueNames, Function, Module, ParamRole, ResultRole, ValueId};
+use crate::{
+    abi::check_param_type, infer_type, print::ValueNames, DType, Function, Module, ParamRole, ResultRole, TensorType,
+    ValueId,
+};
 use std::collections::HashSet;
 use std::fmt;
 
@@ -165,8 +168,20 @@ fn check_abi(m: &Module, f: &Function, names: &ValueNames) -> Vec<String> {
             problems.push(format!("@{}: result `{}` is a next state, but no state has its name", f.name, r.name));
         }
     }
-    if f.results.iter().filter(|r| r.role == ResultRole::Logits).count() > 1 {
-        problems.push(format!("@{}: more than one result is `logits`", f.name));
+    for (role, word) in [(ResultRole::Logits, "logits"), (ResultRole::GreedyTokens, "greedy_tokens")] {
+        if f.results.iter().filter(|r| r.role == role).count() > 1 {
+            problems.push(format!("@{}: more than one result is `{word}`", f.name));
+        }
+    }
+    // Greedy tokens are the argmax of the logits along the vocabulary: i32, one per row of logits.
+    if let Some(g) = f.result_with(ResultRole::GreedyTokens) {
+        let logits = f.result_with(ResultRole::Logits).map(|r| f.ty(r.value));
+        let rows = logits.map(|t| t.shape[..t.rank().saturating_sub(1)].to_vec());
+        let ty = f.ty(g.value);
+        if ty.dtype != DType::I32 || rows.as_deref() != Some(ty.shape.as_slice()) {
+            let want = rows.map_or("a `logits` result".to_string(), |s| TensorType::new(DType::I32, s).to_string());
+            problems.push(format!("@{}: `greedy_tokens` must be {want}, found {ty}", f.name));
+        }
     }
     problems
 }

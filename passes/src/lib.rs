@@ -13,6 +13,7 @@ mod pass;
 mod plan;
 mod quantize;
 mod report;
+mod split_reductions;
 mod weight_dtype;
 mod weight_layout;
 
@@ -29,5 +30,6 @@ pub use plan::{
 };
 pub use quantize::Quantize;
 pub use report::compile_report;
+pub use split_reductions::SplitReductions;
 pub use weight_dtype::WeightDtype;
 pub use weight_layout::WeightLayout;

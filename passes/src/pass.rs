@@ -2,7 +2,10 @@
 //! in one ordered list, each saying whether it is enabled for a target, so a target's pipeline holds
 //! exactly the passes that do something there.
 
-use crate::{ConstantFold, Cse, Dce, DtypeLegalize, HostTables, Int4Storage, Quantize, WeightDtype, WeightLayout};
+use crate::{
+    ConstantFold, Cse, Dce, DtypeLegalize, HostTables, Int4Storage, Quantize, SplitReductions, WeightDtype,
+    WeightLayout,
+};
 use g4c_ir::{verify_module, Module, Target};
 use std::time::Instant;
 
@@ -79,6 +82,7 @@ fn passes_of_every_pipeline() -> Vec<Box<dyn Pass>> {
         Box::new(WeightDtype),
         Box::new(Int4Storage),
         Box::new(WeightLayout),
+        Box::new(SplitReductions),
         Box::new(ConstantFold),
         Box::new(Cse),
         Box::new(Dce),

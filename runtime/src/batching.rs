@@ -25,8 +25,8 @@
 //! reuses a prefix only when every position the next query can see is still there.
 
 use crate::error::{invalid, Result, RuntimeError};
-use crate::executor::{Executor, StepInputs};
-use crate::generate::{finite, GenerateOptions, ModelShape, StopReason};
+use crate::executor::{Executor, StepInputs, StepOutput};
+use crate::generate::{greedy_token, logits_row, GenerateOptions, ModelShape, StopReason};
 use crate::sampling::Sampler;
 use crate::tensor::Tensor;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -235,9 +235,15 @@ impl BatchEngine {
             CallKind::Decode => self.decode_plan(),
         };
         let report = StepReport { call, occupied, tokens: plan.fed.iter().map(|f| f.tokens.len()).sum() };
-        let outcome = catch_unwind(AssertUnwindSafe(|| self.exec.step(&plan.entry, &plan.inputs)));
+        // Only greedy tokens come back when every sequence picks greedily.
+        let output = match self.rows.iter().filter_map(|r| r.sequence.as_ref()).all(|s| s.options.sampling.is_greedy())
+        {
+            true => StepOutput::GreedyTokens,
+            false => StepOutput::Logits,
+        };
+        let outcome = catch_unwind(AssertUnwindSafe(|| self.exec.step(&plan.entry, &plan.inputs, output)));
         match outcome {
-            Ok(Ok(logits)) => self.deliver(&plan, &logits),
+            Ok(Ok(out)) => self.deliver(&plan, &out, output),
             Ok(Err(e)) => self.fail_all(e.to_string())?,
             Err(panic) => {
                 let what = panic
@@ -293,10 +299,10 @@ impl BatchEngine {
     }
 
     /// Records what `plan` wrote into each row's caches, then picks the next token of every row
-    /// whose logits the call produced (a row that finished its prompt, or a generating row).
-    fn deliver(&mut self, plan: &Plan, logits: &Tensor) {
+    /// whose logits the call produced (a row that finished its prompt, or a generating row) from
+    /// what the call gave back (`output`).
+    fn deliver(&mut self, plan: &Plan, out: &Tensor, output: StepOutput) {
         let vocab = self.shape.vocab;
-        let values = logits.as_f32().unwrap_or(&[]);
         let context = self.shape.context;
         for (index, fed) in plan.fed.iter().enumerate() {
             if fed.tokens.is_empty() {
@@ -313,12 +319,12 @@ impl BatchEngine {
                 continue;
             }
             let what = || format!("row {index} at position {}", row.cached.len() - 1);
-            let logits = match values.get(index * vocab..(index + 1) * vocab) {
-                Some(v) => finite(v, what).map(|()| v),
-                None => invalid(format!("the call returned no logits for {}", what())),
+            let token = match output {
+                StepOutput::GreedyTokens => greedy_token(out, index, vocab, what),
+                StepOutput::Logits => logits_row(out, index, vocab, what).map(|l| seq.sampler.pick(l)),
             };
-            let token = match logits {
-                Ok(l) => seq.sampler.pick(l),
+            let token = match token {
+                Ok(token) => token,
                 Err(e) => {
                     seq.sink.send(SequenceEvent::Failed(e.to_string()));
                     row.cached.clear();

@@ -4,7 +4,8 @@
 //! logits of the same sequence (KL divergence, top-1 agreement, largest logit difference).
 
 use crate::error::{invalid, Result};
-use crate::executor::{Executor, StepInputs};
+use crate::executor::{Executor, StepInputs, StepOutput};
+use crate::generate::logits_row;
 use g4c_ir::{EntryKind, ResultRole};
 
 /// The logits at every position of `ids` (row `i` predicts token `i + 1`), `[N][vocab]`.
@@ -21,11 +22,9 @@ pub fn score(exec: &mut dyn Executor, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
     let mut rows = Vec::with_capacity(ids.len());
     for (c, chunk) in ids.chunks(t).enumerate() {
         let inputs = StepInputs::padded(t, &[(c * t, chunk)], false);
-        let logits = exec.step(&entry, &inputs)?;
-        let values = logits.as_f32().expect("float logits");
-        for (i, row) in values.chunks(vocab).take(chunk.len()).enumerate() {
-            crate::generate::finite(row, || format!("position {}", c * t + i))?;
-            rows.push(row.to_vec());
+        let logits = exec.step(&entry, &inputs, StepOutput::Logits)?;
+        for i in 0..chunk.len() {
+            rows.push(logits_row(&logits, i, vocab, || format!("position {}", c * t + i))?.to_vec());
         }
     }
     Ok(rows)

@@ -40,13 +40,39 @@ impl StepInputs {
     }
 }
 
+/// Which result of an entry point a call copies back to the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepOutput {
+    /// The logits, `f32[B, V]`: what sampling and scoring read.
+    Logits,
+    /// Each sequence's greedy token, `i32[B]` (`ResultRole::GreedyTokens`): all that greedy
+    /// decoding reads, `V` times smaller.
+    GreedyTokens,
+}
+
+impl StepOutput {
+    pub fn role(self) -> ResultRole {
+        match self {
+            StepOutput::Logits => ResultRole::Logits,
+            StepOutput::GreedyTokens => ResultRole::GreedyTokens,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            StepOutput::Logits => "logits",
+            StepOutput::GreedyTokens => "greedy tokens",
+        }
+    }
+}
+
 pub trait Executor: Send {
     fn module(&self) -> &Module;
     /// Puts every state back to its initial value (empty caches).
     fn reset(&mut self) -> Result<()>;
     /// Runs entry point `entry` on `inputs` and the current state, keeps the next state, and returns
-    /// the logits.
-    fn step(&mut self, entry: &str, inputs: &StepInputs) -> Result<Tensor>;
+    /// its result of role `output.role()`.
+    fn step(&mut self, entry: &str, inputs: &StepInputs, output: StepOutput) -> Result<Tensor>;
 }
 
 /// One argument of a call, in parameter order, as `bind_args` finds it.
@@ -107,19 +133,25 @@ pub fn bind_args<T>(
     Ok(args)
 }
 
-/// Sorts `f`'s outputs: the next value of every state goes back into `state`, the logits are returned.
-pub fn keep_outputs<T>(f: &Function, outputs: Vec<T>, state: &mut HashMap<String, T>) -> Result<T> {
-    let mut logits = None;
+/// Sorts `f`'s outputs: the next value of every state goes back into `state`, the result `output`
+/// names is returned.
+pub fn keep_outputs<T>(f: &Function, outputs: Vec<T>, state: &mut HashMap<String, T>, output: StepOutput) -> Result<T> {
+    let mut wanted = None;
     for (r, value) in f.results.iter().zip(outputs) {
         match r.role {
-            ResultRole::Logits => logits = Some(value),
             ResultRole::NextState => {
                 state.insert(r.name.clone(), value);
             }
-            ResultRole::Output => {}
+            role if role == output.role() => wanted = Some(value),
+            _ => {}
         }
     }
-    logits.ok_or_else(|| RuntimeError::Invalid(format!("@{} returns no logits", f.name)))
+    wanted.ok_or_else(|| missing_output(f, output))
+}
+
+/// The error for an entry point without the result a call asked for.
+pub fn missing_output(f: &Function, output: StepOutput) -> RuntimeError {
+    RuntimeError::Invalid(format!("@{} returns no {}", f.name, output.name()))
 }
 
 /// Rows of weight `table` at `ids`, copied from the store's bytes (the checkpoint's mmap) and

@@ -3,7 +3,7 @@
 //! points is an `Executor`.
 
 use crate::error::{invalid, Result, RuntimeError};
-use crate::executor::{Executor, StepInputs};
+use crate::executor::{Executor, StepInputs, StepOutput};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tensor::Tensor;
 use g4c_ir::{AttentionKind, Module, ParamRole, ResultRole};
@@ -17,9 +17,13 @@ pub struct GenerateOptions {
     /// Tokens that end generation like EOS (kept even with `ignore_eos`).
     pub stop_ids: Vec<u32>,
     pub sampling: SamplingParams,
-    /// Teacher forcing: token `i` is `forced[i]` whatever the logits say (they are still recorded),
-    /// to compare logits along a reference's token sequence.
+    /// Teacher forcing: token `i` is `forced[i]` whatever the logits say, to compare logits along a
+    /// reference's token sequence.
     pub forced: Vec<u32>,
+    /// Keep the logits each token was chosen from (`Generation::logits`). Greedy generation that
+    /// neither forces tokens nor keeps logits copies back each step's greedy token alone
+    /// (`StepOutput::GreedyTokens`).
+    pub keep_logits: bool,
 }
 
 impl GenerateOptions {
@@ -36,6 +40,14 @@ impl GenerateOptions {
             Some(StopReason::Context)
         } else {
             None
+        }
+    }
+
+    /// What each call copies back: only the greedy tokens when they are all this generation reads.
+    pub fn step_output(&self) -> StepOutput {
+        match self.sampling.is_greedy() && self.forced.is_empty() && !self.keep_logits {
+            true => StepOutput::GreedyTokens,
+            false => StepOutput::Logits,
         }
     }
 }
@@ -64,7 +76,7 @@ impl StopReason {
 pub struct Generation {
     pub prompt_ids: Vec<u32>,
     pub generated_ids: Vec<u32>,
-    /// Row `i`: the logits from which `generated_ids[i]` was chosen.
+    /// Row `i`: the logits from which `generated_ids[i]` was chosen (with `keep_logits`, else none).
     pub logits: Vec<Vec<f32>>,
     pub stop: StopReason,
     pub timings: Timings,
@@ -206,28 +218,34 @@ pub fn generate(
         return Ok(gen);
     }
 
+    let output = opts.step_output();
     let started = Instant::now();
-    let mut logits = logits_row(prefill(exec, &shape, &[prompt])?);
-    finite(&logits, || "the prefill".into())?;
+    let mut out = prefill(exec, &shape, &[prompt], output)?;
+    let mut call = "the prefill".to_string();
     gen.timings.prefill_seconds = started.elapsed().as_secs_f64();
     let started = Instant::now();
     let mut sampler = Sampler::new(opts.sampling);
     let mut position = prompt.len();
     loop {
-        let token = match opts.forced.get(gen.generated_ids.len()) {
-            Some(&t) => t,
-            None => sampler.pick(&logits),
+        let token = match output {
+            StepOutput::GreedyTokens => greedy_token(&out, 0, shape.vocab, || call.clone())?,
+            StepOutput::Logits => {
+                let logits = logits_row(&out, 0, shape.vocab, || call.clone())?;
+                let token = opts.forced.get(gen.generated_ids.len()).copied().unwrap_or_else(|| sampler.pick(logits));
+                if opts.keep_logits {
+                    gen.logits.push(logits.to_vec());
+                }
+                token
+            }
         };
         gen.generated_ids.push(token);
-        gen.logits.push(std::mem::take(&mut logits));
         on_token(token);
         if let Some(stop) = opts.stop_after(token, gen.generated_ids.len(), room) {
             gen.stop = stop;
             break;
         }
-        let step = gen.generated_ids.len();
-        logits = logits_row(decode(exec, &shape, &[token], position)?);
-        finite(&logits, || format!("decode step {step} (position {position})"))?;
+        call = format!("decode step {} (position {position})", gen.generated_ids.len());
+        out = decode(exec, &shape, &[token], position, output)?;
         position += 1;
     }
     gen.timings.decode_seconds = started.elapsed().as_secs_f64();
@@ -235,43 +253,57 @@ pub fn generate(
 }
 
 /// Prefills `prompts` (one per sequence of the batch, all of one length) along
-/// `ModelShape::prefill_plan`, each call's tokens right-padded with position -1; returns the logits
-/// after each prompt.
-pub fn prefill(exec: &mut dyn Executor, shape: &ModelShape, prompts: &[&[u32]]) -> Result<Tensor> {
+/// `ModelShape::prefill_plan`, each call's tokens right-padded with position -1; returns what the
+/// last call gives back (`output`) after each prompt.
+pub fn prefill(exec: &mut dyn Executor, shape: &ModelShape, prompts: &[&[u32]], output: StepOutput) -> Result<Tensor> {
     let b = shape.batch;
     let len = prompts.first().map_or(0, |p| p.len());
     if prompts.len() != b || prompts.iter().any(|p| p.len() != len) || len == 0 {
         return invalid(format!("prefill takes {b} non-empty prompts of one length"));
     }
-    let mut logits = None;
+    let mut out = None;
     let mut start = 0;
     for (entry, t, n) in shape.prefill_plan(len) {
         let rows: Vec<(usize, &[u32])> = prompts.iter().map(|p| (start, &p[start..start + n])).collect();
-        logits = Some(exec.step(entry, &StepInputs::padded(t, &rows, true))?);
+        out = Some(exec.step(entry, &StepInputs::padded(t, &rows, true), output)?);
         start += n;
     }
-    logits.ok_or_else(|| RuntimeError::Invalid("empty prompt".into()))
+    out.ok_or_else(|| RuntimeError::Invalid("empty prompt".into()))
 }
 
-/// One decode call: `tokens[b]` at `position` for every sequence of the batch; returns the logits.
-pub fn decode(exec: &mut dyn Executor, shape: &ModelShape, tokens: &[u32], position: usize) -> Result<Tensor> {
+/// One decode call: `tokens[b]` at `position` for every sequence of the batch; returns what the
+/// call gives back (`output`).
+pub fn decode(
+    exec: &mut dyn Executor,
+    shape: &ModelShape,
+    tokens: &[u32],
+    position: usize,
+    output: StepOutput,
+) -> Result<Tensor> {
     let rows: Vec<(usize, &[u32])> = tokens.iter().map(|t| (position, std::slice::from_ref(t))).collect();
-    exec.step(&shape.decode, &StepInputs::padded(1, &rows, false))
+    exec.step(&shape.decode, &StepInputs::padded(1, &rows, false), output)
 }
 
-/// Whether every value of `logits` is finite; else an error naming the call that produced them
-/// (`what`), rather than a token picked from NaNs.
-pub(crate) fn finite(logits: &[f32], what: impl FnOnce() -> String) -> Result<()> {
-    match logits.iter().position(|x| !x.is_finite()) {
-        None => Ok(()),
-        Some(i) => invalid(format!("the logits of {} are not finite ({} at token {i})", what(), logits[i])),
+/// Sequence `row`'s logits in a call's `f32[B, V]` logits, if every one is finite; else an error
+/// naming the call (`what`), rather than a token picked from NaNs.
+pub(crate) fn logits_row(logits: &Tensor, row: usize, vocab: usize, what: impl FnOnce() -> String) -> Result<&[f32]> {
+    let Some(values) = logits.as_f32().and_then(|v| v.get(row * vocab..(row + 1) * vocab)) else {
+        return invalid(format!("{} returned no logits for row {row}", what()));
+    };
+    match values.iter().position(|x| !x.is_finite()) {
+        None => Ok(values),
+        Some(i) => invalid(format!("the logits of {} are not finite ({} at token {i})", what(), values[i])),
     }
 }
 
-/// The logits of sequence 0.
-fn logits_row(logits: Tensor) -> Vec<f32> {
-    let vocab = *logits.shape().last().unwrap_or(&0);
-    logits.as_f32().map(|v| v[..vocab].to_vec()).unwrap_or_default()
+/// Sequence `row`'s token in a call's `i32[B]` greedy tokens; an error naming the call (`what`)
+/// where it is -1, which marks logits that are not finite (`ResultRole::GreedyTokens`).
+pub(crate) fn greedy_token(tokens: &Tensor, row: usize, vocab: usize, what: impl FnOnce() -> String) -> Result<u32> {
+    match tokens.as_i32().and_then(|t| t.get(row)) {
+        Some(&id) if (0..vocab as i32).contains(&id) => Ok(id as u32),
+        Some(_) => invalid(format!("the logits of {} are not finite", what())),
+        None => invalid(format!("{} returned no greedy token for row {row}", what())),
+    }
 }
 
 #[cfg(test)]

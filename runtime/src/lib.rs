@@ -22,7 +22,7 @@ pub use backend::interp::{InterpExecutor, Interpreter};
 pub use backend::Program;
 pub use batching::{BatchEngine, SequenceEvent, SequenceRequest, SequenceSink};
 pub use error::{Result, RuntimeError};
-pub use executor::{Executor, StepInputs};
+pub use executor::{Executor, StepInputs, StepOutput};
 pub use g4c_ir::WeightDecl;
 pub use generate::{generate, GenerateOptions, Generation, ModelShape, PromptProblem, StopReason, Timings};
 pub use progress::{Progress, Silent, Unit};

@@ -15,6 +15,13 @@ pub struct SamplingParams {
     pub seed: u64,
 }
 
+impl SamplingParams {
+    /// Whether the pick is the largest logit whatever the seed.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0 || self.top_k == 1
+    }
+}
+
 impl Default for SamplingParams {
     fn default() -> Self {
         SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 }
@@ -33,7 +40,7 @@ impl Sampler {
 
     pub fn pick(&mut self, logits: &[f32]) -> u32 {
         let p = self.params;
-        if p.temperature <= 0.0 || p.top_k == 1 {
+        if p.is_greedy() {
             return argmax(logits) as u32;
         }
         let weight = |logit: f32, max: f32| (((logit - max) / p.temperature) as f64).exp();

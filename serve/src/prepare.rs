@@ -93,6 +93,7 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
             seed: ask.seed.unwrap_or_else(rand::random),
         },
         forced: vec![],
+        keep_logits: false,
     };
     Ok((ask, SequenceRequest { prompt, options }))
 }

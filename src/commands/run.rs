@@ -128,6 +128,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             seed: args.seed,
         },
         forced: vec![],
+        keep_logits: args.logits_out.is_some(),
     };
 
     let mut printer = StreamPrinter::new(tokenizer, !args.json);

@@ -62,7 +62,7 @@ pub fn golden_cases(model: &str) -> Vec<GoldenCase> {
 
 pub use g4c_driver::BackendKind as Backend;
 
-/// Greedy generation, EOS ignored. `prefill_len` defaults to the prompt length.
+/// Greedy generation, EOS ignored, logits kept. `prefill_len` defaults to the prompt length.
 pub fn run_generate(
     backend: Backend,
     dir: &Path,
@@ -82,11 +82,12 @@ pub fn run_transformed(
     prefill_len: Option<usize>,
     transform: &dyn Fn(&mut g4c_ir::Module),
 ) -> Generation {
-    let opts = GenerateOptions { max_new_tokens: new_tokens, ignore_eos: true, ..Default::default() };
+    let opts =
+        GenerateOptions { max_new_tokens: new_tokens, ignore_eos: true, keep_logits: true, ..Default::default() };
     generate_on(backend, None, dir, prompt, prefill_len, &opts, transform)
 }
 
-/// Greedy generation on a backend that runs `target`'s kernel plan (the plan on the CPU, the CUDA
+/// Greedy generation, logits kept, on a backend that runs `target`'s kernel plan (the plan on the CPU, the CUDA
 /// kernels on the host) of the module after `transform`.
 pub fn target_generate(
     backend: Backend,
@@ -97,8 +98,22 @@ pub fn target_generate(
     prefill_len: Option<usize>,
     transform: &dyn Fn(&mut g4c_ir::Module),
 ) -> Generation {
-    let opts = GenerateOptions { max_new_tokens: new_tokens, ignore_eos: true, ..Default::default() };
+    let opts =
+        GenerateOptions { max_new_tokens: new_tokens, ignore_eos: true, keep_logits: true, ..Default::default() };
     generate_on(backend, Some(target), dir, prompt, prefill_len, &opts, transform)
+}
+
+/// Greedy generation as `g4c run` does it: each call copies back the greedy tokens alone (no logits
+/// kept); on `target`'s kernel plan where one is given.
+pub fn greedy_generate(
+    backend: Backend,
+    target: Option<&str>,
+    dir: &Path,
+    prompt: &[u32],
+    new_tokens: usize,
+) -> Generation {
+    let opts = GenerateOptions { max_new_tokens: new_tokens, ignore_eos: true, ..Default::default() };
+    generate_on(backend, target, dir, prompt, None, &opts, &|_| {})
 }
 
 /// Logits along the golden's tokens (teacher forced) after `target`'s pipeline.
@@ -108,6 +123,7 @@ pub fn forced_logits(backend: Backend, dir: &Path, target: &str, case: &GoldenCa
         max_new_tokens: case.generated_ids.len(),
         ignore_eos: true,
         forced: case.generated_ids.clone(),
+        keep_logits: true,
         ..Default::default()
     };
     let pipeline = |m: &mut g4c_ir::Module| {

@@ -188,6 +188,11 @@ fn emit_entry(cfg: &Gemma4Config, weights: &[WeightDecl], shapes: &Shapes, entry
     let logits = g.b.name(logits, "logits");
 
     let mut results = vec![("logits", logits, ResultRole::Logits)];
+    if entry != Entry::Score {
+        let greedy = g.b.greedy_tokens(logits);
+        let greedy = g.b.name(greedy, "greedy");
+        results.push(("greedy", greedy, ResultRole::GreedyTokens));
+    }
     results.extend(cx.state_results.iter().map(|(n, v)| (n.as_str(), *v, ResultRole::NextState)));
     g.b.finish(results)
 }

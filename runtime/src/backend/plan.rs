@@ -6,7 +6,7 @@
 
 use super::interp::host_tensors;
 use crate::error::{invalid, Result, RuntimeError};
-use crate::executor::{bind_args, initial_state, keep_outputs, Executor, StepInputs};
+use crate::executor::{bind_args, initial_state, keep_outputs, Executor, StepInputs, StepOutput};
 use crate::tensor::Tensor;
 use crate::weights::WeightStore;
 use crate::Interpreter;
@@ -41,7 +41,7 @@ impl Executor for PlanExecutor {
         Ok(())
     }
 
-    fn step(&mut self, entry: &str, inputs: &StepInputs) -> Result<Tensor> {
+    fn step(&mut self, entry: &str, inputs: &StepInputs, output: StepOutput) -> Result<Tensor> {
         let module = self.module.clone();
         let f = module.function(entry).ok_or_else(|| RuntimeError::Invalid(format!("no @{entry}")))?;
         let Some(plan) = self.plan.entry(entry) else { return invalid(format!("the kernel plan has no @{entry}")) };
@@ -71,6 +71,6 @@ impl Executor for PlanExecutor {
             }
         }
         let outputs = plan.results.iter().map(|&s| read(s, &params, &scratch)).collect::<Result<Vec<_>>>()?;
-        keep_outputs(f, outputs, &mut self.state)
+        keep_outputs(f, outputs, &mut self.state, output)
     }
 }

@@ -8,9 +8,8 @@ pub use bandwidth::read_bandwidth;
 pub use traffic::{DecodeTraffic, PlanTraffic};
 
 use crate::error::Result;
-use crate::executor::Executor;
-use crate::generate::{decode, prefill, ModelShape};
-use crate::sampling::argmax;
+use crate::executor::{Executor, StepOutput};
+use crate::generate::{decode, greedy_token, prefill, ModelShape};
 use crate::tensor::Tensor;
 use std::time::Instant;
 
@@ -36,7 +35,7 @@ impl BenchRun {
 }
 
 /// Runs a prompt of deterministic pseudo-random tokens through prefill, then `gen − 1` decode steps,
-/// each fed the previous step's greedy token (so the logits are read back as in real generation).
+/// each fed the previous step's greedy token (read back as greedy generation reads it: the ids alone).
 pub fn run_once(exec: &mut dyn Executor, prompt_len: usize, gen: usize, seed: u64) -> Result<BenchRun> {
     let shape = ModelShape::of(exec.module())?;
     if prompt_len == 0 || prompt_len + gen > shape.context {
@@ -49,14 +48,14 @@ pub fn run_once(exec: &mut dyn Executor, prompt_len: usize, gen: usize, seed: u6
     let rows: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
     exec.reset()?;
     let started = Instant::now();
-    let mut logits = prefill(exec, &shape, &rows)?;
-    let mut next = greedy(&logits, shape.batch);
+    let out = prefill(exec, &shape, &rows, StepOutput::GreedyTokens)?;
+    let mut next = greedy_tokens(&out, &shape, || "the prefill".into())?;
     let prefill_seconds = started.elapsed().as_secs_f64();
     let started = Instant::now();
     let decode_steps = gen.saturating_sub(1);
     for step in 0..decode_steps {
-        logits = decode(exec, &shape, &next, prompt_len + step)?;
-        next = greedy(&logits, shape.batch);
+        let out = decode(exec, &shape, &next, prompt_len + step, StepOutput::GreedyTokens)?;
+        next = greedy_tokens(&out, &shape, || format!("decode step {}", step + 1))?;
     }
     let decode_seconds = started.elapsed().as_secs_f64();
     Ok(BenchRun { batch: shape.batch, prompt_len, prefill_seconds, decode_steps, decode_seconds })
@@ -73,8 +72,7 @@ fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-/// The arg-max of every row of `[B, V]` logits.
-fn greedy(logits: &Tensor, batch: usize) -> Vec<u32> {
-    let values = logits.as_f32().unwrap_or(&[]);
-    values.chunks((values.len() / batch.max(1)).max(1)).map(|row| argmax(row) as u32).collect()
+/// Every sequence's greedy token, as a call returned them (`what` names the call).
+fn greedy_tokens(out: &Tensor, shape: &ModelShape, what: impl Fn() -> String) -> Result<Vec<u32>> {
+    (0..shape.batch).map(|row| greedy_token(out, row, shape.vocab, &what)).collect()
 }

@@ -5,7 +5,7 @@
 
 use super::device::{Buffer, Device, DeviceProgram, KernelBinding, Launch, LaunchSequence};
 use crate::error::{invalid, Result, RuntimeError};
-use crate::executor::{bind_args, initial_state, Arg, Executor, StepInputs};
+use crate::executor::{bind_args, initial_state, missing_output, Arg, Executor, StepInputs, StepOutput};
 use crate::tensor::Tensor;
 use crate::weights::WeightStore;
 use g4c_ir::plan::{EntryPlan, KernelPlan, Slot};
@@ -19,6 +19,16 @@ struct EntryBuffers {
     inputs: HashMap<usize, Buffer>,
     scratch: Vec<Buffer>,
     sequence: Option<(Vec<Buffer>, Arc<LaunchSequence>)>,
+}
+
+impl EntryBuffers {
+    /// The buffer behind `slot` in a call over parameter buffers `params`.
+    fn buffer(&self, slot: Slot, params: &[Buffer]) -> Buffer {
+        match slot {
+            Slot::Param(i) => params[i],
+            Slot::Scratch(b) => self.scratch[b],
+        }
+    }
 }
 
 pub struct DeviceExecutor<D: Device> {
@@ -116,11 +126,8 @@ impl<D: Device> DeviceExecutor<D> {
         }
         let bindings =
             self.kernels.get(entry).ok_or_else(|| RuntimeError::Invalid(format!("no kernels for @{entry}")))?;
-        let scratch = &self.entries[entry].scratch;
-        let buffer = |slot: Slot| match slot {
-            Slot::Param(i) => params[i],
-            Slot::Scratch(b) => scratch[b],
-        };
+        let buffers = &self.entries[entry];
+        let buffer = |slot: Slot| buffers.buffer(slot, params);
         let launches = ep
             .calls
             .iter()
@@ -165,7 +172,7 @@ impl<D: Device> Executor for DeviceExecutor<D> {
         Ok(())
     }
 
-    fn step(&mut self, entry: &str, inputs: &StepInputs) -> Result<Tensor> {
+    fn step(&mut self, entry: &str, inputs: &StepInputs, output: StepOutput) -> Result<Tensor> {
         let module = self.module.clone();
         let plan = self.plan.clone();
         let f = module.function(entry).ok_or_else(|| RuntimeError::Invalid(format!("no @{entry}")))?;
@@ -187,32 +194,28 @@ impl<D: Device> Executor for DeviceExecutor<D> {
         }
         let sequence = self.sequence(entry, ep, &params)?;
         self.device.run(&sequence)?;
-        let scratch = &self.entries[entry].scratch;
-        let buffer = |slot: Slot| match slot {
-            Slot::Param(i) => params[i],
-            Slot::Scratch(b) => scratch[b],
-        };
-        let mut logits = None;
+        let mut wanted = None;
         for (r, &slot) in f.results.iter().zip(&ep.results) {
             let ty = f.ty(r.value);
+            let b = self.entries[entry].buffer(slot, &params);
             match r.role {
-                ResultRole::Logits => {
-                    let bytes = self.device.download(buffer(slot), ty.byte_size() as usize)?;
-                    logits = Some(Tensor::from_bytes(ty.clone(), &bytes).map_err(RuntimeError::Invalid)?);
-                }
                 ResultRole::NextState => {
                     // The state's own buffer: written in place, or copied from where the plan left it.
                     let p = f.params.iter().position(|p| f.param_name(p) == r.name).ok_or_else(|| {
                         RuntimeError::Invalid(format!("@{entry}: result {} names no state parameter", r.name))
                     })?;
-                    if buffer(slot) != params[p] {
-                        self.device.copy(params[p], buffer(slot), ty.byte_size() as usize)?;
+                    if b != params[p] {
+                        self.device.copy(params[p], b, ty.byte_size() as usize)?;
                     }
                     self.state.insert(r.name.clone(), params[p]);
                 }
-                ResultRole::Output => {}
+                role if role == output.role() => {
+                    let bytes = self.device.download(b, ty.byte_size() as usize)?;
+                    wanted = Some(Tensor::from_bytes(ty.clone(), &bytes).map_err(RuntimeError::Invalid)?);
+                }
+                _ => {}
             }
         }
-        logits.ok_or_else(|| RuntimeError::Invalid(format!("@{entry} returns no logits")))
+        wanted.ok_or_else(|| missing_output(f, output))
     }
 }

@@ -2,7 +2,7 @@
 
 use super::Interpreter;
 use crate::error::{Result, RuntimeError};
-use crate::executor::{bind_args, initial_state, keep_outputs, Arg, Executor, StepInputs};
+use crate::executor::{bind_args, initial_state, keep_outputs, Arg, Executor, StepInputs, StepOutput};
 use crate::tensor::Tensor;
 use g4c_ir::Module;
 use std::collections::HashMap;
@@ -28,12 +28,12 @@ impl Executor for InterpExecutor {
         Ok(())
     }
 
-    fn step(&mut self, entry: &str, inputs: &StepInputs) -> Result<Tensor> {
+    fn step(&mut self, entry: &str, inputs: &StepInputs, output: StepOutput) -> Result<Tensor> {
         let module = self.interp.module().clone();
         let f = module.function(entry).ok_or_else(|| RuntimeError::Invalid(format!("no @{entry}")))?;
         let args = host_tensors(bind_args(&module, self.interp.store(), f, inputs, &mut self.state)?)?;
         let outputs = self.interp.call(entry, args)?;
-        keep_outputs(f, outputs, &mut self.state)
+        keep_outputs(f, outputs, &mut self.state, output)
     }
 }
 

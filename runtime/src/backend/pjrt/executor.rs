@@ -5,11 +5,11 @@
 
 use super::{Buffer, Client, EntryExecutable, Executable};
 use crate::error::{Result, RuntimeError};
-use crate::executor::{bind_args, initial_state, keep_outputs, Arg, Executor, StepInputs};
+use crate::executor::{bind_args, initial_state, keep_outputs, Arg, Executor, StepInputs, StepOutput};
 use crate::progress::{Progress, Unit};
 use crate::tensor::Tensor;
 use crate::weights::WeightStore;
-use g4c_ir::{CallArg, Module, ResultRole};
+use g4c_ir::{CallArg, Module};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -85,7 +85,7 @@ impl Executor for PjrtExecutor {
         Ok(())
     }
 
-    fn step(&mut self, entry: &str, inputs: &StepInputs) -> Result<Tensor> {
+    fn step(&mut self, entry: &str, inputs: &StepInputs, output: StepOutput) -> Result<Tensor> {
         let module = self.module.clone();
         let f = module.function(entry).ok_or_else(|| RuntimeError::Invalid(format!("no @{entry}")))?;
         let Some((executable, sources)) = self.entries.get(entry) else {
@@ -114,9 +114,9 @@ impl Executor for PjrtExecutor {
         let outputs = executable.execute(&args)?;
         drop(args);
         drop(params); // donated state buffers are consumed by the call
-        let logits = keep_outputs(f, outputs, &mut self.state)?;
-        let ty = f.ty(f.result_with(ResultRole::Logits).expect("checked").value).clone();
-        Tensor::from_bytes(ty, &logits.to_host()?).map_err(RuntimeError::Pjrt)
+        let wanted = keep_outputs(f, outputs, &mut self.state, output)?;
+        let ty = f.ty(f.result_with(output.role()).expect("kept").value).clone();
+        Tensor::from_bytes(ty, &wanted.to_host()?).map_err(RuntimeError::Pjrt)
     }
 }
 
