@@ -49,3 +49,20 @@ fn state_must_come_back_with_the_same_type() {
     let msg = verify_module(&parse_module(text).unwrap()).unwrap_err().to_string();
     assert!(msg.contains("state %s has no result of the same name"), "{msg}");
 }
+
+#[test]
+fn greedy_tokens_are_one_i32_per_row_of_logits() {
+    let module = |greedy: &str| {
+        format!(
+            "module @m {{\n  func @f(%l: f32[2,5], %g: {greedy}) -> (logits: f32[2,5] logits, greedy: {greedy} greedy_tokens) {{\n    return %l, %g\n  }}\n}}\n"
+        )
+    };
+    assert!(verify_module(&parse_module(&module("i32[2]")).unwrap()).is_ok());
+    for (greedy, found) in [("f32[2]", "found f32[2]"), ("i32[2,5]", "found i32[2,5]"), ("i32[5]", "found i32[5]")] {
+        let msg = verify_module(&parse_module(&module(greedy)).unwrap()).unwrap_err().to_string();
+        assert!(msg.contains("`greedy_tokens` must be i32[2]") && msg.contains(found), "{msg}");
+    }
+    let alone = "module @m {\n  func @f(%g: i32[2]) -> (greedy: i32[2] greedy_tokens) {\n    return %g\n  }\n}\n";
+    let msg = verify_module(&parse_module(alone).unwrap()).unwrap_err().to_string();
+    assert!(msg.contains("`greedy_tokens` without a `logits` result"), "{msg}");
+}

@@ -175,12 +175,15 @@ fn check_abi(m: &Module, f: &Function, names: &ValueNames) -> Vec<String> {
     }
     // Greedy tokens are the argmax of the logits along the vocabulary: i32, one per row of logits.
     if let Some(g) = f.result_with(ResultRole::GreedyTokens) {
-        let logits = f.result_with(ResultRole::Logits).map(|r| f.ty(r.value));
-        let rows = logits.map(|t| t.shape[..t.rank().saturating_sub(1)].to_vec());
         let ty = f.ty(g.value);
-        if ty.dtype != DType::I32 || rows.as_deref() != Some(ty.shape.as_slice()) {
-            let want = rows.map_or("a `logits` result".to_string(), |s| TensorType::new(DType::I32, s).to_string());
-            problems.push(format!("@{}: `greedy_tokens` must be {want}, found {ty}", f.name));
+        match f.result_with(ResultRole::Logits).map(|r| f.ty(r.value)) {
+            None => problems.push(format!("@{}: `greedy_tokens` without a `logits` result", f.name)),
+            Some(logits) => {
+                let want = TensorType::new(DType::I32, logits.shape[..logits.rank().saturating_sub(1)].to_vec());
+                if *ty != want {
+                    problems.push(format!("@{}: `greedy_tokens` must be {want}, found {ty}", f.name));
+                }
+            }
         }
     }
     problems
