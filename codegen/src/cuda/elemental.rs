@@ -74,15 +74,14 @@ pub(crate) fn reduce_init(kind: ReduceKind, dtype: DType) -> &'static str {
     }
 }
 
-/// `acc` and `a` combined by a reduction of `kind` into `dtype` (float max and min propagate NaN;
-/// integers are summed in `int`, and wrap to a narrower `dtype` when stored, as the interpreter's do).
-pub(crate) fn reduce_combine(kind: ReduceKind, dtype: DType, acc: &str, a: &str) -> String {
-    match (kind, dtype.is_float()) {
-        (ReduceKind::Sum, _) => format!("{acc} + {a}"),
-        (ReduceKind::Max, true) => format!("fmax_nan({acc}, {a})"),
-        (ReduceKind::Min, true) => format!("fmin_nan({acc}, {a})"),
-        (ReduceKind::Max, false) => format!("max({acc}, {a})"),
-        (ReduceKind::Min, false) => format!("min({acc}, {a})"),
+/// `acc` and `a` combined by a reduction of `kind` (the prelude's `max_of` and `min_of` take
+/// floats, propagating NaN, or ints; integers are summed in `int` and wrap to a narrower type when
+/// stored, as the interpreter's do).
+pub(crate) fn reduce_combine(kind: ReduceKind, acc: &str, a: &str) -> String {
+    match kind {
+        ReduceKind::Sum => format!("{acc} + {a}"),
+        ReduceKind::Max => format!("max_of({acc}, {a})"),
+        ReduceKind::Min => format!("min_of({acc}, {a})"),
     }
 }
 
@@ -473,7 +472,7 @@ impl<'k> Emitter<'k> {
         r: &str,
         acc: &str,
     ) -> Result<(), CudaError> {
-        let it = self.ty(input).clone();
+        let it = self.ty(input);
         let extents: Vec<usize> = axes.iter().map(|&a| it.shape[a]).collect();
         let ridx = unlinear(r, &extents);
         let mut kept = idx.iter();
@@ -484,7 +483,7 @@ impl<'k> Emitter<'k> {
             })
             .collect();
         let a = self.value(input, &in_idx)?;
-        self.line(format!("{acc} = {};", reduce_combine(kind, it.dtype, acc, &a)));
+        self.line(format!("{acc} = {};", reduce_combine(kind, acc, &a)));
         Ok(())
     }
 

@@ -172,14 +172,14 @@ fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32)
             em.line("if (lane == 0) part[warp] = acc;");
             em.line("__syncthreads();");
             em.open(format!("if (threadIdx.x == 0 && i < {})", r.outputs));
-            let step = reduce_combine(kind, dtype, "acc", "part[w]");
+            let step = reduce_combine(kind, "acc", "part[w]");
             em.line(format!("for (int w = 1; w < {warps}; ++w) acc = {step};"));
         }
         ReduceSplit::WarpsPerExtent => {
             em.line("part[threadIdx.x] = acc;");
             em.line("__syncthreads();");
             em.open(format!("if (warp == 0 && i < {})", r.outputs));
-            let step = reduce_combine(kind, dtype, "acc", "part[w * 32 + lane]");
+            let step = reduce_combine(kind, "acc", "part[w * 32 + lane]");
             em.line(format!("for (int w = 1; w < {warps}; ++w) acc = {step};"));
         }
     }

@@ -63,27 +63,21 @@ __device__ __forceinline__ float fmax_nan(float a, float b) { return (isnan(a) |
 __device__ __forceinline__ float fmin_nan(float a, float b) { return (isnan(a) || isnan(b)) ? __int_as_float(0x7fc00000) : fminf(a, b); }
 __device__ __forceinline__ float sgn(float a) { return (a == 0.f || isnan(a)) ? a : copysignf(1.f, a); }
 __device__ __forceinline__ int isgn(int a) { return (a > 0) - (a < 0); }
-__device__ __forceinline__ float warp_sum(float v) {
+// A reduction's combining step, per accumulator type (float's max and min propagate NaN).
+__device__ __forceinline__ float max_of(float a, float b) { return fmax_nan(a, b); }
+__device__ __forceinline__ float min_of(float a, float b) { return fmin_nan(a, b); }
+__device__ __forceinline__ int max_of(int a, int b) { return max(a, b); }
+__device__ __forceinline__ int min_of(int a, int b) { return min(a, b); }
+// The same over a warp's lanes; every lane gets the result.
+template <typename T> __device__ __forceinline__ T warp_sum(T v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmax_nan(v, __shfl_xor_sync(0xffffffffu, v, o));
+template <typename T> __device__ __forceinline__ T warp_max(T v) {
+  for (int o = 16; o > 0; o >>= 1) v = max_of(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
-__device__ __forceinline__ float warp_min(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmin_nan(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ int warp_sum(int v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ int warp_max(int v) {
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ int warp_min(int v) {
-  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+template <typename T> __device__ __forceinline__ T warp_min(T v) {
+  for (int o = 16; o > 0; o >>= 1) v = min_of(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
