@@ -1,7 +1,9 @@
 //! CUDA code generation without a GPU: every kernel of a plan compiled to PTX by NVRTC for sm_75,
 //! sm_80 and sm_90 and assembled by ptxas, whose report must agree with the plan's fit proof.
 
-use crate::common::{assert_matches_golden, golden_cases, golden_dir, run_transformed, target_generate, Backend};
+use crate::common::{
+    assert_matches_golden, golden_cases, golden_dir, greedy_generate, run_transformed, target_generate, Backend,
+};
 use g4c_codegen::cuda::{assemble, compile_ptx, emit_entry};
 use g4c_frontend::{Model, Shapes};
 use g4c_ir::plan::{print_plan, KernelPlan};
@@ -282,7 +284,7 @@ fn e2b_kernels_compile_and_fit_on_every_gpu_class() {
 }
 
 /// On a GPU (skipped without one, saying why): the tiny models' kernels through the CUDA driver
-/// against the goldens, for t4g (sm_75 PTX, which a newer GPU's driver JIT-compiles: how Turing's
+/// against the goldens, reading the logits and reading the greedy tokens alone, for t4g (sm_75 PTX, which a newer GPU's driver JIT-compiles: how Turing's
 /// kernels run on an H200) and for h200 (its sm_90 cubin), where the GPU can run them.
 #[test]
 fn cuda_kernels_on_a_gpu_match_the_goldens() {
@@ -301,8 +303,12 @@ fn cuda_kernels_on_a_gpu_match_the_goldens() {
             for case in golden_cases(model) {
                 let dir = golden_dir(model).join("hf");
                 let n = case.generated_ids.len();
+                let what = format!("cuda {target} {model}/{}", case.name);
                 let got = target_generate(Backend::Cuda, target, &dir, &case.prompt_ids, n, None, &|_| {});
-                assert_matches_golden(&format!("cuda {target} {model}/{}", case.name), &got, &case);
+                assert_matches_golden(&what, &got, &case);
+                // As `g4c run` generates: each step copies back the greedy token alone.
+                let greedy = greedy_generate(Backend::Cuda, Some(target), &dir, &case.prompt_ids, n);
+                assert_eq!(greedy.generated_ids, case.generated_ids, "{what}, greedy tokens alone");
             }
         }
     }
