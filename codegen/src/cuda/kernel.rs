@@ -267,7 +267,11 @@ fn matvec(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<()
         None => {
             em.open(format!("for (int kk = lane; kk < {kt} && k0 + kk < {depth}; kk += 32)"));
             for (j, &(_, w)) in m.dots.iter().enumerate() {
-                let w = em.value(w, &["n".into(), "(k0 + kk)".into()])?;
+                // `[1.., N, K]`: leading dimensions of size 1.
+                let rank = em.k.ty(w).rank();
+                let at: Vec<String> =
+                    std::iter::repeat_n("0".to_string(), rank - 2).chain(["n".into(), "(k0 + kk)".into()]).collect();
+                let w = em.value(w, &at)?;
                 em.line("#pragma unroll");
                 em.line(format!("for (int r = 0; r < {rows}; ++r) acc[{j}][r] += act[r * {kt} + kk] * {w};"));
             }

@@ -15,6 +15,8 @@ pub(crate) fn classify(k: &Function) -> KernelKind {
         let (activation, weight, contract) = match (weight_of(k, *lhs), weight_of(k, *rhs)) {
             (None, Some(w)) => (*lhs, w, &dims.lhs_contract),
             (Some(w), None) => (*rhs, w, &dims.rhs_contract),
+            // A decode step's attention scores over a cache: a matvec streaming the cache.
+            _ if matvec_of(k).is_some_and(|m| m.rows <= MATVEC_MAX_ROWS) => return KernelKind::Matvec,
             _ => return KernelKind::Dot,
         };
         let shape = &k.ty(activation).shape;
@@ -54,12 +56,15 @@ fn weight_of(k: &Function, v: ValueId) -> Option<WeightKind> {
 }
 
 /// Matrix products the matvec template computes: `out_j[r, n] = Σ_k lhs[r, k] · w_j[n, k]` for one
-/// or more weights `w_j` of the same `[N, K]` shape read with the same activation (GELU(gate)·up
-/// reads both projections), the activation's rows and the weights' rows contiguous in `k`, and the
-/// root an elementwise function of the products at the same element (an epilogue).
+/// or more matrices `w_j` of the same `[N, K]` shape read with the same activation (GELU(gate)·up
+/// reads both projections), the activation's rows and the matrices' rows contiguous in `k`, and the
+/// root an elementwise function of the products at the same element (an epilogue). A matrix is a
+/// weight, or an input of the kernel: a decode step's attention scores are a matvec of the queries
+/// of every head (the rows) with a layer's key cache, which each warp then reads once for all of
+/// them (multi-query attention shares one cache between the heads).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Matvec {
-    /// Each `dot_general` of the kernel's function, and the weight it reads.
+    /// Each `dot_general` of the kernel's function, and the matrix it reads.
     pub dots: Vec<(ValueId, ValueId)>,
     pub lhs: ValueId,
     pub rows: usize,
@@ -67,23 +72,27 @@ pub struct Matvec {
     pub depth: usize,
 }
 
-/// The matvec of a kernel, when the template applies: no batch dimensions, one activation
-/// contracted on its last dimension, weights `[N, K]` of one shape contracted on their last, and
-/// every path from a product to the root through ops that keep the element's linear index.
+/// The matvec of a kernel, when the template applies: no batch dimensions but of size 1 (so the
+/// product is laid out as `[rows, N]`), one activation contracted on its last dimension, matrices
+/// `[1.., N, K]` of one shape contracted on their last, and every path from a product to the root
+/// through ops that keep the element's linear index.
 pub fn matvec_of(k: &Function) -> Option<Matvec> {
     let mut dots = Vec::new();
     let mut lhs_of = None;
+    let is_input = |v: ValueId| k.params.iter().any(|p| p.value == v);
     for instr in k.body.iter().filter(|i| matches!(i.op, Op::DotGeneral { .. })) {
         let Op::DotGeneral { lhs, rhs, dims } = &instr.op else { unreachable!() };
         let (lt, rt) = (k.ty(*lhs), k.ty(*rhs));
         let last_of = |rank: usize, contract: &[usize]| contract == [rank - 1];
-        let fits = dims.lhs_batch.is_empty()
-            && dims.rhs_batch.is_empty()
+        let unit = |shape: &[usize], axes: &[usize]| axes.iter().all(|&d| shape[d] == 1);
+        let matrix = rt.rank() >= 2 && rt.shape[..rt.rank() - 2].iter().all(|&d| d == 1);
+        let fits = unit(&lt.shape, &dims.lhs_batch)
+            && unit(&rt.shape, &dims.rhs_batch)
             && weight_of(k, *lhs).is_none()
-            && weight_of(k, *rhs).is_some()
-            && rt.rank() == 2
+            && (weight_of(k, *rhs).is_some() || is_input(*rhs))
+            && matrix
             && last_of(lt.rank(), &dims.lhs_contract)
-            && last_of(2, &dims.rhs_contract)
+            && last_of(rt.rank(), &dims.rhs_contract)
             && *lhs_of.get_or_insert(*lhs) == *lhs
             && dots.first().is_none_or(|&(_, w): &(ValueId, ValueId)| k.ty(w) == rt);
         if !fits || !keeps_index_to_root(k, instr.result) {
@@ -92,7 +101,8 @@ pub fn matvec_of(k: &Function) -> Option<Matvec> {
         dots.push((instr.result, *rhs));
     }
     let (lhs, &(_, w)) = (lhs_of?, dots.first()?);
-    let (cols, depth) = (k.ty(w).shape[0], k.ty(w).shape[1]);
+    let shape = &k.ty(w).shape;
+    let (cols, depth) = (shape[shape.len() - 2], shape[shape.len() - 1]);
     Some(Matvec { dots, lhs, rows: k.ty(lhs).numel() / depth, cols, depth })
 }
 
