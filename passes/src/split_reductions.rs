@@ -11,7 +11,7 @@
 //! Max and min are exact either way; a sum adds in another order, as the kernels' warps already do.
 
 use crate::{Pass, PassError};
-use g4c_ir::{Instr, Module, Op, Target, TensorType};
+use g4c_ir::{Function, Instr, Module, Op, Target, TensorType};
 
 pub struct SplitReductions;
 
@@ -35,41 +35,38 @@ impl Pass for SplitReductions {
         for f in &mut module.functions {
             let old_body = std::mem::take(&mut f.body);
             for instr in old_body {
-                let Op::Reduce { input, kind, ref axes } = instr.op else {
-                    f.body.push(instr);
-                    continue;
-                };
-                let shape = f.ty(input).shape.clone();
-                let rank = shape.len();
-                let rows: usize = shape[..rank.saturating_sub(1)].iter().product();
-                let chunk = match axes[..] {
-                    [axis] if axis + 1 == rank && rows < sm_count => chunk_of(shape[axis]),
-                    _ => None,
-                };
-                let Some(chunk) = chunk else {
-                    f.body.push(instr);
-                    continue;
-                };
-                let name = f.value_name(instr.result).unwrap_or("reduce").to_string();
-                let dtype = f.ty(instr.result).dtype;
-                let mut chunked_shape = shape[..rank - 1].to_vec();
-                chunked_shape.extend([shape[rank - 1] / chunk, chunk]);
-                let chunked = f.new_value(
-                    TensorType::new(f.ty(input).dtype, chunked_shape.clone()),
-                    Some(format!("{name}.chunks")),
-                );
-                let partial = f
-                    .new_value(TensorType::new(dtype, chunked_shape[..rank].to_vec()), Some(format!("{name}.partial")));
-                f.body.push(Instr { result: chunked, op: Op::Reshape { x: input } });
-                f.body.push(Instr { result: partial, op: Op::Reduce { input: chunked, kind, axes: vec![rank] } });
-                f.body.push(Instr {
-                    result: instr.result,
-                    op: Op::Reduce { input: partial, kind, axes: vec![rank - 1] },
-                });
+                match split(f, &instr, sm_count) {
+                    Some(instrs) => f.body.extend(instrs),
+                    None => f.body.push(instr),
+                }
             }
         }
         Ok(())
     }
+}
+
+/// `instr` as its chunks' reshape, their reduction and the partials' reduction, if it is one to split.
+fn split(f: &mut Function, instr: &Instr, sm_count: usize) -> Option<[Instr; 3]> {
+    let Op::Reduce { input, kind, ref axes } = instr.op else { return None };
+    let shape = f.ty(input).shape.clone();
+    let rank = shape.len();
+    let rows: usize = shape[..rank.saturating_sub(1)].iter().product();
+    let chunk = match axes[..] {
+        [axis] if axis + 1 == rank && rows < sm_count => chunk_of(shape[axis])?,
+        _ => return None,
+    };
+    let name = f.value_name(instr.result).unwrap_or("reduce").to_string();
+    let mut chunked_shape = shape[..rank - 1].to_vec();
+    chunked_shape.extend([shape[rank - 1] / chunk, chunk]);
+    let chunked =
+        f.new_value(TensorType::new(f.ty(input).dtype, chunked_shape.clone()), Some(format!("{name}.chunks")));
+    let partial_ty = TensorType::new(f.ty(instr.result).dtype, chunked_shape[..rank].to_vec());
+    let partial = f.new_value(partial_ty, Some(format!("{name}.partial")));
+    Some([
+        Instr { result: chunked, op: Op::Reshape { x: input } },
+        Instr { result: partial, op: Op::Reduce { input: chunked, kind, axes: vec![rank] } },
+        Instr { result: instr.result, op: Op::Reduce { input: partial, kind, axes: vec![rank - 1] } },
+    ])
 }
 
 /// The chunk length a row of `extent` elements is split into, if it is split.

@@ -235,9 +235,9 @@ impl BatchEngine {
             CallKind::Decode => self.decode_plan(),
         };
         let report = StepReport { call, occupied, tokens: plan.fed.iter().map(|f| f.tokens.len()).sum() };
-        // Only greedy tokens come back when every sequence picks greedily.
-        let output = match self.rows.iter().filter_map(|r| r.sequence.as_ref()).all(|s| s.options.sampling.is_greedy())
-        {
+        // Only greedy tokens come back when they are all that every sequence reads.
+        let greedy = |s: &Sequence| s.options.step_output() == StepOutput::GreedyTokens;
+        let output = match self.rows.iter().filter_map(|r| r.sequence.as_ref()).all(greedy) {
             true => StepOutput::GreedyTokens,
             false => StepOutput::Logits,
         };

@@ -221,16 +221,21 @@ pub fn generate(
     let output = opts.step_output();
     let started = Instant::now();
     let mut out = prefill(exec, &shape, &[prompt], output)?;
-    let mut call = "the prefill".to_string();
     gen.timings.prefill_seconds = started.elapsed().as_secs_f64();
     let started = Instant::now();
     let mut sampler = Sampler::new(opts.sampling);
     let mut position = prompt.len();
     loop {
+        // The call `out` came from, named only for an error (no formatting in the decode loop).
+        let (step, at) = (gen.generated_ids.len(), position.saturating_sub(1));
+        let call = || match step {
+            0 => "the prefill".to_string(),
+            _ => format!("decode step {step} (position {at})"),
+        };
         let token = match output {
-            StepOutput::GreedyTokens => greedy_token(&out, 0, shape.vocab, || call.clone())?,
+            StepOutput::GreedyTokens => greedy_token(&out, 0, shape.vocab, call)?,
             StepOutput::Logits => {
-                let logits = logits_row(&out, 0, shape.vocab, || call.clone())?;
+                let logits = logits_row(&out, 0, shape.vocab, call)?;
                 let token = opts.forced.get(gen.generated_ids.len()).copied().unwrap_or_else(|| sampler.pick(logits));
                 if opts.keep_logits {
                     gen.logits.push(logits.to_vec());
@@ -244,7 +249,6 @@ pub fn generate(
             gen.stop = stop;
             break;
         }
-        call = format!("decode step {} (position {position})", gen.generated_ids.len());
         out = decode(exec, &shape, &[token], position, output)?;
         position += 1;
     }
