@@ -102,6 +102,34 @@ fn the_plan_fuses_and_reuses() {
     assert!(prefill.calls.iter().any(|c| c.kind == KernelKind::GemmW4), "a 16-token prefill multiplies 16 rows: GEMM");
 }
 
+/// A decode step's small reductions (norm statistics, softmax maximum and sum) run in the preludes
+/// of the kernels reading them rather than as kernels of their own: in the tiny model's decode the
+/// only reduction kernel left is the greedy token, a result. Every reduction inside a kernel is
+/// its template's own or in its prelude, none computed again at each element reading it.
+#[test]
+fn small_reductions_run_in_their_readers_preludes() {
+    let plan = tiny_plan(Target::by_name("t4g").unwrap()).unwrap();
+    let decode = plan.entry("decode").unwrap();
+    let reductions: Vec<_> = decode.calls.iter().filter(|c| c.kind == KernelKind::Reduce).collect();
+    assert_eq!(reductions.len(), 1, "reduction kernels left");
+    assert!(decode.results.contains(&reductions[0].output), "the one left is a result: the greedy token");
+    let in_prelude = |c: &g4c_ir::plan::KernelCall| c.launch.prelude.map_or(0, |p| p.reductions as usize);
+    let normalized = decode.calls.iter().filter(|c| c.kind == KernelKind::MatvecW4 && in_prelude(c) > 0).count();
+    assert!(normalized >= 3, "q, k and v projections with their norm's statistics in the prelude");
+    assert!(
+        decode.calls.iter().any(|c| c.kind == KernelKind::Loop && in_prelude(c) == 2),
+        "softmax: maximum and sum in the prelude of the kernel normalizing"
+    );
+    for e in &plan.entries {
+        for c in &e.calls {
+            let f = plan.kernels.function(&c.kernel).unwrap();
+            let reduces = f.body.iter().filter(|i| matches!(i.op, g4c_ir::Op::Reduce { .. })).count();
+            let own = usize::from(c.kind == KernelKind::Reduce);
+            assert_eq!(reduces, own + in_prelude(c), "{}: reductions outside the template and prelude", c.kernel);
+        }
+    }
+}
+
 /// A kernel that does not fit is a compile-time error naming it, what it needs and the limit: here
 /// a GPU whose blocks have less shared memory than one GEMM tile (the prefill's, planned first) or
 /// one 32-wide matvec step of one row needs.

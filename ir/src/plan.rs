@@ -46,7 +46,7 @@ pub enum KernelKind {
     Gather,
     /// Cache slots written in place.
     Scatter,
-    /// Elementwise ops and index maps only.
+    /// Elementwise ops and index maps (and any reductions in its prelude).
     Loop,
 }
 
@@ -95,13 +95,28 @@ pub struct Launch {
     pub tile: Option<Tile>,
     /// How threads share each output's reduction (`None`: a thread computes an output alone).
     pub split: Option<ReduceSplit>,
+    /// Reductions each block computes into shared memory before the kernel's body.
+    pub prelude: Option<Prelude>,
 }
 
 impl Launch {
     /// Whether the kernel's threads synchronize (barriers, warp shuffles).
     pub fn synchronizes(&self) -> bool {
-        self.tile.is_some() || self.split.is_some()
+        self.tile.is_some() || self.split.is_some() || self.prelude.is_some()
     }
+}
+
+/// The reductions a kernel's body reads (a norm's statistics, a softmax's maximum and sum), which
+/// every block computes once into shared memory before the body, where a kernel of their own would
+/// cost a launch and a round trip through memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Prelude {
+    pub reductions: u32,
+    /// Their output elements, all of which each block holds.
+    pub outputs: u32,
+    /// Those of them whose outputs each take the whole block, which combines its warps' results
+    /// through shared memory.
+    pub block_combined: u32,
 }
 
 /// How the threads of a reducing kernel share the reduction of each output element.
@@ -164,8 +179,9 @@ impl KernelPlan {
     }
 }
 
-/// The plan in text form: per entry its buffers, then one line per kernel; with `bodies`, each
-/// kernel's function after its line.
+/// The plan in text form: per entry its buffers, then one line per kernel (`prelude r/o`: r
+/// reductions of o outputs in all computed before the body); with `bodies`, each kernel's function
+/// after its line.
 pub fn print_plan(plan: &KernelPlan, bodies: bool) -> String {
     let mut out = String::new();
     for e in &plan.entries {
@@ -196,6 +212,9 @@ pub fn print_plan(plan: &KernelPlan, bodies: bool) -> String {
                 Some(ReduceSplit::BlockPerOutput) => tile.push_str(" block/output"),
                 Some(ReduceSplit::WarpsPerExtent) => write!(tile, " lane/output extent/{}", l.block / 32).unwrap(),
                 None => {}
+            }
+            if let Some(p) = l.prelude {
+                write!(tile, " prelude {}/{}", p.reductions, p.outputs).unwrap();
             }
             writeln!(
                 out,

@@ -25,8 +25,8 @@ pub use host_tables::HostTables;
 pub use int4_storage::Int4Storage;
 pub use pass::{pass_by_name, Pass, PassError, PassTiming, Pipeline, PipelineOptions};
 pub use plan::{
-    elements_written, footprint, matvec_of, plan_module, reduction_of, split_footprint, Footprint, Matvec, PlanError,
-    Reduction,
+    elements_written, footprint, matvec_of, plan_module, prelude_footprint, prelude_launch, prelude_of, reduction_of,
+    split_footprint, Footprint, Matvec, PlanError, PreludeReduction, Reduction,
 };
 pub use quantize::Quantize;
 pub use report::compile_report;

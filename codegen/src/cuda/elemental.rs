@@ -28,6 +28,8 @@ pub(crate) struct Emitter<'k> {
     scopes: Vec<HashMap<(ValueId, Index), String>>,
     /// Values whose element is already in a variable (a matvec's accumulated product).
     pub bound: HashMap<ValueId, String>,
+    /// Values held whole in a shared array (a prelude's reductions), read at the element's index.
+    pub shared: HashMap<ValueId, String>,
     next: usize,
     /// A prefix making constant names unique in a translation unit.
     prefix: String,
@@ -184,6 +186,7 @@ impl<'k> Emitter<'k> {
             depth: 1,
             scopes: vec![HashMap::new()],
             bound: HashMap::new(),
+            shared: HashMap::new(),
             next: 0,
             prefix: prefix.to_string(),
         }
@@ -257,6 +260,7 @@ impl<'k> Emitter<'k> {
         }
         let ty = self.ty(v);
         let x = match self.def.get(&v) {
+            _ if self.shared.contains_key(&v) => format!("{}[{}]", self.shared[&v], linear(idx, &ty.shape)),
             None => {
                 let j = self.inputs[&v];
                 let lin = linear(idx, &ty.shape);

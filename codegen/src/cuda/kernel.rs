@@ -11,7 +11,7 @@ use super::elemental::{
 use super::CudaError;
 use g4c_ir::plan::{KernelCall, ReduceSplit, Tile};
 use g4c_ir::{DType, Function, Op, ReduceKind, ValueId};
-use g4c_passes::{footprint, matvec_of, reduction_of, split_footprint, Matvec};
+use g4c_passes::{footprint, matvec_of, prelude_launch, prelude_of, reduction_of, split_footprint, Matvec};
 use std::fmt::Write;
 
 /// Stands for the kernel's symbol until its code is hashed.
@@ -28,6 +28,11 @@ pub(crate) fn kernel_code(k: &Function, call: &KernelCall) -> Result<KernelCode,
     let root_op = k.body.iter().find(|i| i.result == root).map(|i| &i.op);
     let mut em = Emitter::new(k, NAME);
     let mut in_place = None;
+    // After the template's arrays, which are 16-byte aligned, so none is padded.
+    let prelude_arrays = match call.launch.prelude {
+        Some(_) => prelude(&mut em, call)?,
+        None => String::new(),
+    };
     let mut shared = String::new();
     match (root_op, call.launch.tile, matvec_of(k)) {
         (Some(Op::UpdateSlots { operand, slots, updates, axis }), _, _) => {
@@ -96,6 +101,7 @@ pub(crate) fn kernel_code(k: &Function, call: &KernelCall) -> Result<KernelCode,
     )
     .unwrap();
     code.push_str(&shared);
+    code.push_str(&prelude_arrays);
     write_lines(&mut code, &lines);
     code.push_str("}\n");
     Ok(KernelCode { code, weights: em.weights })
@@ -186,6 +192,67 @@ fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32)
     store_root(em, &[(r.reduction, "acc".into())], root)?;
     em.close();
     Ok(())
+}
+
+/// The prelude: each reduction the body reads, computed once per block into the shared array
+/// `pre{n}` and read from there by the body (and by later reductions of the prelude). Returns the
+/// arrays' declarations. A reduction of at least a warp per output takes a warp per output; one of
+/// fewer the whole block per output, its warps' results combined through `pre{n}_part`. Every
+/// thread runs every shuffle and barrier (uniform control flow, which the host emulator needs).
+fn prelude(em: &mut Emitter, call: &KernelCall) -> Result<String, CudaError> {
+    let reductions = prelude_of(em.k);
+    let warps = call.launch.block as usize / 32;
+    if call.launch.prelude != prelude_launch(&reductions, call.launch.block) {
+        return Err(CudaError::Unsupported(format!("{}: the plan's prelude is not the kernel's", em.k.name)));
+    }
+    let mut shared = String::new();
+    for (n, r) in reductions.iter().enumerate() {
+        let op = em.k.body.iter().find(|i| i.result == r.reduction).map(|i| i.op.clone());
+        let Some(Op::Reduce { input, kind, axes }) = op else { unreachable!("prelude_of returns reductions") };
+        let dtype = em.k.ty(r.reduction).dtype;
+        let acc = value_type(dtype);
+        let (array, part) = (format!("pre{n}"), format!("pre{n}_part"));
+        writeln!(shared, "  __shared__ {acc} {array}[{}];", r.outputs).unwrap();
+        let idx = unlinear("po", &em.k.ty(r.reduction).shape);
+        let per_warp = !r.block_per_output(call.launch.block);
+        let (first, stride) = match per_warp {
+            true => {
+                em.open(format!("for (int p0 = 0; p0 < {}; p0 += {warps})", r.outputs));
+                em.line("const int po = p0 + (threadIdx.x >> 5);");
+                ("threadIdx.x & 31", "32")
+            }
+            false => {
+                writeln!(shared, "  __shared__ {acc} {part}[{warps}];").unwrap();
+                em.open(format!("for (int po = 0; po < {}; ++po)", r.outputs));
+                ("threadIdx.x", "blockDim.x")
+            }
+        };
+        em.line(format!("{acc} pacc = {};", reduce_init(kind, dtype)));
+        em.open(format!("for (int pc = {first}; po < {} && pc < {}; pc += {stride})", r.outputs, r.extent));
+        em.reduce_step(input, kind, &axes, &idx, "pc", "pacc")?;
+        em.close();
+        em.line(format!("pacc = warp_{}(pacc);", kind.name()));
+        if per_warp {
+            em.line(format!(
+                "if ((threadIdx.x & 31) == 0 && po < {}) {array}[po] = {};",
+                r.outputs,
+                rounded(dtype, "pacc")
+            ));
+        } else {
+            em.line(format!("if ((threadIdx.x & 31) == 0) {part}[threadIdx.x >> 5] = pacc;"));
+            em.line("__syncthreads();");
+            em.open("if (threadIdx.x == 0)");
+            let step = reduce_combine(kind, "pacc", &format!("{part}[w]"));
+            em.line(format!("for (int w = 1; w < {warps}; ++w) pacc = {step};"));
+            em.line(format!("{array}[po] = {};", rounded(dtype, "pacc")));
+            em.close();
+            em.line("__syncthreads();");
+        }
+        em.close();
+        em.line("__syncthreads();");
+        em.shared.insert(r.reduction, array);
+    }
+    Ok(shared)
 }
 
 /// Stores the root's element `i` (a C variable), with each of `sums` (a reduction or product of

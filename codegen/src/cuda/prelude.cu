@@ -68,16 +68,20 @@ __device__ __forceinline__ float max_of(float a, float b) { return fmax_nan(a, b
 __device__ __forceinline__ float min_of(float a, float b) { return fmin_nan(a, b); }
 __device__ __forceinline__ int max_of(int a, int b) { return max(a, b); }
 __device__ __forceinline__ int min_of(int a, int b) { return min(a, b); }
-// The same over a warp's lanes; every lane gets the result.
-template <typename T> __device__ __forceinline__ T warp_sum(T v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+// The same over a warp's lanes, a butterfly of xor shuffles; every lane gets the result. (The host
+// emulator has its own butterfly, which exchanges the lanes' values once rather than five times.)
+#ifndef G4C_HOST_EMULATION
+template <typename T, typename F> __device__ __forceinline__ T warp_butterfly(T v, F combine) {
+  for (int o = 16; o > 0; o >>= 1) v = combine(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
+}
+#endif
+template <typename T> __device__ __forceinline__ T warp_sum(T v) {
+  return warp_butterfly(v, [](T a, T b) { return a + b; });
 }
 template <typename T> __device__ __forceinline__ T warp_max(T v) {
-  for (int o = 16; o > 0; o >>= 1) v = max_of(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
+  return warp_butterfly(v, [](T a, T b) { return max_of(a, b); });
 }
 template <typename T> __device__ __forceinline__ T warp_min(T v) {
-  for (int o = 16; o > 0; o >>= 1) v = min_of(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
+  return warp_butterfly(v, [](T a, T b) { return min_of(a, b); });
 }

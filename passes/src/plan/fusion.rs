@@ -229,32 +229,38 @@ pub(crate) fn partition(f: &Function) -> Vec<Group> {
     }
 
     // Each materialized value's kernel: what it computes, down to materialized values and params.
-    let mut groups = Vec::new();
-    for instr in &f.body {
-        let root = instr.result;
-        if !materialized[root.index()] {
-            continue;
-        }
+    f.body
+        .iter()
+        .filter(|instr| materialized[instr.result.index()])
+        .map(|instr| {
+            let root = instr.result;
+            Group::collect(f, root, |v| def[v.index()].filter(|_| v == root || !materialized[v.index()]))
+        })
+        .collect()
+}
+
+impl Group {
+    /// The kernel of `root`: the instructions reached from it through the values it computes
+    /// (`computed`: their instruction), and the other values it reads, in order of first read.
+    pub fn collect(f: &Function, root: ValueId, computed: impl Fn(ValueId) -> Option<usize>) -> Group {
         let mut inside = BTreeSet::new();
         let mut inputs = Vec::new();
         let mut stack = vec![root];
         while let Some(v) = stack.pop() {
-            let i = def[v.index()];
-            match i {
-                Some(i) if v == root || !materialized[v.index()] => {
+            match computed(v) {
+                Some(i) => {
                     if inside.insert(i) {
                         // Reverse, so that inputs are found in operand order.
                         stack.extend(f.body[i].op.operands().into_iter().rev());
                     }
                 }
-                _ => {
+                None => {
                     if !inputs.contains(&v) {
                         inputs.push(v);
                     }
                 }
             }
         }
-        groups.push(Group { root, instrs: inside.into_iter().collect(), inputs });
+        Group { root, instrs: inside.into_iter().collect(), inputs }
     }
-    groups
 }

@@ -29,7 +29,8 @@ pub(crate) fn classify(k: &Function) -> KernelKind {
             (WeightKind::Plain, false) => KernelKind::Gemm,
         };
     }
-    if k.body.iter().any(|i| matches!(i.op, Op::Reduce { .. })) {
+    // Reductions its body only reads (in its prelude, or per element) leave a kernel a loop.
+    if reduction_of(k).is_some() {
         KernelKind::Reduce
     } else if k.body.iter().any(|i| matches!(i.op, Op::Gather { .. })) {
         KernelKind::Gather
@@ -120,7 +121,8 @@ pub struct Reduction {
 }
 
 /// The reduction of a kernel, when the templates apply: exactly one reduce or product reaches the
-/// root keeping its element's index (reductions inside its input are computed per input element).
+/// root keeping its element's index (reductions it only reads are computed in its prelude, or per
+/// element that reads them).
 /// Float or integer: the kernels accumulate in `float` or `int`, 4 bytes either way.
 pub fn reduction_of(k: &Function) -> Option<Reduction> {
     let mut to_root = k

@@ -4,6 +4,7 @@
 //! with, so the proof and the code cannot disagree.
 
 use super::kind::{matvec_of, reduction_of};
+use super::prelude::{prelude_footprint, prelude_launch, prelude_of};
 use g4c_ir::plan::{KernelKind, Launch, ReduceSplit, Tile};
 use g4c_ir::{DType, Function, GpuLimits, MmaShape, Op};
 
@@ -68,9 +69,11 @@ fn gemm_mma(gpu: &GpuLimits, operand: DType) -> Option<MmaShape> {
 /// kernels the template applies to a tile whose `k` is the largest step multiple that fits the
 /// target's static shared memory (at least one step, or the fit check fails); reductions split
 /// over a warp per output or the warps of a block (`ReduceSplit`); every other kernel one thread per
-/// element it writes.
+/// element it writes. Each has its prelude's shared memory besides.
 pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch {
     let registers = registers_per_thread(gpu, BLOCK);
+    let prelude = prelude_launch(&prelude_of(k), BLOCK);
+    let prelude_bytes = prelude.map_or(0, |p| prelude_footprint(&p, BLOCK)) as u32;
     // A prefill product of 16-bit operands: tensor cores, a block per 64 × 64 outputs.
     let gemm = matches!(kind, KernelKind::GemmW4 | KernelKind::Gemm).then(|| matvec_of(k)).flatten();
     if let Some((m, mma)) = gemm.and_then(|m| {
@@ -89,17 +92,18 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
         return Launch {
             grid: (m.rows as u32).div_ceil(GEMM_ROWS) * (m.cols as u32).div_ceil(GEMM_COLS),
             block: BLOCK,
-            smem_bytes: footprint(&tile).smem_bytes as u32,
+            smem_bytes: footprint(&tile).smem_bytes as u32 + prelude_bytes,
             registers,
             tile: Some(tile),
             split: None,
+            prelude,
         };
     }
     let matvec = matches!(kind, KernelKind::MatvecW4 | KernelKind::Matvec).then(|| matvec_of(k)).flatten();
     if let Some(m) = matvec {
         let rows = m.rows as u32;
         let whole = (m.depth as u32).div_ceil(MATVEC_K_STEP) * MATVEC_K_STEP;
-        let fitting = (gpu.smem_per_block / (rows * 4) / MATVEC_K_STEP) * MATVEC_K_STEP;
+        let fitting = (gpu.smem_per_block.saturating_sub(prelude_bytes) / (rows * 4) / MATVEC_K_STEP) * MATVEC_K_STEP;
         let tile = Tile {
             rows,
             cols: MATVEC_COLS,
@@ -111,10 +115,11 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
         return Launch {
             grid: (m.cols as u32).div_ceil(MATVEC_COLS),
             block: BLOCK,
-            smem_bytes: footprint(&tile).smem_bytes as u32,
+            smem_bytes: footprint(&tile).smem_bytes as u32 + prelude_bytes,
             registers,
             tile: Some(tile),
             split: None,
+            prelude,
         };
     }
     let work = elements_written(k) as u32;
@@ -138,13 +143,22 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
         return Launch {
             grid: (blocks as u32).max(1),
             block: BLOCK,
-            smem_bytes: split_footprint(split, BLOCK) as u32,
+            smem_bytes: split_footprint(split, BLOCK) as u32 + prelude_bytes,
             registers,
             tile: None,
             split: Some(split),
+            prelude,
         };
     }
-    Launch { grid: work.div_ceil(BLOCK).max(1), block: BLOCK, smem_bytes: 0, registers, tile: None, split: None }
+    Launch {
+        grid: work.div_ceil(BLOCK).max(1),
+        block: BLOCK,
+        smem_bytes: prelude_bytes,
+        registers,
+        tile: None,
+        split: None,
+        prelude,
+    }
 }
 
 /// Shared memory of a split reduction's block of `block` threads: a warp per output combines
@@ -172,15 +186,16 @@ fn registers_per_thread(gpu: &GpuLimits, block: u32) -> u32 {
     ((gpu.registers_per_sm / block) / 8 * 8).min(gpu.registers_per_thread)
 }
 
-/// The fit proof of one kernel: shared memory (static, so ptxas sees it too) within the block's
-/// limit, threads within the block's, and registers × threads within the SM's file. On failure:
-/// what, how much it needs, and the limit.
+/// The fit proof of one kernel: shared memory (its template's and its prelude's, static, so ptxas
+/// sees it too) within the block's limit, threads within the block's, and registers × threads
+/// within the SM's file. On failure: what, how much it needs, and the limit.
 pub(crate) fn check_fit(launch: &Launch, gpu: &GpuLimits) -> Result<(), (&'static str, u64, u64)> {
-    let smem = match (&launch.tile, launch.split) {
+    let body = match (&launch.tile, launch.split) {
         (Some(tile), _) => footprint(tile).smem_bytes,
         (None, Some(split)) => split_footprint(split, launch.block),
         (None, None) => 0,
     };
+    let smem = body + launch.prelude.map_or(0, |p| prelude_footprint(&p, launch.block));
     if smem != launch.smem_bytes as u64 || smem > gpu.smem_per_block as u64 {
         return Err(("bytes of static shared memory", smem, gpu.smem_per_block as u64));
     }

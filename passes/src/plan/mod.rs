@@ -1,14 +1,17 @@
 //! The kernel plan of a module for a CUDA target: fusion (`fusion`) splits each entry point into
-//! kernels, each kernel becomes an IR function, values between kernels get slots (`buffers`), and
-//! each kernel a kind and a launch that fits the target (`launch`).
+//! kernels, small reductions move into the preludes of the kernels reading them (`prelude`), each
+//! kernel becomes an IR function, values between kernels get slots (`buffers`), and each kernel a
+//! kind and a launch that fits the target (`launch`).
 
 mod buffers;
 mod fusion;
 mod kind;
 mod launch;
+mod prelude;
 
 pub use kind::{matvec_of, reduction_of, Matvec, Reduction};
 pub use launch::{elements_written, footprint, split_footprint, Footprint};
+pub use prelude::{prelude_footprint, prelude_launch, prelude_of, PreludeReduction};
 
 use g4c_ir::plan::{EntryPlan, KernelCall, KernelPlan, Slot};
 use g4c_ir::{FuncResult, Function, GpuLimits, Instr, Module, Op, Param, ParamRole, ResultRole, Target, ValueId};
@@ -54,7 +57,7 @@ fn plan_entry(
 ) -> Result<EntryPlan, PlanError> {
     let unsupported = |message: String| PlanError::Unsupported { entry: f.name.clone(), message };
     let names = g4c_ir::ValueNames::new(f);
-    let groups = fusion::partition(f);
+    let groups = prelude::merge(f, fusion::partition(f), gpu);
     let param_index: HashMap<ValueId, usize> = f.params.iter().enumerate().map(|(i, p)| (p.value, i)).collect();
 
     // Cache writes update their state parameter in place; every other root gets a scratch buffer.

@@ -1,7 +1,7 @@
 // Host emulation of the CUDA C that g4c emits, so the kernels NVRTC compiles for a GPU also run on
 // the CPU: the same source, compiled by the host C++ compiler with these definitions. A launch runs
 // its blocks one after another. Kernels that synchronize (`__syncthreads`, warp shuffles) run each
-// block's threads as coroutines on one host thread (ucontext): a barrier switches to the next
+// block's threads as coroutines on one host thread (a stack switch): a barrier switches to the next
 // thread, and since every thread meets the same barriers in the same order (g4c's kernels keep
 // control flow uniform around them), running the threads round-robin from barrier to barrier is
 // exactly a barrier. The other kernels run their threads in a plain loop.
@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 // Internal linkage throughout: GCC makes inline variables process-wide (STB_GNU_UNIQUE), which would
@@ -41,8 +42,6 @@ typedef void (*g4c_kernel)(void*, void*, void*, void*, void*, void*, void*, void
                            void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*);
 
 // The coroutines of one block.
-static ucontext_t g4c_scheduler;
-static std::vector<ucontext_t> g4c_threads;
 static std::vector<std::vector<char>> g4c_stacks;
 static unsigned g4c_current;
 static g4c_kernel g4c_running;
@@ -55,26 +54,77 @@ static void g4c_call() {
 }
 
 // Set by a thread whose kernel returned (rather than reaching a barrier) before it goes back to the
-// scheduler through uc_link.
+// scheduler for good.
 static bool g4c_thread_returned;
+
+#if defined(__x86_64__)
+// Switching coroutines on x86-64: push the callee-saved registers, save the stack pointer in
+// `*from`, continue on stack `to` where its own switch left off. glibc's swapcontext also saves the
+// signal mask, a system call per switch, which made barriers most of an emulated launch's time.
+static void* g4c_scheduler_sp;
+static std::vector<void*> g4c_thread_sp;
+__attribute__((naked, noinline)) static void g4c_switch(void** from, void* to) {
+  asm volatile(
+      "pushq %rbp\n\tpushq %rbx\n\tpushq %r12\n\tpushq %r13\n\tpushq %r14\n\tpushq %r15\n\t"
+      "movq %rsp, (%rdi)\n\tmovq %rsi, %rsp\n\t"
+      "popq %r15\n\tpopq %r14\n\tpopq %r13\n\tpopq %r12\n\tpopq %rbx\n\tpopq %rbp\n\tret\n\t");
+}
+static void g4c_thread_main() {
+  g4c_call();
+  g4c_thread_returned = true;
+  void* finished;
+  g4c_switch(&finished, g4c_scheduler_sp);
+  __builtin_unreachable();
+}
+// Thread `t`'s stack as a switch away from it would leave it, about to enter g4c_thread_main as if
+// called (the stack 16-byte aligned below a return address it never uses).
+static void g4c_prepare(unsigned t) {
+  g4c_thread_sp.resize(g4c_stacks.size());
+  void** sp = (void**)((uintptr_t)(g4c_stacks[t].data() + g4c_stacks[t].size()) & ~(uintptr_t)15);
+  *--sp = nullptr;
+  *--sp = (void*)g4c_thread_main;
+  for (int i = 0; i < 6; ++i) *--sp = nullptr;
+  g4c_thread_sp[t] = sp;
+}
+static inline void g4c_resume(unsigned t) { g4c_switch(&g4c_scheduler_sp, g4c_thread_sp[t]); }
+// Back to the scheduler, which resumes the next thread; this one continues when its turn comes.
+static inline void __syncthreads() { g4c_switch(&g4c_thread_sp[g4c_current], g4c_scheduler_sp); }
+#else
+static ucontext_t g4c_scheduler;
+static std::vector<ucontext_t> g4c_threads;
 static void g4c_thread_main() {
   g4c_call();
   g4c_thread_returned = true;
 }
-
-// Back to the scheduler, which resumes the next thread; this one continues when its turn comes.
-static inline void __syncthreads() { swapcontext(&g4c_threads[g4c_current], &g4c_scheduler); }
-
-static inline float __shfl_xor_sync(unsigned, float v, int o) {
-  g4c_exchange[threadIdx.x] = v;
-  __syncthreads();
-  float r = g4c_exchange[threadIdx.x ^ (unsigned)o];
-  __syncthreads();
-  return r;
+static void g4c_prepare(unsigned t) {
+  g4c_threads.resize(g4c_stacks.size());
+  getcontext(&g4c_threads[t]);
+  g4c_threads[t].uc_stack.ss_sp = g4c_stacks[t].data();
+  g4c_threads[t].uc_stack.ss_size = g4c_stacks[t].size();
+  g4c_threads[t].uc_link = &g4c_scheduler;
+  makecontext(&g4c_threads[t], g4c_thread_main, 0);
 }
-// Integers go through the same exchange, bit for bit.
-static inline int __shfl_xor_sync(unsigned mask, int v, int o) {
-  return __float_as_int(__shfl_xor_sync(mask, __int_as_float(v), o));
+static inline void g4c_resume(unsigned t) { swapcontext(&g4c_scheduler, &g4c_threads[t]); }
+static inline void __syncthreads() { swapcontext(&g4c_threads[g4c_current], &g4c_scheduler); }
+#endif
+
+// A warp's butterfly (`warp_butterfly` in g4c's prelude) in one exchange: each lane leaves its
+// value, a barrier, then each computes every step of the butterfly over its warp's 32 values, so it
+// combines exactly what the xor shuffles would (the five shuffles would cost ten barriers); a barrier
+// again before the exchange is reused.
+template <typename T, typename F> static inline T warp_butterfly(T v, F combine) {
+  static_assert(sizeof(T) == 4, "lanes exchange 32-bit values");
+  std::memcpy(&g4c_exchange[threadIdx.x], &v, 4);
+  __syncthreads();
+  T lanes[32];
+  std::memcpy(lanes, &g4c_exchange[threadIdx.x & ~31u], sizeof lanes);
+  __syncthreads();
+  for (int o = 16; o > 0; o >>= 1) {
+    T next[32];
+    for (int l = 0; l < 32; ++l) next[l] = combine(lanes[l], lanes[l ^ o]);
+    std::memcpy(lanes, next, sizeof lanes);
+  }
+  return lanes[threadIdx.x & 31];
 }
 
 // mma.sync on the host: each lane of the block leaves its fragments, a barrier, then each computes
@@ -126,16 +176,11 @@ extern "C" int g4c_emulate(void* kernel, void** args, int nargs, unsigned grid, 
       }
       continue;
     }
-    g4c_threads.resize(block);
     g4c_stacks.resize(block);
     std::vector<char> done(block, 0);
     for (unsigned t = 0; t < block; ++t) {
       g4c_stacks[t].resize(256 * 1024);
-      getcontext(&g4c_threads[t]);
-      g4c_threads[t].uc_stack.ss_sp = g4c_stacks[t].data();
-      g4c_threads[t].uc_stack.ss_size = g4c_stacks[t].size();
-      g4c_threads[t].uc_link = &g4c_scheduler;
-      makecontext(&g4c_threads[t], g4c_thread_main, 0);
+      g4c_prepare(t);
     }
     unsigned remaining = block;
     while (remaining > 0) {
@@ -144,7 +189,7 @@ extern "C" int g4c_emulate(void* kernel, void** args, int nargs, unsigned grid, 
         g4c_current = t;
         threadIdx = {t, 0, 0};
         g4c_thread_returned = false;
-        swapcontext(&g4c_scheduler, &g4c_threads[t]);
+        g4c_resume(t);
         if (g4c_thread_returned) {
           done[t] = 1;
           --remaining;

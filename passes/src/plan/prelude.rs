@@ -1,0 +1,168 @@
+//! Preludes: the small reductions a kernel reads (a norm's statistics, a softmax's maximum and
+//! sum), computed by each of its blocks into shared memory before the kernel's body.
+//!
+//! Fusion gives such a reduction a kernel of its own, since each of its elements is read many
+//! times. In a decode step that kernel reduces one row of 1536 values, or eight heads of a few
+//! hundred: it is a launch, a dependency and a round trip through memory, far more than the work.
+//! `merge` moves it into the prelude of every kernel that reads it, whose blocks recompute it from
+//! values they mostly read anyway (a matvec stages the whole normalized row), as long as what all
+//! those blocks recompute stays within budget: E2B's decode step goes from 801 kernels to 544.
+
+use super::fusion::Group;
+use super::kernel_function;
+use super::kind::{classify, reduction_of};
+use super::launch::launch;
+use g4c_ir::plan::Prelude;
+use g4c_ir::{Function, GpuLimits, Op, ValueId};
+use std::collections::{BTreeSet, HashMap};
+
+/// A prelude reduction has at most this many outputs, all of which each block holds.
+const MAX_OUTPUTS: usize = 256;
+/// Input elements one block's prelude may reduce (each reduction's outputs × extent, summed).
+const BLOCK_WORK_LIMIT: usize = 16384;
+/// Input elements all blocks of a reduction's readers may reduce again in their preludes, in place
+/// of its one kernel. The blocks on one SM read the same few kilobytes, mostly from L1 after the
+/// first; 2M elements (8 MB of f32) keeps the L2 traffic well under what a dependent launch's few
+/// microseconds cost on Turing, and leaves E2B's widest gate/up projection (1536 blocks) to a
+/// kernel of its own. A guess until `scripts/device-check` measures it.
+const TOTAL_WORK_LIMIT: usize = 1 << 21;
+
+/// A reduction of a kernel computed in its prelude.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PreludeReduction {
+    pub reduction: ValueId,
+    pub outputs: usize,
+    /// Input elements each output combines.
+    pub extent: usize,
+}
+
+/// The reductions of kernel `k` its prelude computes, in body order (so one may read another):
+/// every `reduce` but the one the kernel's template computes (`reduction_of`), when small enough
+/// to hold in shared memory. A larger one is computed at each element that reads it.
+pub fn prelude_of(k: &Function) -> Vec<PreludeReduction> {
+    let own = reduction_of(k).map(|r| r.reduction);
+    k.body
+        .iter()
+        .filter(|i| Some(i.result) != own)
+        .filter_map(|i| match &i.op {
+            Op::Reduce { input, axes, .. } => Some(PreludeReduction {
+                reduction: i.result,
+                outputs: k.ty(i.result).numel(),
+                extent: axes.iter().map(|&a| k.ty(*input).shape[a]).product(),
+            }),
+            _ => None,
+        })
+        .filter(|p| p.outputs <= MAX_OUTPUTS)
+        .collect()
+}
+
+impl PreludeReduction {
+    /// Whether the whole block computes each output, its warps' results combined through shared
+    /// memory (fewer outputs than warps), rather than a warp each.
+    pub fn block_per_output(&self, block: u32) -> bool {
+        self.outputs < block as usize / 32
+    }
+}
+
+/// The launch's account of a prelude computing `reductions` in blocks of `block` threads.
+pub fn prelude_launch(reductions: &[PreludeReduction], block: u32) -> Option<Prelude> {
+    (!reductions.is_empty()).then(|| Prelude {
+        reductions: reductions.len() as u32,
+        outputs: reductions.iter().map(|r| r.outputs as u32).sum(),
+        block_combined: reductions.iter().filter(|r| r.block_per_output(block)).count() as u32,
+    })
+}
+
+/// Shared memory of a prelude in blocks of `block` threads: each reduction's outputs, and a
+/// partial result per warp for each one a block combines (4 bytes each: `float` or `int`).
+pub fn prelude_footprint(prelude: &Prelude, block: u32) -> u64 {
+    (prelude.outputs as u64 + prelude.block_combined as u64 * (block as u64 / 32)) * 4
+}
+
+/// Input elements a block of `k` reduces in its prelude.
+fn block_work(k: &Function) -> usize {
+    prelude_of(k).iter().map(|p| p.outputs * p.extent).sum()
+}
+
+/// Moves each reduction kernel into the prelude of every kernel reading it, where that keeps each
+/// reader's template and launch, fits `BLOCK_WORK_LIMIT` and `TOTAL_WORK_LIMIT`, and reads no
+/// cache after it was written in place. Later kernels first, so a softmax's sum and then its
+/// maximum both move into the kernel that normalizes.
+pub(crate) fn merge(f: &Function, mut groups: Vec<Group>, gpu: &GpuLimits) -> Vec<Group> {
+    let def: HashMap<ValueId, usize> = f.body.iter().enumerate().map(|(i, instr)| (instr.result, i)).collect();
+    let results: BTreeSet<ValueId> = f.results.iter().map(|r| r.value).collect();
+    let mut r = groups.len();
+    while r > 0 {
+        r -= 1;
+        let reduction = &groups[r];
+        if results.contains(&reduction.root) {
+            continue;
+        }
+        let function = kernel_function(f, reduction, "prelude".into());
+        let Some(own) = reduction_of(&function) else { continue };
+        let is_reduce = function.body.iter().any(|i| i.result == own.reduction && matches!(i.op, Op::Reduce { .. }));
+        if !is_reduce || own.outputs > MAX_OUTPUTS || classify(&function) != g4c_ir::plan::KernelKind::Reduce {
+            continue;
+        }
+        let readers: Vec<usize> =
+            (r + 1..groups.len()).filter(|&g| groups[g].inputs.contains(&reduction.root)).collect();
+        // A cache written in place between the reduction and a reader would be read new.
+        let last = readers.last().copied().unwrap_or(r);
+        let overwritten = groups[r + 1..=last].iter().any(|g| match &f.body[def[&g.root]].op {
+            Op::UpdateSlots { operand, .. } => reduction.inputs.contains(operand),
+            _ => false,
+        });
+        if readers.is_empty() || overwritten {
+            continue;
+        }
+        let mut merged = Vec::new();
+        let mut total = 0;
+        for &g in &readers {
+            let Some((group, added)) = merged_reader(f, &def, &groups[g], reduction, gpu) else { break };
+            total += added;
+            merged.push(group);
+        }
+        if merged.len() != readers.len() || total > TOTAL_WORK_LIMIT {
+            continue;
+        }
+        for (g, group) in readers.into_iter().zip(merged) {
+            groups[g] = group;
+        }
+        groups.remove(r);
+    }
+    groups
+}
+
+/// `reader` with `reduction`'s kernel moved into its prelude, and the input elements all its blocks
+/// then reduce beyond what they did; `None` if that changes its template or launch, or exceeds
+/// `BLOCK_WORK_LIMIT` or the target's shared memory.
+fn merged_reader(
+    f: &Function,
+    def: &HashMap<ValueId, usize>,
+    reader: &Group,
+    reduction: &Group,
+    gpu: &GpuLimits,
+) -> Option<(Group, usize)> {
+    let instrs: BTreeSet<usize> = reader.instrs.iter().chain(&reduction.instrs).copied().collect();
+    let group = Group::collect(f, reader.root, |v| def.get(&v).copied().filter(|i| instrs.contains(i)));
+    let (before, after) = (kernel_function(f, reader, "before".into()), kernel_function(f, &group, "after".into()));
+    let (kind, own) = (classify(&before), |k: &Function| reduction_of(k).map(|r| (r.outputs, r.extent, r.contiguous)));
+    let (old, new) = (launch(&before, kind, gpu), launch(&after, kind, gpu));
+    let same_body = classify(&after) == kind
+        && own(&before) == own(&after)
+        && (old.grid, old.block, old.tile, old.split) == (new.grid, new.block, new.tile, new.split)
+        && every_reduction_placed(&after);
+    let work = block_work(&after);
+    let fits = new.smem_bytes <= gpu.smem_per_block && work <= BLOCK_WORK_LIMIT;
+    (same_body && fits).then(|| (group, new.grid as usize * work.saturating_sub(block_work(&before))))
+}
+
+/// Whether every reduction of `k` is computed once: by its template or in its prelude.
+fn every_reduction_placed(k: &Function) -> bool {
+    let own = reduction_of(k).map(|r| r.reduction);
+    let prelude = prelude_of(k);
+    k.body
+        .iter()
+        .filter(|i| matches!(i.op, Op::Reduce { .. }))
+        .all(|i| Some(i.result) == own || prelude.iter().any(|p| p.reduction == i.result))
+}
