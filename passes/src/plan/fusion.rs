@@ -19,8 +19,12 @@
 //!   inside the next matrix product's prologue), unless that recomputes more than
 //!   `RECOMPUTE_LIMIT` arithmetic ops per element (the residual stream is then materialized, not
 //!   recomputed through every layer), or `RECOMPUTE_LIMIT_IN_ATTENTION` inside a product of two
-//!   activations (a query's norm and RoPE would be recomputed for every cache slot).
+//!   activations (a query's norm and RoPE would be recomputed for every cache slot), unless the
+//!   product is a matvec, which stages its activation once per block (a decode step's queries
+//!   against the key cache).
 
+use super::kind::matvec_shaped;
+use g4c_ir::plan::MATVEC_MAX_ROWS;
 use g4c_ir::{Function, Op, ValueId};
 use std::collections::BTreeSet;
 
@@ -218,7 +222,12 @@ pub(crate) fn partition(f: &Function) -> Vec<Group> {
             .sum();
         cost[v] = arithmetic(&instr.op) + inherited;
         let in_attention = g.users[v].iter().any(|&(u, pos)| match &f.body[u].op {
-            Op::DotGeneral { lhs, rhs, .. } => !free[[*rhs, *lhs][pos].index()],
+            Op::DotGeneral { lhs, rhs, dims } => {
+                let (lt, rt) = (f.ty(*lhs), f.ty(*rhs));
+                let rows = lt.numel() / lt.shape.last().copied().unwrap_or(1).max(1);
+                let staged = pos == 0 && rows <= MATVEC_MAX_ROWS && matvec_shaped(lt, rt, dims);
+                !free[[*rhs, *lhs][pos].index()] && !staged
+            }
             _ => false,
         });
         let limit = if in_attention { RECOMPUTE_LIMIT_IN_ATTENTION } else { RECOMPUTE_LIMIT };

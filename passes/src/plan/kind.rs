@@ -1,7 +1,7 @@
 //! What a kernel computes, read off its function.
 
 use g4c_ir::plan::{KernelKind, MATVEC_MAX_ROWS};
-use g4c_ir::{DType, Function, Op, ValueId};
+use g4c_ir::{DType, DotDims, Function, Op, TensorType, ValueId};
 
 /// The kind of a kernel: its cache write, else its matrix product, else its reduction or gather.
 pub(crate) fn classify(k: &Function) -> KernelKind {
@@ -83,17 +83,10 @@ pub fn matvec_of(k: &Function) -> Option<Matvec> {
     let is_input = |v: ValueId| k.params.iter().any(|p| p.value == v);
     for instr in k.body.iter().filter(|i| matches!(i.op, Op::DotGeneral { .. })) {
         let Op::DotGeneral { lhs, rhs, dims } = &instr.op else { unreachable!() };
-        let (lt, rt) = (k.ty(*lhs), k.ty(*rhs));
-        let last_of = |rank: usize, contract: &[usize]| contract == [rank - 1];
-        let unit = |shape: &[usize], axes: &[usize]| axes.iter().all(|&d| shape[d] == 1);
-        let matrix = rt.rank() >= 2 && rt.shape[..rt.rank() - 2].iter().all(|&d| d == 1);
-        let fits = unit(&lt.shape, &dims.lhs_batch)
-            && unit(&rt.shape, &dims.rhs_batch)
+        let rt = k.ty(*rhs);
+        let fits = matvec_shaped(k.ty(*lhs), rt, dims)
             && weight_of(k, *lhs).is_none()
             && (weight_of(k, *rhs).is_some() || is_input(*rhs))
-            && matrix
-            && last_of(lt.rank(), &dims.lhs_contract)
-            && last_of(rt.rank(), &dims.rhs_contract)
             && *lhs_of.get_or_insert(*lhs) == *lhs
             && dots.first().is_none_or(|&(_, w): &(ValueId, ValueId)| k.ty(w) == rt);
         if !fits || !keeps_index_to_root(k, instr.result) {
@@ -105,6 +98,20 @@ pub fn matvec_of(k: &Function) -> Option<Matvec> {
     let shape = &k.ty(w).shape;
     let (cols, depth) = (shape[shape.len() - 2], shape[shape.len() - 1]);
     Some(Matvec { dots, lhs, rows: k.ty(lhs).numel() / depth, cols, depth })
+}
+
+/// Whether a product of `lhs` and `rhs` has the matvec template's shape: batch dimensions of size
+/// 1, a matrix `rhs` `[1.., N, K]`, both contracted on their last dimension. Fusion reads it too: such
+/// a product's activation is staged once per block, however much its prologue computes.
+pub(crate) fn matvec_shaped(lt: &TensorType, rt: &TensorType, dims: &DotDims) -> bool {
+    let last_of = |rank: usize, contract: &[usize]| contract == [rank - 1];
+    let unit = |shape: &[usize], axes: &[usize]| axes.iter().all(|&d| shape[d] == 1);
+    let matrix = rt.rank() >= 2 && rt.shape[..rt.rank() - 2].iter().all(|&d| d == 1);
+    unit(&lt.shape, &dims.lhs_batch)
+        && unit(&rt.shape, &dims.rhs_batch)
+        && matrix
+        && last_of(lt.rank(), &dims.lhs_contract)
+        && last_of(rt.rank(), &dims.rhs_contract)
 }
 
 /// A reduction the reducing templates compute: the root an elementwise function (an epilogue) of
