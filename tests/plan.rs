@@ -176,3 +176,30 @@ fn an_in_place_write_that_reads_its_own_cache_is_refused() {
     let Err(err) = plan_module(&m, Target::by_name("t4g").unwrap()).map(|_| ()) else { panic!("planned") };
     assert_eq!(err.to_string(), "kernel plan of @decode: %c is read while %c.next writes it in place");
 }
+
+/// A reduction of a cache that a later kernel reads after the cache was written in place stays a
+/// kernel of its own, run before the write: in that reader's prelude it would read the new cache.
+#[test]
+fn a_reduction_of_a_cache_stays_before_the_cache_is_written() {
+    let text = "module @m {
+  func @decode(
+    %c: f32[1,4] state(0.0),
+    %s: i32[1,1],
+    %u: f32[1,1]
+  ) -> (
+    y: f32[1,4],
+    c: f32[1,4]
+  ) {
+    %r = reduce %c {kind = sum, axes = [1]} : f32[1]
+    %c.next = update_slots %c, %s, %u {axis = 1} : f32[1,4]
+    %r.4 = broadcast %r {dims = [0]} : f32[1,4]
+    %y = add %c.next, %r.4 : f32[1,4]
+    return %y, %c.next
+  }
+}
+";
+    let m = g4c_ir::parse_module(text).unwrap();
+    let plan = plan_module(&m, Target::by_name("t4g").unwrap()).unwrap();
+    let kinds: Vec<KernelKind> = plan.entry("decode").unwrap().calls.iter().map(|c| c.kind).collect();
+    assert_eq!(kinds, [KernelKind::Reduce, KernelKind::Scatter, KernelKind::Loop]);
+}
