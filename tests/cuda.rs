@@ -222,6 +222,9 @@ fn a_t4g_artifact_holds_its_kernels() {
             assert_eq!(call["ptxas"]["spill_bytes"].as_u64(), Some(0), "{call}");
         }
     }
+    let decode = kernels["entries"].as_array().unwrap().iter().find(|e| e["entry"] == "decode").unwrap();
+    let preludes = decode["calls"].as_array().unwrap().iter().filter(|c| c["prelude"]["reductions"].as_u64() > Some(0));
+    assert!(preludes.count() > 0, "decode's norm statistics are reported in preludes");
     let manifest: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(artifact.join("manifest.json")).unwrap()).unwrap();
     let cuda = &manifest["cuda"];

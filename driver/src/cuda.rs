@@ -82,6 +82,7 @@ pub fn kernel_report(plan: &KernelPlan, build: &CudaBuild, target: &Target) -> V
                         "smem_bytes": c.launch.smem_bytes,
                         "registers": c.launch.registers,
                         "tile": c.launch.tile.map(|t| json!({"rows": t.rows, "cols": t.cols, "k": t.k, "stages": t.stages})),
+                        "prelude": c.launch.prelude.map(|p| json!({"reductions": p.reductions, "outputs": p.outputs})),
                         "ptxas": ptxas,
                     })
                 })
