@@ -103,7 +103,8 @@ fn the_plan_fuses_and_reuses() {
 }
 
 /// A decode step's small reductions (norm statistics, softmax maximum and sum) run in the preludes
-/// of the kernels reading them rather than as kernels of their own: in the tiny model's decode the
+/// of the kernels reading them rather than as kernels of their own (the softmax's in attention's
+/// weighted sum of values, which computes the probabilities it reads): in the tiny model's decode the
 /// only reduction kernel left is the greedy token, a result. Every reduction inside a kernel is
 /// its template's own or in its prelude, none computed again at each element reading it.
 #[test]
@@ -117,8 +118,8 @@ fn small_reductions_run_in_their_readers_preludes() {
     let normalized = decode.calls.iter().filter(|c| c.kind == KernelKind::MatvecW4 && in_prelude(c) > 0).count();
     assert!(normalized >= 3, "q, k and v projections with their norm's statistics in the prelude");
     assert!(
-        decode.calls.iter().any(|c| c.kind == KernelKind::Loop && in_prelude(c) == 2),
-        "softmax: maximum and sum in the prelude of the kernel normalizing"
+        decode.calls.iter().any(|c| c.kind == KernelKind::Dot && in_prelude(c) == 2),
+        "softmax: maximum and sum in the prelude of the weighted sum of values, which normalizes"
     );
     for e in &plan.entries {
         for c in &e.calls {

@@ -21,9 +21,10 @@
 //!   recomputed through every layer), or `RECOMPUTE_LIMIT_IN_ATTENTION` inside a product of two
 //!   activations (a query's norm and RoPE would be recomputed for every cache slot), unless the
 //!   product is a matvec, which stages its activation once per block (a decode step's queries
-//!   against the key cache).
+//!   against the key cache), or reads each activation element once per warp (the probabilities of
+//!   attention's weighted sum of values, for 32 of a head's features at a time).
 
-use super::kind::matvec_shaped;
+use super::kind::{lhs_warp_uniform, matvec_shaped};
 use g4c_ir::plan::MATVEC_MAX_ROWS;
 use g4c_ir::{Function, Op, ValueId};
 use std::collections::BTreeSet;
@@ -226,7 +227,8 @@ pub(crate) fn partition(f: &Function) -> Vec<Group> {
                 let (lt, rt) = (f.ty(*lhs), f.ty(*rhs));
                 let rows = lt.numel() / lt.shape.last().copied().unwrap_or(1).max(1);
                 let staged = pos == 0 && rows <= MATVEC_MAX_ROWS && matvec_shaped(lt, rt, dims);
-                !free[[*rhs, *lhs][pos].index()] && !staged
+                let uniform = pos == 0 && lhs_warp_uniform(rt, dims);
+                !free[[*rhs, *lhs][pos].index()] && !staged && !uniform
             }
             _ => false,
         });

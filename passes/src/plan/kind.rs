@@ -114,6 +114,20 @@ pub(crate) fn matvec_shaped(lt: &TensorType, rt: &TensorType, dims: &DotDims) ->
         && last_of(rt.rank(), &dims.rhs_contract)
 }
 
+/// Whether a product of some `lhs` and `rhs` contracts `rhs` along a strided axis with whole warps of
+/// its free elements: the reducing template (`WarpsPerExtent`) then gives a warp's 32 lanes 32
+/// adjacent outputs along `rhs`'s free axes, which all read the same `lhs` element at each step
+/// (attention's weighted sum of values: the lanes are 32 features of one head, reading one
+/// probability). Fusion reads it: an `lhs` computed inside is computed once per warp and step.
+pub(crate) fn lhs_warp_uniform(rt: &TensorType, dims: &DotDims) -> bool {
+    let strided = dims.rhs_contract.iter().any(|&d| d + 1 != rt.rank()) || dims.rhs_contract.len() != 1;
+    let free: usize = (0..rt.rank())
+        .filter(|d| !dims.rhs_batch.contains(d) && !dims.rhs_contract.contains(d))
+        .map(|d| rt.shape[d])
+        .product();
+    strided && free % 32 == 0
+}
+
 /// A reduction the reducing templates compute: the root an elementwise function (an epilogue) of
 /// one `reduce` or `dot_general` at the same element; each of its `outputs` elements combines
 /// `extent` inputs, which lie along a contiguous row of each operand (`contiguous`: a reduce over
