@@ -102,7 +102,7 @@ pub fn matvec_of(k: &Function) -> Option<Matvec> {
 
 /// Whether a product of `lhs` and `rhs` has the matvec template's shape: batch dimensions of size
 /// 1, a matrix `rhs` `[1.., N, K]`, both contracted on their last dimension. Fusion reads it too: such
-/// a product's activation is staged once per block, however much its prologue computes.
+/// a product stages its activation once per block, not once per element of the other side.
 pub(crate) fn matvec_shaped(lt: &TensorType, rt: &TensorType, dims: &DotDims) -> bool {
     let last_of = |rank: usize, contract: &[usize]| contract == [rank - 1];
     let unit = |shape: &[usize], axes: &[usize]| axes.iter().all(|&d| shape[d] == 1);
@@ -120,7 +120,7 @@ pub(crate) fn matvec_shaped(lt: &TensorType, rt: &TensorType, dims: &DotDims) ->
 /// (attention's weighted sum of values: the lanes are 32 features of one head, reading one
 /// probability). Fusion reads it: an `lhs` computed inside is computed once per warp and step.
 pub(crate) fn lhs_warp_uniform(rt: &TensorType, dims: &DotDims) -> bool {
-    let strided = dims.rhs_contract.iter().any(|&d| d + 1 != rt.rank()) || dims.rhs_contract.len() != 1;
+    let strided = dims.rhs_contract != [rt.rank() - 1];
     let free: usize = (0..rt.rank())
         .filter(|d| !dims.rhs_batch.contains(d) && !dims.rhs_contract.contains(d))
         .map(|d| rt.shape[d])

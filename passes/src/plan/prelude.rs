@@ -12,7 +12,7 @@ use super::fusion::Group;
 use super::kernel_function;
 use super::kind::{classify, reduction_of};
 use super::launch::launch;
-use g4c_ir::plan::Prelude;
+use g4c_ir::plan::{KernelKind, Prelude};
 use g4c_ir::{Function, GpuLimits, Op, ValueId};
 use std::collections::{BTreeSet, HashMap};
 
@@ -87,7 +87,7 @@ fn block_work(k: &Function) -> usize {
 /// Moves each reduction kernel into the prelude of every kernel reading it, where that keeps each
 /// reader's template and launch, fits `BLOCK_WORK_LIMIT` and `TOTAL_WORK_LIMIT`, and reads no
 /// cache after it was written in place. Later kernels first, so a softmax's sum and then its
-/// maximum both move into the kernel that normalizes.
+/// maximum (which the sum reads) both move into the kernel reading the probabilities.
 pub(crate) fn merge(f: &Function, mut groups: Vec<Group>, gpu: &GpuLimits) -> Vec<Group> {
     let def: HashMap<ValueId, usize> = f.body.iter().enumerate().map(|(i, instr)| (instr.result, i)).collect();
     let results: BTreeSet<ValueId> = f.results.iter().map(|r| r.value).collect();
@@ -99,9 +99,9 @@ pub(crate) fn merge(f: &Function, mut groups: Vec<Group>, gpu: &GpuLimits) -> Ve
             continue;
         }
         let function = kernel_function(f, reduction, "prelude".into());
+        // A reduction kernel holds no product, so its own reduction is a `reduce`.
         let Some(own) = reduction_of(&function) else { continue };
-        let is_reduce = function.body.iter().any(|i| i.result == own.reduction && matches!(i.op, Op::Reduce { .. }));
-        if !is_reduce || own.outputs > MAX_OUTPUTS || classify(&function) != g4c_ir::plan::KernelKind::Reduce {
+        if classify(&function) != KernelKind::Reduce || own.outputs > MAX_OUTPUTS {
             continue;
         }
         let readers: Vec<usize> =
@@ -115,17 +115,13 @@ pub(crate) fn merge(f: &Function, mut groups: Vec<Group>, gpu: &GpuLimits) -> Ve
         if readers.is_empty() || overwritten {
             continue;
         }
-        let mut merged = Vec::new();
-        let mut total = 0;
-        for &g in &readers {
-            let Some((group, added)) = merged_reader(f, &def, &groups[g], reduction, gpu) else { break };
-            total += added;
-            merged.push(group);
-        }
-        if merged.len() != readers.len() || total > TOTAL_WORK_LIMIT {
+        let merged: Option<Vec<(Group, usize)>> =
+            readers.iter().map(|&g| merged_reader(f, &def, &groups[g], reduction, gpu)).collect();
+        let Some(merged) = merged else { continue };
+        if merged.iter().map(|(_, added)| added).sum::<usize>() > TOTAL_WORK_LIMIT {
             continue;
         }
-        for (g, group) in readers.into_iter().zip(merged) {
+        for (g, (group, _)) in readers.into_iter().zip(merged) {
             groups[g] = group;
         }
         groups.remove(r);
