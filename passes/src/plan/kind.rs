@@ -125,7 +125,7 @@ pub(crate) fn lhs_warp_uniform(rt: &TensorType, dims: &DotDims) -> bool {
         .filter(|d| !dims.rhs_batch.contains(d) && !dims.rhs_contract.contains(d))
         .map(|d| rt.shape[d])
         .product();
-    strided && free % 32 == 0
+    strided && free.is_multiple_of(32)
 }
 
 /// A reduction the reducing templates compute: the root an elementwise function (an epilogue) of
