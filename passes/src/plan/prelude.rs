@@ -20,12 +20,14 @@ use std::collections::{BTreeSet, HashMap};
 const MAX_OUTPUTS: usize = 256;
 /// Input elements one block's prelude may reduce (each reduction's outputs × extent, summed).
 const BLOCK_WORK_LIMIT: usize = 16384;
-/// Input elements all blocks of a reduction's readers may reduce again in their preludes, in place
-/// of its one kernel. The blocks on one SM read the same few kilobytes, mostly from L1 after the
-/// first; 2M elements (8 MB of f32) keeps the L2 traffic well under what a dependent launch's few
-/// microseconds cost on Turing, and leaves E2B's widest gate/up projection (1536 blocks) to a
-/// kernel of its own. A guess until `scripts/device-check` measures it.
-const TOTAL_WORK_LIMIT: usize = 1 << 21;
+/// Input elements the blocks of a reduction's readers may reduce again in their preludes, in place
+/// of its one kernel, per SM of the target. The blocks on one SM read the same few kilobytes, from
+/// L1 after the first, so the cost is the SM's arithmetic: 48K elements at a few ops each take an
+/// SM about the 1–2 µs a dependent launch costs (Turing's 64 FP32 lanes at 1.6 GHz, Hopper's 128
+/// at 1.8 GHz). E2B on t4g (40 SMs) then keeps the norms its 12288-wide gate/up projections read
+/// (1536 blocks each) as kernels, which h200 (132 SMs) recomputes. A guess until
+/// `scripts/device-check` measures it.
+const WORK_PER_SM_LIMIT: usize = 48 * 1024;
 
 /// A reduction of a kernel computed in its prelude.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,7 +87,7 @@ fn block_work(k: &Function) -> usize {
 }
 
 /// Moves each reduction kernel into the prelude of every kernel reading it, where that keeps each
-/// reader's template and launch, fits `BLOCK_WORK_LIMIT` and `TOTAL_WORK_LIMIT`, and reads no
+/// reader's template and launch, fits `BLOCK_WORK_LIMIT` and `WORK_PER_SM_LIMIT`, and reads no
 /// cache after it was written in place. Later kernels first, so a softmax's sum and then its
 /// maximum (which the sum reads) both move into the kernel reading the probabilities.
 pub(crate) fn merge(f: &Function, mut groups: Vec<Group>, gpu: &GpuLimits) -> Vec<Group> {
@@ -118,7 +120,7 @@ pub(crate) fn merge(f: &Function, mut groups: Vec<Group>, gpu: &GpuLimits) -> Ve
         let merged: Option<Vec<(Group, usize)>> =
             readers.iter().map(|&g| merged_reader(f, &def, &groups[g], reduction, gpu)).collect();
         let Some(merged) = merged else { continue };
-        if merged.iter().map(|(_, added)| added).sum::<usize>() > TOTAL_WORK_LIMIT {
+        if merged.iter().map(|(_, added)| added).sum::<usize>() > WORK_PER_SM_LIMIT * gpu.sm_count as usize {
             continue;
         }
         for (g, (group, _)) in readers.into_iter().zip(merged) {
