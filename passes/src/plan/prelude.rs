@@ -13,7 +13,7 @@ use super::kernel_function;
 use super::kind::{classify, reduction_of};
 use super::launch::launch;
 use g4c_ir::plan::{KernelKind, Prelude};
-use g4c_ir::{Function, GpuLimits, Op, ValueId};
+use g4c_ir::{DType, Function, GpuLimits, Op, ValueId};
 use std::collections::{BTreeSet, HashMap};
 
 /// A prelude reduction has at most this many outputs, all of which each block holds.
@@ -40,7 +40,7 @@ pub struct PreludeReduction {
 
 /// The reductions of kernel `k` its prelude computes, in body order (so one may read another):
 /// every `reduce` but the one the kernel's template computes (`reduction_of`), when small enough
-/// to hold in shared memory. A larger one is computed at each element that reads it.
+/// to hold in shared memory, of floats or ints. Another is computed at each element that reads it.
 pub fn prelude_of(k: &Function) -> Vec<PreludeReduction> {
     let own = reduction_of(k).map(|r| r.reduction);
     k.body
@@ -54,7 +54,8 @@ pub fn prelude_of(k: &Function) -> Vec<PreludeReduction> {
             }),
             _ => None,
         })
-        .filter(|p| p.outputs <= MAX_OUTPUTS)
+        // Shared arrays of 4-byte `float` or `int` (`prelude_footprint`).
+        .filter(|p| p.outputs <= MAX_OUTPUTS && k.ty(p.reduction).dtype != DType::Bool)
         .collect()
 }
 

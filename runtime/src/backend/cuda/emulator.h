@@ -61,9 +61,11 @@ static bool g4c_thread_returned;
 // Switching coroutines on x86-64: push the callee-saved registers, save the stack pointer in
 // `*from`, continue on stack `to` where its own switch left off. glibc's swapcontext also saves the
 // signal mask, a system call per switch, which made barriers most of an emulated launch's time.
+// `noipa`: callers must assume it clobbers every caller-saved register, as any call does (with
+// interprocedural register allocation, GCC could see an asm body that names few registers).
 static void* g4c_scheduler_sp;
 static std::vector<void*> g4c_thread_sp;
-__attribute__((naked, noinline)) static void g4c_switch(void** from, void* to) {
+__attribute__((naked, noipa)) static void g4c_switch(void** from, void* to) {
   asm volatile(
       "pushq %rbp\n\tpushq %rbx\n\tpushq %r12\n\tpushq %r13\n\tpushq %r14\n\tpushq %r15\n\t"
       "movq %rsp, (%rdi)\n\tmovq %rsi, %rsp\n\t"
