@@ -94,9 +94,8 @@ fn block_work(k: &Function) -> usize {
 pub(crate) fn merge(f: &Function, mut groups: Vec<Group>, gpu: &GpuLimits) -> Vec<Group> {
     let def: HashMap<ValueId, usize> = f.body.iter().enumerate().map(|(i, instr)| (instr.result, i)).collect();
     let results: BTreeSet<ValueId> = f.results.iter().map(|r| r.value).collect();
-    let mut r = groups.len();
-    while r > 0 {
-        r -= 1;
+    // Removing group `r` shifts only the later ones, which have been visited.
+    for r in (0..groups.len()).rev() {
         let reduction = &groups[r];
         if results.contains(&reduction.root) {
             continue;
