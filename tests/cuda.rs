@@ -4,9 +4,9 @@
 use crate::common::{
     assert_matches_golden, golden_cases, golden_dir, greedy_generate, run_transformed, target_generate, Backend,
 };
-use g4c_codegen::cuda::{assemble, compile_ptx, emit_entry};
+use g4c_codegen::cuda::{assemble, compile_ptx, emit_entry, CudaProgram};
 use g4c_frontend::{Model, Shapes};
-use g4c_ir::plan::{print_plan, KernelPlan};
+use g4c_ir::plan::{launch_smem_bytes, print_plan, EntryPlan, KernelCall, KernelPlan};
 use g4c_ir::Target;
 use g4c_passes::{plan_module, Pass, Pipeline, PipelineOptions};
 use g4c_runtime::backend::cuda::ptx_isa_version;
@@ -17,6 +17,18 @@ fn tiny_plan(target: &str, prefill_len: usize) -> KernelPlan {
     let mut m = model.module(&Shapes { batch: 1, prefill_len, context: 24 }).unwrap();
     Pipeline::new(target, &PipelineOptions { quantize_group: Some(8) }).run_all(&mut m).unwrap();
     plan_module(&m, target).unwrap()
+}
+
+/// Each launch of `entry`, its calls and the symbol of its kernel in `program`.
+fn launch_symbols<'p>(entry: &'p EntryPlan, program: &'p CudaProgram) -> Vec<(&'p [KernelCall], &'p str)> {
+    let mut first = 0;
+    let launches = entry.launches().map(|calls| {
+        let symbol = program.kernels[first].symbol.as_str();
+        assert!(program.kernels[first..first + calls.len()].iter().all(|k| k.symbol == symbol), "{symbol}");
+        first += calls.len();
+        (calls, symbol)
+    });
+    launches.collect()
 }
 
 /// For t4g (sm_75), a100 (sm_80) and h200 (sm_90): NVRTC compiles every kernel, and ptxas finds in
@@ -32,12 +44,12 @@ fn every_kernel_compiles_and_ptxas_agrees_with_the_fit_proof() {
             assert!(ptx_isa_version(&ptx).is_some(), "{target}: PTX without a .version");
             let cubin = assemble(&ptx, sm).unwrap_or_else(|e| panic!("{target}: {e}"));
             assert_eq!(cubin.kernels.len(), program.functions, "{target} @{}", entry.entry);
-            for (call, k) in entry.calls.iter().zip(&program.kernels) {
-                let used = cubin.kernels[&k.symbol];
-                let what = format!("{target} {} ({})", call.kernel, k.symbol);
-                assert_eq!(used.smem_bytes, call.launch.smem_bytes, "{what}: shared memory");
+            for (calls, symbol) in launch_symbols(entry, &program) {
+                let used = cubin.kernels[symbol];
+                let what = format!("{target} {} ({symbol})", calls[0].kernel);
+                assert_eq!(used.smem_bytes, launch_smem_bytes(calls), "{what}: shared memory");
                 assert_eq!((used.spill_stores, used.spill_loads), (0, 0), "{what}: spills");
-                assert!(used.registers <= call.launch.registers, "{what}: {} registers", used.registers);
+                assert!(used.registers <= calls[0].launch.registers, "{what}: {} registers", used.registers);
             }
         }
     }
@@ -103,7 +115,7 @@ fn each_entry_point_runs_one_fixed_launch_sequence() {
     let runs = runs.lock().unwrap();
     for entry in ["prefill", "decode"] {
         let calls: Vec<&(String, u64, usize)> = runs.iter().filter(|r| r.0 == entry).collect();
-        let launches = plan.entry(entry).unwrap().calls.len();
+        let launches = plan.entry(entry).unwrap().launches().count();
         assert!(!calls.is_empty(), "@{entry} never ran");
         assert!(calls.iter().all(|r| r.1 == calls[0].1 && r.2 == launches), "@{entry}: {calls:?}, {launches} launches");
     }
@@ -215,16 +227,19 @@ fn a_t4g_artifact_holds_its_kernels() {
     let kernels = &report["kernels"];
     let limit = kernels["limits"]["smem_per_block"].as_u64().unwrap();
     for entry in kernels["entries"].as_array().unwrap() {
-        for call in entry["calls"].as_array().unwrap() {
-            let smem = call["smem_bytes"].as_u64().unwrap();
-            assert!(smem <= limit, "{call}");
-            assert_eq!(call["ptxas"]["smem_bytes"].as_u64(), Some(smem), "{call}");
-            assert_eq!(call["ptxas"]["spill_bytes"].as_u64(), Some(0), "{call}");
+        for launch in entry["launches"].as_array().unwrap() {
+            let smem = launch["smem_bytes"].as_u64().unwrap();
+            assert!(smem <= limit, "{launch}");
+            assert_eq!(launch["ptxas"]["smem_bytes"].as_u64(), Some(smem), "{launch}");
+            assert_eq!(launch["ptxas"]["spill_bytes"].as_u64(), Some(0), "{launch}");
         }
     }
     let decode = kernels["entries"].as_array().unwrap().iter().find(|e| e["entry"] == "decode").unwrap();
-    let preludes = decode["calls"].as_array().unwrap().iter().filter(|c| c["prelude"]["reductions"].as_u64() > Some(0));
+    let launches = decode["launches"].as_array().unwrap();
+    let calls: Vec<&serde_json::Value> = launches.iter().flat_map(|l| l["calls"].as_array().unwrap()).collect();
+    let preludes = calls.iter().filter(|c| c["prelude"]["reductions"].as_u64() > Some(0));
     assert!(preludes.count() > 0, "decode's norm statistics are reported in preludes");
+    assert!(launches.len() < calls.len(), "a decode layer's q, k and v projections are reported in one launch");
     let manifest: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(artifact.join("manifest.json")).unwrap()).unwrap();
     let cuda = &manifest["cuda"];
@@ -272,17 +287,17 @@ fn e2b_kernels_compile_and_fit_on_every_gpu_class() {
     for (target, sm) in [("t4g", (7, 5)), ("a100", (8, 0)), ("h200", (9, 0))] {
         let t = Target::by_name(target).unwrap();
         let plan = e2b_plan(t);
-        decode_launches.push(plan.entry("decode").unwrap().calls.len());
+        decode_launches.push(plan.entry("decode").unwrap().launches().count());
         let limit = t.gpu.as_ref().unwrap().smem_per_block;
         for entry in &plan.entries {
             let program = emit_entry(&plan, entry).unwrap();
             let ptx = compile_ptx(&program.source, sm, &entry.entry).unwrap_or_else(|e| panic!("{e}"));
             let cubin = assemble(&ptx, sm).unwrap_or_else(|e| panic!("{target}: {e}"));
-            for (call, k) in entry.calls.iter().zip(&program.kernels) {
-                let used = cubin.kernels[&k.symbol];
-                let what = format!("{target} {} ({})", call.kernel, k.symbol);
-                assert!(call.launch.smem_bytes <= limit, "{what}");
-                assert_eq!(used.smem_bytes, call.launch.smem_bytes, "{what}: shared memory");
+            for (calls, symbol) in launch_symbols(entry, &program) {
+                let used = cubin.kernels[symbol];
+                let what = format!("{target} {} ({symbol})", calls[0].kernel);
+                assert!(launch_smem_bytes(calls) <= limit, "{what}");
+                assert_eq!(used.smem_bytes, launch_smem_bytes(calls), "{what}: shared memory");
                 assert_eq!((used.spill_stores, used.spill_loads), (0, 0), "{what}: spills");
             }
         }

@@ -4,7 +4,7 @@
 
 use crate::common::{assert_matches_golden, golden_cases, golden_dir, run_transformed, target_generate, Backend};
 use g4c_frontend::{Model, Shapes};
-use g4c_ir::plan::{print_plan, KernelKind, Slot};
+use g4c_ir::plan::{launch_smem_bytes, print_plan, KernelKind, Slot};
 use g4c_ir::{GpuLimits, Target};
 use g4c_passes::{plan_module, Pipeline, PipelineOptions, PlanError};
 
@@ -128,6 +128,58 @@ fn small_reductions_run_in_their_readers_preludes() {
             let own = usize::from(c.kind == KernelKind::Reduce);
             assert_eq!(reduces, own + in_prelude(c), "{}: reductions outside the template and prelude", c.kernel);
         }
+    }
+}
+
+/// Kernels that do not depend on each other share a launch, each on its own blocks: a decode
+/// layer's q, k and v projections (one launch reading the normed activation), then the queries'
+/// norm and RoPE beside the key and value cache writes. No call of a launch reads or writes what
+/// another writes (`plans_on_the_cpu_match_the_goldens` runs each launch's calls reading before any
+/// writes, as a GPU may), they share a block size, and their shared memory fits together.
+#[test]
+fn independent_kernels_run_side_by_side() {
+    let t4g = Target::by_name("t4g").unwrap();
+    let plan = tiny_plan(t4g).unwrap();
+    for e in &plan.entries {
+        for calls in e.launches() {
+            for (n, c) in calls.iter().enumerate() {
+                let others = calls.iter().enumerate().filter(|&(m, _)| m != n).map(|(_, o)| o);
+                for o in others {
+                    assert!(!c.inputs.contains(&o.output) && c.output != o.output, "{} beside {}", c.kernel, o.kernel);
+                }
+                assert_eq!(c.launch.block, calls[0].launch.block, "{}", c.kernel);
+            }
+            assert!(launch_smem_bytes(calls) <= t4g.gpu.as_ref().unwrap().smem_per_block, "{}", calls[0].kernel);
+        }
+    }
+    let decode = plan.entry("decode").unwrap();
+    let projections =
+        decode.launches().find(|calls| calls.len() >= 3 && calls.iter().all(|c| c.kind == KernelKind::MatvecW4));
+    let projections = projections.expect("a launch of q, k and v projections");
+    assert!(projections.iter().all(|c| c.inputs == projections[0].inputs), "one activation read by all three");
+    let writes = decode.launches().filter(|calls| calls.iter().filter(|c| c.kind == KernelKind::Scatter).count() >= 2);
+    assert!(writes.count() > 0, "key and value cache writes in one launch");
+}
+
+/// A decode step's queries are normed and rotated (RoPE) where the scores' matvec stages them,
+/// once per block, with their norm's statistics in its prelude: no kernel of their own.
+#[test]
+fn queries_are_normed_and_rotated_in_the_scores_matvec() {
+    use g4c_ir::{Op, UnaryOp};
+    let plan = tiny_plan(Target::by_name("t4g").unwrap()).unwrap();
+    let decode = plan.entry("decode").unwrap();
+    let computes = |c: &&g4c_ir::plan::KernelCall, u: UnaryOp| {
+        let f = plan.kernels.function(&c.kernel).unwrap();
+        f.body.iter().any(|i| matches!(i.op, Op::Unary { op, .. } if op == u))
+    };
+    // The scores: a matvec over a cache, the queries rotated as it stages them.
+    let scores: Vec<_> =
+        decode.calls.iter().filter(|c| c.kind == KernelKind::Matvec && computes(c, UnaryOp::Cos)).collect();
+    let layers = decode.calls.iter().filter(|c| c.kind == KernelKind::Dot).count();
+    assert!(layers > 0 && scores.len() == layers, "{} scores matvecs for {layers} layers", scores.len());
+    for c in scores {
+        assert!(computes(&c, UnaryOp::Sin), "{}: both halves of the queries' RoPE inside", c.kernel);
+        assert!(c.launch.prelude.is_some_and(|p| p.reductions >= 1), "{}: the queries' norm statistics", c.kernel);
     }
 }
 

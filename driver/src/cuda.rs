@@ -5,7 +5,7 @@
 
 use anyhow::{Context, Result};
 use g4c_codegen::cuda::{assemble, compile_ptx, emit_entry, find_ptxas, nvrtc_version, KernelResources};
-use g4c_ir::plan::KernelPlan;
+use g4c_ir::plan::{launch_grid, launch_smem_bytes, KernelPlan};
 use g4c_ir::{Module, Target};
 use g4c_runtime::backend::cuda::{DeviceProgram, KernelBinding};
 use serde_json::{json, Value};
@@ -57,7 +57,8 @@ pub fn cuda_programs(plan: &KernelPlan, target: &Target, compile: bool) -> Resul
 }
 
 /// The `kernels` section of the compile report: the target's limits, and per entry point every
-/// launch's footprint beside them, with what ptxas found in its function where it ran.
+/// launch's footprint beside them, with what ptxas found in its function where it ran, and the
+/// calls it runs side by side.
 pub fn kernel_report(plan: &KernelPlan, build: &CudaBuild, target: &Target) -> Value {
     let gpu = target.gpu.as_ref().expect("a CUDA target");
     let entries: Vec<Value> = plan
@@ -65,36 +66,47 @@ pub fn kernel_report(plan: &KernelPlan, build: &CudaBuild, target: &Target) -> V
         .iter()
         .zip(&build.programs)
         .map(|(e, p)| {
-            let calls: Vec<Value> = e
-                .calls
-                .iter()
-                .zip(&p.kernels)
-                .map(|(c, k)| {
-                    let ptxas = build.resources.get(&k.symbol).map(|r| {
+            let mut first = 0;
+            let launches: Vec<Value> = e
+                .launches()
+                .map(|calls| {
+                    let symbol = &p.kernels[first].symbol;
+                    first += calls.len();
+                    let ptxas = build.resources.get(symbol).map(|r| {
                         json!({"registers": r.registers, "smem_bytes": r.smem_bytes, "spill_bytes": r.spill_stores + r.spill_loads})
                     });
+                    let parts: Vec<Value> = calls
+                        .iter()
+                        .map(|c| {
+                            json!({
+                                "kernel": c.kernel,
+                                "kind": c.kind.name(),
+                                "grid": c.launch.grid,
+                                "smem_bytes": c.launch.smem_bytes,
+                                "tile": c.launch.tile.map(|t| json!({"rows": t.rows, "cols": t.cols, "k": t.k, "stages": t.stages})),
+                                "prelude": c.launch.prelude.map(|p| json!({"reductions": p.reductions, "outputs": p.outputs})),
+                            })
+                        })
+                        .collect();
                     json!({
-                        "kernel": c.kernel,
-                        "kind": c.kind.name(),
-                        "symbol": k.symbol,
-                        "grid": c.launch.grid,
-                        "block": c.launch.block,
-                        "smem_bytes": c.launch.smem_bytes,
-                        "registers": c.launch.registers,
-                        "tile": c.launch.tile.map(|t| json!({"rows": t.rows, "cols": t.cols, "k": t.k, "stages": t.stages})),
-                        "prelude": c.launch.prelude.map(|p| json!({"reductions": p.reductions, "outputs": p.outputs})),
+                        "symbol": symbol,
+                        "grid": launch_grid(calls),
+                        "block": calls[0].launch.block,
+                        "smem_bytes": launch_smem_bytes(calls),
+                        "registers": calls[0].launch.registers,
                         "ptxas": ptxas,
+                        "calls": parts,
                     })
                 })
                 .collect();
             let functions: std::collections::BTreeSet<&str> = p.kernels.iter().map(|k| k.symbol.as_str()).collect();
             json!({
                 "entry": e.entry,
-                "launches": e.calls.len(),
+                "kernels": e.calls.len(),
                 "functions": functions.len(),
                 "scratch_bytes": e.scratch_bytes(),
-                "max_smem_bytes": e.calls.iter().map(|c| c.launch.smem_bytes).max().unwrap_or(0),
-                "calls": calls,
+                "max_smem_bytes": e.launches().map(launch_smem_bytes).max().unwrap_or(0),
+                "launches": launches,
             })
         })
         .collect();

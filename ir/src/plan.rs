@@ -146,6 +146,10 @@ pub struct KernelCall {
     /// Where its result is written; an input's slot when it updates that input in place.
     pub output: Slot,
     pub launch: Launch,
+    /// Whether it runs in the launch of the call before it, on the blocks after that call's: the
+    /// calls of one launch neither read what another writes nor write what another reads, and
+    /// take the same block size (`EntryPlan::launches`).
+    pub side_by_side: bool,
 }
 
 /// The plan of one entry point.
@@ -163,6 +167,25 @@ impl EntryPlan {
     pub fn scratch_bytes(&self) -> u64 {
         self.buffers.iter().sum()
     }
+
+    /// The kernel launches, in order: each the calls that run side by side in it.
+    pub fn launches(&self) -> impl Iterator<Item = &[KernelCall]> {
+        self.calls.chunk_by(|_, next| next.side_by_side)
+    }
+}
+
+/// A launch's grid: its calls' grids, one after the other.
+pub fn launch_grid(calls: &[KernelCall]) -> u32 {
+    calls.iter().map(|c| c.launch.grid).sum()
+}
+
+/// A launch's static shared memory: its calls' arrays one after the other, each call's starting
+/// 16-byte aligned (codegen aligns its first array; ptxas lays out a kernel's arrays in order).
+pub fn launch_smem_bytes(calls: &[KernelCall]) -> u32 {
+    calls.iter().fold(0, |end, c| match c.launch.smem_bytes {
+        0 => end,
+        bytes => end.next_multiple_of(16) + bytes,
+    })
 }
 
 /// Every entry point's plan, over one module of kernel functions and the weights they read.
@@ -179,19 +202,20 @@ impl KernelPlan {
     }
 }
 
-/// The plan in text form: per entry its buffers, then one line per kernel (`prelude r/o`: r
-/// reductions of o outputs in all computed before the body); with `bodies`, each kernel's function
-/// after its line.
+/// The plan in text form: per entry its buffers, then one line per kernel (`+`: in the launch of
+/// the line before; `prelude r/o`: r reductions of o outputs in all computed before the body); with
+/// `bodies`, each kernel's function after its line.
 pub fn print_plan(plan: &KernelPlan, bodies: bool) -> String {
     let mut out = String::new();
     for e in &plan.entries {
         let sizes: Vec<String> = e.buffers.iter().enumerate().map(|(i, b)| format!("b{i} {b}")).collect();
         writeln!(
             out,
-            "plan @{} for {}: {} kernels, scratch {} B",
+            "plan @{} for {}: {} kernels in {} launches, scratch {} B",
             e.entry,
             plan.target,
             e.calls.len(),
+            e.launches().count(),
             e.scratch_bytes()
         )
         .unwrap();
@@ -218,7 +242,8 @@ pub fn print_plan(plan: &KernelPlan, bodies: bool) -> String {
             }
             writeln!(
                 out,
-                "  {} {} ({}) -> {} : {}  grid {} block {} smem {} regs {}{tile}  ops {}",
+                "{} {} {} ({}) -> {} : {}  grid {} block {} smem {} regs {}{tile}  ops {}",
+                if c.side_by_side { " +" } else { "  " },
                 c.kernel,
                 c.kind.name(),
                 inputs.join(", "),

@@ -94,19 +94,20 @@ pub fn run(args: CompileArgs) -> Result<()> {
     }
 }
 
-/// One line on a CUDA target's kernels: launches and distinct functions per entry point, what
-/// compiled them, and the largest shared memory any needs beside the block's limit.
+/// One line on a CUDA target's kernels: launches and distinct kernels per entry point, what
+/// compiled them, and the largest shared memory any launch needs beside the block's limit.
 fn cuda_summary(kernels: &serde_json::Value) -> String {
     let entries: Vec<String> = kernels["entries"]
         .as_array()
         .into_iter()
         .flatten()
         .map(|e| {
-            format!("@{} {} launches of {} kernels", e["entry"].as_str().unwrap_or("?"), e["launches"], e["functions"])
+            let launches = e["launches"].as_array().map_or(0, Vec::len);
+            format!("@{} {launches} launches of {} kernels", e["entry"].as_str().unwrap_or("?"), e["functions"])
         })
         .collect();
     let smem = kernels["entries"].as_array().into_iter().flatten().filter_map(|e| e["max_smem_bytes"].as_u64()).max();
-    let ptxas_checked = kernels["entries"][0]["calls"][0]["ptxas"].is_object();
+    let ptxas_checked = kernels["entries"][0]["launches"][0]["ptxas"].is_object();
     format!(
         "CUDA kernels: {}; PTX for {} by NVRTC {}{}; at most {} of shared memory per block (limit {})",
         entries.join(", "),

@@ -1,4 +1,5 @@
-//! One kernel's CUDA C from its IR function and launch, in one of five forms: one thread per
+//! One kernel call's CUDA C from its IR function and launch, a device function that a launch's
+//! kernel calls on the call's blocks (`launch_code`), in one of five forms: one thread per
 //! element written (`elementwise`), one thread per cache slot written (`scatter`, in place), a
 //! reduction split over a warp or a block per output, or over a block's warps (`split_reduce`),
 //! the tiled matvec (`matvec`: activations staged in shared memory, the weight streamed once, a
@@ -17,29 +18,35 @@ use std::fmt::Write;
 /// Stands for the kernel's symbol until its code is hashed.
 pub(crate) const NAME: &str = "__KERNEL__";
 
-/// The CUDA C of one kernel, named `NAME`, and the weights it takes after its inputs.
+/// The CUDA C of one kernel call, as a device function `name` its launch calls with the call's
+/// block index (from 0, a launch may run calls side by side), and the weights it takes after its
+/// inputs.
 pub(crate) struct KernelCode {
     pub code: String,
+    /// The C type of each parameter, in order (its inputs, weights, then output), the block
+    /// index aside.
+    pub params: Vec<String>,
     pub weights: Vec<String>,
 }
 
-pub(crate) fn kernel_code(k: &Function, call: &KernelCall) -> Result<KernelCode, CudaError> {
+pub(crate) fn kernel_code(k: &Function, call: &KernelCall, name: &str) -> Result<KernelCode, CudaError> {
     let root = k.results[0].value;
     let root_op = k.body.iter().find(|i| i.result == root).map(|i| &i.op);
-    let mut em = Emitter::new(k, NAME);
+    let mut em = Emitter::new(k, name);
     let mut in_place = None;
     // After the template's arrays, which are 16-byte aligned, so none is padded.
     let prelude_arrays = match call.launch.prelude {
         Some(_) => prelude(&mut em, call)?,
         None => String::new(),
     };
+    let grid = call.launch.grid;
     let mut shared = String::new();
     match (root_op, call.launch.tile, matvec_of(k)) {
         (Some(Op::UpdateSlots { operand, slots, updates, axis }), _, _) => {
             in_place = k.params.iter().position(|p| p.value == *operand);
             let j = in_place
                 .ok_or_else(|| CudaError::Unsupported("a cache write of a value that is not an input".into()))?;
-            scatter(&mut em, j, *operand, *slots, *updates, *axis)?;
+            scatter(&mut em, grid, j, *operand, *slots, *updates, *axis)?;
         }
         (_, Some(tile), Some(m)) if tile.mma.is_some() => {
             let f = footprint(&tile);
@@ -64,47 +71,88 @@ pub(crate) fn kernel_code(k: &Function, call: &KernelCall) -> Result<KernelCode,
                 }
                 split_reduce(&mut em, root, split, call.launch.block / 32)?
             }
-            None => elementwise(&mut em, root)?,
+            None => elementwise(&mut em, grid, root)?,
         },
     }
+    // The call's arrays start 16-byte aligned after another call's in the same launch, as
+    // `launch_smem_bytes` counts them.
+    let mut arrays = shared + &prelude_arrays;
+    if !arrays.trim_start().starts_with("__shared__ __align__(16)") {
+        arrays = arrays.replacen("__shared__ ", "__shared__ __align__(16) ", 1);
+    }
     let lines = em.take_lines();
-    let mut params: Vec<String> = k
+    // (C type, name) of each parameter.
+    let mut params: Vec<(String, String)> = k
         .params
         .iter()
         .enumerate()
         .map(|(j, p)| {
             let st = storage_type(k.ty(p.value).dtype);
-            match in_place == Some(j) {
-                true => format!("{st}* in{j}"),
-                false => format!("const {st}* __restrict__ in{j}"),
-            }
+            let ty = match in_place == Some(j) {
+                true => format!("{st}*"),
+                false => format!("const {st}* __restrict__"),
+            };
+            (ty, format!("in{j}"))
         })
         .collect();
-    let weight_types: Vec<DType> =
-        em.weights.iter().map(|w| weight_dtype(k, w).expect("a weight the kernel reads")).collect();
-    params
-        .extend(weight_types.iter().enumerate().map(|(j, d)| format!("const {}* __restrict__ w{j}", storage_type(*d))));
-    if in_place.is_none() {
-        params.push(format!("{}* __restrict__ out", storage_type(k.ty(root).dtype)));
+    for (j, w) in em.weights.iter().enumerate() {
+        let dtype = weight_dtype(k, w).expect("a weight the kernel reads");
+        params.push((format!("const {}* __restrict__", storage_type(dtype)), format!("w{j}")));
     }
+    if in_place.is_none() {
+        params.push((format!("{}* __restrict__", storage_type(k.ty(root).dtype)), "out".into()));
+    }
+    let declared: Vec<String> = params.iter().map(|(t, n)| format!("{t} {n}")).collect();
     let mut code = String::new();
     for c in &em.constants {
         writeln!(code, "{c}").unwrap();
+    }
+    writeln!(code, "static __device__ __forceinline__ void {name}({}, const int block) {{", declared.join(", "))
+        .unwrap();
+    code.push_str(&arrays);
+    write_lines(&mut code, &lines);
+    code.push_str("}\n");
+    Ok(KernelCode { code, params: params.into_iter().map(|(t, _)| t).collect(), weights: em.weights })
+}
+
+/// The CUDA C of one launch, named `NAME`: each call's device function (`{NAME}_{n}`), then the
+/// kernel, whose blocks run the calls' one after the other, each call's block index from 0.
+pub(crate) fn launch_code(calls: &[KernelCall], parts: &[KernelCode]) -> String {
+    let mut code: String = parts.iter().map(|p| p.code.as_str()).collect();
+    let mut params = Vec::new();
+    let mut branches = Vec::new();
+    let mut first_block = 0;
+    for (n, (call, part)) in calls.iter().zip(parts).enumerate() {
+        let args: Vec<String> = (params.len()..params.len() + part.params.len()).map(|a| format!("a{a}")).collect();
+        params.extend(part.params.iter().zip(&args).map(|(t, a)| format!("{t} {a}")));
+        let block = match first_block {
+            0 => "blockIdx.x".to_string(),
+            b => format!("blockIdx.x - {b}"),
+        };
+        branches.push((first_block + call.launch.grid, format!("{NAME}_{n}({}, {block});", args.join(", "))));
+        first_block += call.launch.grid;
     }
     // At least one block per SM: the register budget the plan gives each thread (ptxas otherwise
     // aims at more resident blocks and spills a tensor-core kernel at 32 registers).
     writeln!(
         code,
         "extern \"C\" __global__ void __launch_bounds__({}, 1) {NAME}({}) {{",
-        call.launch.block,
+        calls[0].launch.block,
         params.join(", ")
     )
     .unwrap();
-    code.push_str(&shared);
-    code.push_str(&prelude_arrays);
-    write_lines(&mut code, &lines);
+    let last = branches.len() - 1;
+    for (n, (end, call)) in branches.iter().enumerate() {
+        let line = match (n, n == last) {
+            (0, true) => format!("  {call}"),
+            (0, false) => format!("  if (blockIdx.x < {end}) {call}"),
+            (_, false) => format!("  else if (blockIdx.x < {end}) {call}"),
+            (_, true) => format!("  else {call}"),
+        };
+        writeln!(code, "{line}").unwrap();
+    }
     code.push_str("}\n");
-    Ok(KernelCode { code, weights: em.weights })
+    code
 }
 
 fn weight_dtype(k: &Function, name: &str) -> Option<DType> {
@@ -114,12 +162,15 @@ fn weight_dtype(k: &Function, name: &str) -> Option<DType> {
     })
 }
 
-const GRID_STRIDE: &str = "i += gridDim.x * blockDim.x";
+/// Opens a loop of the call's threads over `i` in `0..n`, grid-stride over its `grid` blocks.
+fn open_grid_stride(em: &mut Emitter, grid: u32, n: usize) {
+    em.open(format!("for (int i = block * blockDim.x + threadIdx.x; i < {n}; i += {grid} * blockDim.x)"));
+}
 
 /// One thread per element of the root, grid-stride.
-fn elementwise(em: &mut Emitter, root: ValueId) -> Result<(), CudaError> {
+fn elementwise(em: &mut Emitter, grid: u32, root: ValueId) -> Result<(), CudaError> {
     let ty = em.k.ty(root).clone();
-    em.open(format!("for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < {}; {GRID_STRIDE})", ty.numel()));
+    open_grid_stride(em, grid, ty.numel());
     let x = em.value(root, &unlinear("i", &ty.shape))?;
     em.line(store(ty.dtype, "out", "i", &x));
     em.close();
@@ -144,15 +195,15 @@ fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32)
     em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
     let (first, stride) = match split {
         ReduceSplit::WarpPerOutput => {
-            em.line(format!("const int i = blockIdx.x * {warps} + warp;"));
+            em.line(format!("const int i = block * {warps} + warp;"));
             ("lane", 32)
         }
         ReduceSplit::BlockPerOutput => {
-            em.line("const int i = blockIdx.x;");
+            em.line("const int i = block;");
             ("threadIdx.x", warps * 32)
         }
         ReduceSplit::WarpsPerExtent => {
-            em.line("const int i = blockIdx.x * 32 + lane;");
+            em.line("const int i = block * 32 + lane;");
             ("warp", warps)
         }
     };
@@ -288,6 +339,7 @@ fn activation_at(em: &mut Emitter, m: &Matvec, name: &str, row: &str, kk: &str) 
 /// (padding) slots write nothing.
 fn scatter(
     em: &mut Emitter,
+    grid: u32,
     target: usize,
     operand: ValueId,
     slots: ValueId,
@@ -295,7 +347,7 @@ fn scatter(
     axis: usize,
 ) -> Result<(), CudaError> {
     let (ut, ot) = (em.k.ty(updates).clone(), em.k.ty(operand).clone());
-    em.open(format!("for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < {}; {GRID_STRIDE})", ut.numel()));
+    open_grid_stride(em, grid, ut.numel());
     let u = unlinear("i", &ut.shape);
     let slot = em.value(slots, &[u[0].clone(), u[axis].clone()])?;
     em.open(format!("if ({slot} >= 0 && {slot} < {})", ot.shape[axis]));
@@ -315,7 +367,7 @@ fn matvec(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<()
     let (rows, kt, cols) = (tile.rows, tile.k, tile.cols);
     let (n_total, depth, products) = (m.cols, m.depth, m.dots.len());
     em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
-    em.line(format!("const int n = blockIdx.x * {cols} + warp;"));
+    em.line(format!("const int n = block * {cols} + warp;"));
     em.line(format!("float acc[{products}][{rows}];"));
     em.line("#pragma unroll");
     em.line(format!("for (int j = 0; j < {products}; ++j) for (int r = 0; r < {rows}; ++r) acc[j][r] = 0.f;"));
@@ -383,11 +435,7 @@ fn gemm(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<(), 
     em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
     em.line("const int g = lane >> 2, t = lane & 3;");
     em.line("const int wm = (warp & 3) * 16, wn = (warp >> 2) * 32;");
-    em.line(format!(
-        "const int m0 = blockIdx.x / {} * {bm}, n0 = blockIdx.x % {} * {bn};",
-        cols.div_ceil(bn),
-        cols.div_ceil(bn)
-    ));
+    em.line(format!("const int m0 = block / {} * {bm}, n0 = block % {} * {bn};", cols.div_ceil(bn), cols.div_ceil(bn)));
     em.line(format!("float acc[{products}][4][4];"));
     em.line("#pragma unroll");
     em.line(format!("for (int j = 0; j < {products}; ++j) for (int f = 0; f < 4; ++f) for (int r = 0; r < 4; ++r) acc[j][f][r] = 0.f;"));

@@ -1,5 +1,6 @@
-//! CUDA code generation for a kernel plan: CUDA C per kernel (`kernel`, over the `elemental`
-//! emitter), one translation unit per entry point with identical kernels emitted once, compiled to
+//! CUDA code generation for a kernel plan: CUDA C per kernel call, a device function (`kernel`, over
+//! the `elemental` emitter), and a kernel per launch calling them on its blocks; one translation
+//! unit per entry point with identical kernels emitted once, compiled to
 //! PTX by NVRTC (`nvrtc`) for the target's `compute_XY` and to cubins by `ptxas` (`ptxas`), which
 //! also reports each kernel's registers, shared memory and spills. None of it needs a GPU.
 
@@ -30,8 +31,9 @@ pub enum CudaError {
     Ptxas { arch: String, message: String },
 }
 
-/// How a plan kernel is launched from a program: its symbol and the weights it takes after its
-/// inputs (then its output, unless it writes an input in place).
+/// How a plan kernel is launched from a program: the symbol of its launch (which the calls run side
+/// by side in it share) and the weights it takes after its inputs (then its output, unless it
+/// writes an input in place); a launch takes its calls' arguments one after the other.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelSymbol {
     pub kernel: String,
@@ -46,34 +48,44 @@ pub struct CudaProgram {
     pub source: String,
     /// One per kernel call of the entry's plan, in order.
     pub kernels: Vec<KernelSymbol>,
-    /// Distinct kernel functions in `source` (kernels of layers alike share one).
+    /// Distinct kernels in `source` (launches of layers alike share one).
     pub functions: usize,
 }
 
 const PRELUDE: &str = include_str!("prelude.cu");
 
-/// The CUDA C of every kernel of `entry`; a kernel whose code equals an earlier one's (the same
-/// layer shapes) reuses its function.
+/// The CUDA C of every launch of `entry`, a kernel each; a kernel whose code equals an earlier
+/// one's (the same layer shapes) is emitted once.
 pub fn emit_entry(plan: &KernelPlan, entry: &EntryPlan) -> Result<CudaProgram, CudaError> {
     let mut source = format!("// g4c kernels of @{} for {}\n{PRELUDE}\n", entry.entry, plan.target);
     let mut seen: HashMap<String, String> = HashMap::new();
     let mut kernels = Vec::new();
-    for call in &entry.calls {
-        let k = plan.kernels.function(&call.kernel).expect("a plan's kernels are in its module");
-        let code = kernel::kernel_code(k, call)
-            .map_err(|e| CudaError::Kernel { kernel: call.kernel.clone(), message: e.to_string() })?;
-        let symbol = match seen.get(&code.code) {
+    for calls in entry.launches() {
+        let parts = calls
+            .iter()
+            .enumerate()
+            .map(|(n, call)| {
+                let k = plan.kernels.function(&call.kernel).expect("a plan's kernels are in its module");
+                kernel::kernel_code(k, call, &format!("{}_{n}", kernel::NAME))
+                    .map_err(|e| CudaError::Kernel { kernel: call.kernel.clone(), message: e.to_string() })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let code = kernel::launch_code(calls, &parts);
+        let symbol = match seen.get(&code) {
             Some(s) => s.clone(),
             None => {
-                let hash = blake3::hash(code.code.as_bytes()).to_hex();
-                let symbol = format!("g4c_{}_{}", call.kind.name(), &hash[..12]);
-                source.push_str(&code.code.replace(kernel::NAME, &symbol));
+                let hash = blake3::hash(code.as_bytes()).to_hex();
+                let kinds: Vec<&str> = calls.iter().map(|c| c.kind.name()).collect();
+                let symbol = format!("g4c_{}_{}", kinds.join("_"), &hash[..12]);
+                source.push_str(&code.replace(kernel::NAME, &symbol));
                 source.push('\n');
-                seen.insert(code.code.clone(), symbol.clone());
+                seen.insert(code, symbol.clone());
                 symbol
             }
         };
-        kernels.push(KernelSymbol { kernel: call.kernel.clone(), symbol, weights: code.weights });
+        for (call, part) in calls.iter().zip(parts) {
+            kernels.push(KernelSymbol { kernel: call.kernel.clone(), symbol: symbol.clone(), weights: part.weights });
+        }
     }
     Ok(CudaProgram { entry: entry.entry.clone(), source, kernels, functions: seen.len() })
 }

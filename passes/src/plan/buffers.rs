@@ -12,29 +12,32 @@ pub(crate) struct Scratch {
     pub bytes: Vec<u64>,
 }
 
-/// Assigns buffers greedily in kernel order: a value takes the smallest free buffer that holds it,
-/// else grows the largest free one, else gets a new one. A buffer is free from the kernel after
-/// the last one reading its value (a kernel never writes a buffer it reads). Results stay live.
+/// Assigns buffers greedily in kernel order (`levels` non-decreasing, a kernel's level in the
+/// schedule): a value takes the smallest free buffer that holds it, else grows the largest free
+/// one, else gets a new one. A buffer is free from the level after the last one reading its value:
+/// kernels of a level may run side by side, and none may write a buffer another reads. Results
+/// stay live.
 pub(crate) fn assign(
     f: &Function,
     groups: &[Group],
+    levels: &[usize],
     in_place: &HashMap<ValueId, usize>,
     results: &[ValueId],
 ) -> Scratch {
     let mut last_read: HashMap<ValueId, usize> = HashMap::new();
-    for (k, g) in groups.iter().enumerate() {
+    for (g, &level) in groups.iter().zip(levels) {
         for &v in &g.inputs {
-            last_read.insert(v, k);
+            last_read.insert(v, level);
         }
     }
     let mut slot = HashMap::new();
     let mut bytes: Vec<u64> = Vec::new();
-    // (buffer, the last kernel that reads it)
+    // (buffer, the last level that reads it)
     let mut busy: Vec<(usize, usize)> = Vec::new();
     let mut free: Vec<usize> = Vec::new();
-    for (k, g) in groups.iter().enumerate() {
+    for (g, &level) in groups.iter().zip(levels) {
         busy.retain(|&(b, end)| {
-            let done = end < k;
+            let done = end < level;
             if done {
                 free.push(b);
             }
@@ -55,7 +58,7 @@ pub(crate) fn assign(
             }
         };
         bytes[b] = bytes[b].max(need);
-        let end = if results.contains(&v) { usize::MAX } else { last_read.get(&v).copied().unwrap_or(k) };
+        let end = if results.contains(&v) { usize::MAX } else { last_read.get(&v).copied().unwrap_or(level) };
         busy.push((b, end));
         slot.insert(v, b);
     }

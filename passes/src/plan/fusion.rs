@@ -22,7 +22,10 @@
 //!   activations (a query's norm and RoPE would be recomputed for every cache slot), unless the
 //!   product is a matvec, which stages its activation once per block (a decode step's queries
 //!   against the key cache), or reads each activation element once per warp (the probabilities of
-//!   attention's weighted sum of values, for 32 of a head's features at a time).
+//!   attention's weighted sum of values, for 32 of a head's features at a time); a value read only
+//!   into a matvec's staged activation is computed once per block and element, so it may take up
+//!   to `RECOMPUTE_LIMIT_STAGED` (a decode step's queries, normed and rotated where the scores'
+//!   matvec stages them).
 
 use super::kind::{lhs_warp_uniform, matvec_shaped};
 use g4c_ir::plan::MATVEC_MAX_ROWS;
@@ -35,6 +38,10 @@ const RECOMPUTE_LIMIT: usize = 8;
 /// every element of the other side (every cache slot): a matvec's activation is staged once per
 /// block, a cache is not.
 const RECOMPUTE_LIMIT_IN_ATTENTION: usize = 2;
+/// The same for a value read only into a matvec's staged activation, computed once per block and
+/// element (a decode step's queries: their norm and RoPE, in the scores' matvec), however many
+/// columns read it.
+const RECOMPUTE_LIMIT_STAGED: usize = 32;
 
 /// A kernel: its root, the instructions it computes (in body order) and the values it reads.
 pub(crate) struct Group {
@@ -207,6 +214,18 @@ pub(crate) fn partition(f: &Function) -> Vec<Group> {
         no_epilogue.extend(pointless);
     };
 
+    // Backwards: values read only into a matvec's staged activation (through other ops computed
+    // there): each block computes each staged element once, whatever the product's size.
+    let mut staged = vec![false; n];
+    for instr in f.body.iter().rev() {
+        let v = instr.result.index();
+        staged[v] = !g.users[v].is_empty()
+            && g.users[v].iter().all(|&(u, pos)| match &f.body[u].op {
+                Op::DotGeneral { lhs, rhs, dims } => pos == 0 && stages_lhs(f, *lhs, *rhs, dims),
+                op => !is_heavy(op) && !materialized[f.body[u].result.index()] && staged[f.body[u].result.index()],
+            });
+    }
+
     // Forwards: materialize what would be recomputed at too high a cost.
     let mut cost = vec![0usize; n];
     for instr in &f.body {
@@ -224,15 +243,17 @@ pub(crate) fn partition(f: &Function) -> Vec<Group> {
         cost[v] = arithmetic(&instr.op) + inherited;
         let in_attention = g.users[v].iter().any(|&(u, pos)| match &f.body[u].op {
             Op::DotGeneral { lhs, rhs, dims } => {
-                let (lt, rt) = (f.ty(*lhs), f.ty(*rhs));
-                let rows = lt.numel() / lt.shape.last().copied().unwrap_or(1).max(1);
-                let staged = pos == 0 && rows <= MATVEC_MAX_ROWS && matvec_shaped(lt, rt, dims);
-                let uniform = pos == 0 && lhs_warp_uniform(rt, dims);
+                let staged = pos == 0 && stages_lhs(f, *lhs, *rhs, dims);
+                let uniform = pos == 0 && lhs_warp_uniform(f.ty(*rhs), dims);
                 !free[[*rhs, *lhs][pos].index()] && !staged && !uniform
             }
             _ => false,
         });
-        let limit = if in_attention { RECOMPUTE_LIMIT_IN_ATTENTION } else { RECOMPUTE_LIMIT };
+        let limit = match (staged[v], in_attention) {
+            (true, _) => RECOMPUTE_LIMIT_STAGED,
+            (false, true) => RECOMPUTE_LIMIT_IN_ATTENTION,
+            (false, false) => RECOMPUTE_LIMIT,
+        };
         if !once[v] && cost[v] > limit {
             materialized[v] = true;
             cost[v] = 0;
@@ -248,6 +269,13 @@ pub(crate) fn partition(f: &Function) -> Vec<Group> {
             Group::collect(f, root, |v| def[v.index()].filter(|_| v == root || !materialized[v.index()]))
         })
         .collect()
+}
+
+/// Whether a product of `lhs` and `rhs` is a matvec, which stages `lhs` once per block.
+fn stages_lhs(f: &Function, lhs: ValueId, rhs: ValueId, dims: &g4c_ir::DotDims) -> bool {
+    let lt = f.ty(lhs);
+    let rows = lt.numel() / lt.shape.last().copied().unwrap_or(1).max(1);
+    rows <= MATVEC_MAX_ROWS && matvec_shaped(lt, f.ty(rhs), dims)
 }
 
 impl Group {

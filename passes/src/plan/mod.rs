@@ -1,13 +1,15 @@
 //! The kernel plan of a module for a CUDA target: fusion (`fusion`) splits each entry point into
-//! kernels, small reductions move into the preludes of the kernels reading them (`prelude`), each
-//! kernel becomes an IR function, values between kernels get slots (`buffers`), and each kernel a
-//! kind and a launch that fits the target (`launch`).
+//! kernels, small reductions move into the preludes of the kernels reading them (`prelude`), kernels
+//! are ordered by dependency level (`schedule`), each kernel becomes an IR function, values between
+//! kernels get slots (`buffers`), each kernel a kind and a launch that fits the target (`launch`),
+//! and independent kernels of a level share launches (`schedule`).
 
 mod buffers;
 mod fusion;
 mod kind;
 mod launch;
 mod prelude;
+mod schedule;
 
 pub use kind::{matvec_of, reduction_of, Matvec, Reduction};
 pub use launch::{elements_written, footprint, split_footprint, Footprint};
@@ -94,8 +96,9 @@ fn plan_entry(
         }
         in_place.insert(g.root, p);
     }
+    let (groups, levels) = schedule::by_level(f, groups);
     let results: Vec<ValueId> = f.results.iter().map(|r| r.value).collect();
-    let scratch = buffers::assign(f, &groups, &in_place, &results);
+    let scratch = buffers::assign(f, &groups, &levels, &in_place, &results);
     let slot = |v: ValueId| match (param_index.get(&v), in_place.get(&v)) {
         (Some(&p), _) | (_, Some(&p)) => Slot::Param(p),
         _ => Slot::Scratch(scratch.slot[&v]),
@@ -130,9 +133,11 @@ fn plan_entry(
             inputs: g.inputs.iter().map(|&v| slot(v)).collect(),
             output: slot(g.root),
             launch,
+            side_by_side: false,
         });
         kernels.functions.push(function);
     }
+    schedule::side_by_side(&mut calls, &levels, gpu);
     Ok(EntryPlan {
         entry: f.name.clone(),
         buffers: scratch.bytes,

@@ -1,6 +1,7 @@
 //! A kernel plan run on the CPU: each kernel's function by the interpreter, reading its inputs from
 //! the slots the plan names and writing its output into the plan's slot, scratch buffers reused as
-//! the plan reuses them and state updated in place. What a GPU runs differs only in the kernel
+//! the plan reuses them and state updated in place; the kernels of one launch all read before any
+//! writes, as side by side on a GPU they may. What a GPU runs differs only in the kernel
 //! bodies, so this checks fusion, buffer assignment and in-place writes against the goldens before
 //! any GPU runs them.
 
@@ -53,20 +54,26 @@ impl Executor for PlanExecutor {
                 scratch[b].clone().ok_or_else(|| RuntimeError::Invalid(format!("buffer b{b} read before written")))
             }
         };
-        for call in &plan.calls {
-            let args = call.inputs.iter().map(|&s| read(s, &params, &scratch)).collect::<Result<Vec<_>>>()?;
-            let out = self.kernels.call(&call.kernel, args)?.remove(0);
-            match call.output {
-                Slot::Param(i) => params[i] = out,
-                Slot::Scratch(b) => {
-                    let bytes = out.ty.byte_size();
-                    if bytes > plan.buffers[b] {
-                        return invalid(format!(
-                            "{} writes {bytes} bytes into b{b} of {} bytes",
-                            call.kernel, plan.buffers[b]
-                        ));
+        for calls in plan.launches() {
+            // The calls of a launch run side by side: each reads what was there before any writes.
+            let mut outs = Vec::with_capacity(calls.len());
+            for call in calls {
+                let args = call.inputs.iter().map(|&s| read(s, &params, &scratch)).collect::<Result<Vec<_>>>()?;
+                outs.push(self.kernels.call(&call.kernel, args)?.remove(0));
+            }
+            for (call, out) in calls.iter().zip(outs) {
+                match call.output {
+                    Slot::Param(i) => params[i] = out,
+                    Slot::Scratch(b) => {
+                        let bytes = out.ty.byte_size();
+                        if bytes > plan.buffers[b] {
+                            return invalid(format!(
+                                "{} writes {bytes} bytes into b{b} of {} bytes",
+                                call.kernel, plan.buffers[b]
+                            ));
+                        }
+                        scratch[b] = Some(out);
                     }
-                    scratch[b] = Some(out);
                 }
             }
         }

@@ -61,7 +61,7 @@ impl PlanTraffic {
         let decode = module.decode()?;
         let entry = plan.entry(&decode.name)?;
         let is_state = |slot: &Slot| matches!(slot, Slot::Param(i) if decode.params[*i].role.is_state());
-        let mut t = PlanTraffic { launches: entry.calls.len(), ..Default::default() };
+        let mut t = PlanTraffic { launches: entry.launches().count(), ..Default::default() };
         for call in &entry.calls {
             let k = plan.kernels.function(&call.kernel)?;
             let root = k.results[0].value;

@@ -22,13 +22,14 @@ pub struct DeviceProgram {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelBinding {
+    /// The kernel of its launch, which the calls side by side in it share.
     pub symbol: String,
     /// Weights passed after the kernel's inputs, by name.
     pub weights: Vec<String>,
 }
 
 /// One kernel launch: its symbol, grid and block, whether its threads synchronize (barriers, warp
-/// shuffles), and its arguments, every one a buffer's address.
+/// shuffles), and its arguments, every one a buffer's address (each call's of the launch in turn).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Launch {
     pub symbol: String,

@@ -8,7 +8,7 @@ use crate::error::{invalid, Result, RuntimeError};
 use crate::executor::{bind_args, initial_state, missing_output, Arg, Executor, StepInputs, StepOutput};
 use crate::tensor::Tensor;
 use crate::weights::WeightStore;
-use g4c_ir::plan::{EntryPlan, KernelPlan, Slot};
+use g4c_ir::plan::{launch_grid, EntryPlan, KernelPlan, Slot};
 use g4c_ir::{Module, ResultRole};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -128,21 +128,25 @@ impl<D: Device> DeviceExecutor<D> {
             self.kernels.get(entry).ok_or_else(|| RuntimeError::Invalid(format!("no kernels for @{entry}")))?;
         let buffers = &self.entries[entry];
         let buffer = |slot: Slot| buffers.buffer(slot, params);
+        // A launch passes its calls' arguments one after the other.
+        let mut bindings = bindings.iter();
         let launches = ep
-            .calls
-            .iter()
-            .zip(bindings.iter())
-            .map(|(call, k)| {
-                let mut args: Vec<Buffer> = call.inputs.iter().map(|&s| buffer(s)).collect();
-                args.extend(k.weights.iter().map(|w| self.weights[w]));
-                if !call.inputs.contains(&call.output) {
-                    args.push(buffer(call.output));
+            .launches()
+            .map(|calls| {
+                let parts: Vec<&KernelBinding> = bindings.by_ref().take(calls.len()).collect();
+                let mut args: Vec<Buffer> = Vec::new();
+                for (call, k) in calls.iter().zip(&parts) {
+                    args.extend(call.inputs.iter().map(|&s| buffer(s)));
+                    args.extend(k.weights.iter().map(|w| self.weights[w]));
+                    if !call.inputs.contains(&call.output) {
+                        args.push(buffer(call.output));
+                    }
                 }
                 Launch {
-                    symbol: k.symbol.clone(),
-                    grid: call.launch.grid,
-                    block: call.launch.block,
-                    synchronizes: call.launch.synchronizes(),
+                    symbol: parts[0].symbol.clone(),
+                    grid: launch_grid(calls),
+                    block: calls[0].launch.block,
+                    synchronizes: calls.iter().any(|c| c.launch.synchronizes()),
                     args,
                 }
             })

@@ -1,0 +1,57 @@
+//! Launch scheduling: kernels that do not depend on each other run side by side in one launch, each
+//! on its own blocks, so a step waits on fewer dependent launches (on a GPU each costs about a
+//! microsecond even replayed from a graph). A decode layer's query, key and value projections read
+//! the same normed activation; the queries' norm and RoPE and the key and value cache writes then
+//! read one projection each.
+//!
+//! Each kernel gets a level, one past the latest of the kernels it must follow: those computing a
+//! value it reads, and those reading the old contents of a cache it writes in place. Kernels run
+//! level by level (as early as they can), each level in as few launches as fit a block.
+
+use super::fusion::Group;
+use g4c_ir::plan::{launch_smem_bytes, KernelCall};
+use g4c_ir::{Function, GpuLimits, Op, ValueId};
+use std::collections::HashMap;
+
+/// The groups in level order (stable: a level keeps the groups' order), each with its level.
+/// Every reader of a cache written in place comes before the write in `groups` (`plan_entry`
+/// checks it first), so one pass over them finds every level.
+pub(crate) fn by_level(f: &Function, groups: Vec<Group>) -> (Vec<Group>, Vec<usize>) {
+    let mut level_of_root: HashMap<ValueId, usize> = HashMap::new();
+    let mut levels = Vec::with_capacity(groups.len());
+    for (k, g) in groups.iter().enumerate() {
+        let written_in_place = match f.body.iter().find(|i| i.result == g.root).map(|i| &i.op) {
+            Some(Op::UpdateSlots { operand, .. }) => Some(*operand),
+            _ => None,
+        };
+        let after_readers = groups[..k]
+            .iter()
+            .zip(&levels)
+            .filter(|(earlier, _)| written_in_place.is_some_and(|c| earlier.inputs.contains(&c)))
+            .map(|(_, &l)| l + 1);
+        let after_writers = g.inputs.iter().filter_map(|v| level_of_root.get(v)).map(|&l| l + 1);
+        let level = after_readers.chain(after_writers).max().unwrap_or(0);
+        level_of_root.insert(g.root, level);
+        levels.push(level);
+    }
+    let mut leveled: Vec<(usize, Group)> = levels.into_iter().zip(groups).collect();
+    leveled.sort_by_key(|&(level, _)| level);
+    leveled.into_iter().map(|(level, g)| (g, level)).unzip()
+}
+
+/// Marks each call that runs in the launch before it: one of the same level (so independent of
+/// every call there), block size and register budget, whose shared memory still fits a block.
+pub(crate) fn side_by_side(calls: &mut [KernelCall], levels: &[usize], gpu: &GpuLimits) {
+    let mut first = 0;
+    for k in 1..calls.len() {
+        let (launch, next) = (&calls[first..k], &calls[k]);
+        let fits = levels[k] == levels[first]
+            && next.launch.block == launch[0].launch.block
+            && next.launch.registers == launch[0].launch.registers
+            && launch_smem_bytes(&calls[first..=k]) <= gpu.smem_per_block;
+        calls[k].side_by_side = fits;
+        if !fits {
+            first = k;
+        }
+    }
+}
