@@ -131,7 +131,8 @@ pub enum ReduceSplit {
     BlockPerOutput,
     /// A lane per output, a block per 32 adjacent outputs: the block's warps split the reduced
     /// extent and combine through shared memory. For reductions along a strided axis, where
-    /// adjacent outputs read adjacent inputs (attention's weighted sum of values over cache slots).
+    /// adjacent outputs read adjacent inputs (attention's weighted sum of values over cache slots;
+    /// the blocks of the heads reading the same 32 features of the cache run one after another).
     WarpsPerExtent,
 }
 

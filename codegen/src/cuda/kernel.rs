@@ -203,7 +203,19 @@ fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32)
             ("threadIdx.x", warps * 32)
         }
         ReduceSplit::WarpsPerExtent => {
-            em.line("const int i = block * 32 + lane;");
+            match rows_sharing_rhs(em.k, &op) {
+                // Blocks of the rows reading the same 32 columns of the right-hand side (a decode
+                // step's query heads, reading the same features of the value cache) run next to
+                // each other, so that the later ones may find those columns in L2 rather than
+                // read the cache from memory once per head (on t4g, a full-attention layer's
+                // value cache is as large as its L2).
+                Some((rows, cols)) => {
+                    let chunks = cols / 32;
+                    em.line(format!("const int q = block / {rows}, row = (q / {chunks}) * {rows} + block % {rows};"));
+                    em.line(format!("const int i = row * {cols} + (q % {chunks}) * 32 + lane;"));
+                }
+                None => em.line("const int i = block * 32 + lane;"),
+            }
             ("warp", warps)
         }
     };
@@ -243,6 +255,18 @@ fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32)
     store_root(em, &[(r.reduction, "acc".into())], root)?;
     em.close();
     Ok(())
+}
+
+/// For a product whose output is `[batch.., rows.., cols..]` (the left side's free axes, then the
+/// right side's), several rows, and whole warps of columns: (rows, cols), per batch element.
+fn rows_sharing_rhs(k: &Function, op: &Op) -> Option<(usize, usize)> {
+    let Op::DotGeneral { lhs, rhs, dims } = op else { return None };
+    let free = |shape: &[usize], batch: &[usize], contract: &[usize]| -> usize {
+        (0..shape.len()).filter(|d| !batch.contains(d) && !contract.contains(d)).map(|d| shape[d]).product()
+    };
+    let rows = free(&k.ty(*lhs).shape, &dims.lhs_batch, &dims.lhs_contract);
+    let cols = free(&k.ty(*rhs).shape, &dims.rhs_batch, &dims.rhs_contract);
+    (rows > 1 && cols.is_multiple_of(32)).then_some((rows, cols))
 }
 
 /// The prelude: each reduction the body reads, computed once per block into the shared array
