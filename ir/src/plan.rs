@@ -175,6 +175,10 @@ impl EntryPlan {
     }
 }
 
+/// The most pointers a launch passes (its calls' inputs, weights and outputs): what the host
+/// emulator calls a kernel with (`G4C_MAX_ARGS`); a GPU takes 4 KB of them.
+pub const MAX_LAUNCH_ARGS: usize = 64;
+
 /// A launch's grid: its calls' grids, one after the other.
 pub fn launch_grid(calls: &[KernelCall]) -> u32 {
     calls.iter().map(|c| c.launch.grid).sum()

@@ -29,7 +29,7 @@
 
 use super::kind::{lhs_warp_uniform, matvec_shaped};
 use g4c_ir::plan::MATVEC_MAX_ROWS;
-use g4c_ir::{Function, Op, ValueId};
+use g4c_ir::{DotDims, Function, Op, ValueId};
 use std::collections::BTreeSet;
 
 /// Arithmetic ops a value may take to be recomputed at each of its reads.
@@ -214,6 +214,15 @@ pub(crate) fn partition(f: &Function) -> Vec<Group> {
         no_epilogue.extend(pointless);
     };
 
+    // Whether a product is a matvec, which stages `lhs` once per block: the matvec's shape, and a
+    // matrix read from memory (a weight, or a kernel's input), not computed inside.
+    let stages_lhs = |lhs: ValueId, rhs: ValueId, dims: &DotDims, materialized: &[bool]| {
+        let lt = f.ty(lhs);
+        let rows = lt.numel() / lt.shape.last().copied().unwrap_or(1).max(1);
+        let read = def[rhs.index()].is_none() || materialized[rhs.index()] || free[rhs.index()];
+        read && !free[lhs.index()] && rows <= MATVEC_MAX_ROWS && matvec_shaped(lt, f.ty(rhs), dims)
+    };
+
     // Backwards: values read only into a matvec's staged activation (through other ops computed
     // there): each block computes each staged element once, whatever the product's size.
     let mut staged = vec![false; n];
@@ -221,7 +230,7 @@ pub(crate) fn partition(f: &Function) -> Vec<Group> {
         let v = instr.result.index();
         staged[v] = !g.users[v].is_empty()
             && g.users[v].iter().all(|&(u, pos)| match &f.body[u].op {
-                Op::DotGeneral { lhs, rhs, dims } => pos == 0 && stages_lhs(f, *lhs, *rhs, dims),
+                Op::DotGeneral { lhs, rhs, dims } => pos == 0 && stages_lhs(*lhs, *rhs, dims, &materialized),
                 op => !is_heavy(op) && !materialized[f.body[u].result.index()] && staged[f.body[u].result.index()],
             });
     }
@@ -243,7 +252,7 @@ pub(crate) fn partition(f: &Function) -> Vec<Group> {
         cost[v] = arithmetic(&instr.op) + inherited;
         let in_attention = g.users[v].iter().any(|&(u, pos)| match &f.body[u].op {
             Op::DotGeneral { lhs, rhs, dims } => {
-                let staged = pos == 0 && stages_lhs(f, *lhs, *rhs, dims);
+                let staged = pos == 0 && stages_lhs(*lhs, *rhs, dims, &materialized);
                 let uniform = pos == 0 && lhs_warp_uniform(f.ty(*rhs), dims);
                 !free[[*rhs, *lhs][pos].index()] && !staged && !uniform
             }
@@ -269,13 +278,6 @@ pub(crate) fn partition(f: &Function) -> Vec<Group> {
             Group::collect(f, root, |v| def[v.index()].filter(|_| v == root || !materialized[v.index()]))
         })
         .collect()
-}
-
-/// Whether a product of `lhs` and `rhs` is a matvec, which stages `lhs` once per block.
-fn stages_lhs(f: &Function, lhs: ValueId, rhs: ValueId, dims: &g4c_ir::DotDims) -> bool {
-    let lt = f.ty(lhs);
-    let rows = lt.numel() / lt.shape.last().copied().unwrap_or(1).max(1);
-    rows <= MATVEC_MAX_ROWS && matvec_shaped(lt, f.ty(rhs), dims)
 }
 
 impl Group {

@@ -104,7 +104,7 @@ fn plan_entry(
         _ => Slot::Scratch(scratch.slot[&v]),
     };
 
-    let mut calls = Vec::new();
+    let (mut calls, mut args) = (Vec::new(), Vec::new());
     for (k, g) in groups.iter().enumerate() {
         let function = kernel_function(f, g, format!("{}.k{k}", f.name));
         // Kernels index with 32-bit ints.
@@ -135,9 +135,10 @@ fn plan_entry(
             launch,
             side_by_side: false,
         });
+        args.push(schedule::arguments(&function, calls.last().expect("pushed")));
         kernels.functions.push(function);
     }
-    schedule::side_by_side(&mut calls, &levels, gpu);
+    schedule::side_by_side(&mut calls, &args, &levels, gpu);
     Ok(EntryPlan {
         entry: f.name.clone(),
         buffers: scratch.bytes,

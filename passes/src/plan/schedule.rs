@@ -9,7 +9,7 @@
 //! level by level (as early as they can), each level in as few launches as fit a block.
 
 use super::fusion::Group;
-use g4c_ir::plan::{launch_smem_bytes, KernelCall};
+use g4c_ir::plan::{launch_smem_bytes, KernelCall, MAX_LAUNCH_ARGS};
 use g4c_ir::{Function, GpuLimits, Op, ValueId};
 use std::collections::HashMap;
 
@@ -40,18 +40,27 @@ pub(crate) fn by_level(f: &Function, groups: Vec<Group>) -> (Vec<Group>, Vec<usi
 }
 
 /// Marks each call that runs in the launch before it: one of the same level (so independent of
-/// every call there), block size and register budget, whose shared memory still fits a block.
-pub(crate) fn side_by_side(calls: &mut [KernelCall], levels: &[usize], gpu: &GpuLimits) {
+/// every call there), block size and register budget, whose shared memory still fits a block and
+/// whose arguments (`args`, per call) the launch can still pass.
+pub(crate) fn side_by_side(calls: &mut [KernelCall], args: &[usize], levels: &[usize], gpu: &GpuLimits) {
     let mut first = 0;
     for k in 1..calls.len() {
         let (launch, next) = (&calls[first..k], &calls[k]);
         let fits = levels[k] == levels[first]
             && next.launch.block == launch[0].launch.block
             && next.launch.registers == launch[0].launch.registers
-            && launch_smem_bytes(&calls[first..=k]) <= gpu.smem_per_block;
+            && launch_smem_bytes(&calls[first..=k]) <= gpu.smem_per_block
+            && args[first..=k].iter().sum::<usize>() <= MAX_LAUNCH_ARGS;
         calls[k].side_by_side = fits;
         if !fits {
             first = k;
         }
     }
+}
+
+/// The pointers a kernel takes: its inputs, each weight it reads, and its output unless it writes
+/// an input in place.
+pub(crate) fn arguments(k: &Function, call: &KernelCall) -> usize {
+    let weights: std::collections::BTreeSet<&str> = k.weight_reads().map(|(_, name)| name).collect();
+    call.inputs.len() + weights.len() + usize::from(!call.inputs.contains(&call.output))
 }

@@ -38,19 +38,22 @@ static inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); retur
 static inline float h2f(unsigned short h) { _Float16 x; std::memcpy(&x, &h, 2); return (float)x; }
 static inline unsigned short f2h(float f) { _Float16 x = (_Float16)f; unsigned short h; std::memcpy(&h, &x, 2); return h; }
 
-typedef void (*g4c_kernel)(void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*,
-                           void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*, void*);
+// A kernel is called with G4C_MAX_ARGS pointers, of which it reads its own (the x86-64 and AArch64
+// calling conventions let a caller pass more arguments than the callee takes).
+#define G4C_MAX_ARGS 64
+#define G4C_P8 void*, void*, void*, void*, void*, void*, void*, void*
+#define G4C_A8(n) a[n], a[n + 1], a[n + 2], a[n + 3], a[n + 4], a[n + 5], a[n + 6], a[n + 7]
+typedef void (*g4c_kernel)(G4C_P8, G4C_P8, G4C_P8, G4C_P8, G4C_P8, G4C_P8, G4C_P8, G4C_P8);
 
 // The coroutines of one block.
 static std::vector<std::vector<char>> g4c_stacks;
 static unsigned g4c_current;
 static g4c_kernel g4c_running;
-static void* g4c_args[24];
+static void* g4c_args[G4C_MAX_ARGS];
 
 static void g4c_call() {
   void** a = g4c_args;
-  g4c_running(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15],
-              a[16], a[17], a[18], a[19], a[20], a[21], a[22], a[23]);
+  g4c_running(G4C_A8(0), G4C_A8(8), G4C_A8(16), G4C_A8(24), G4C_A8(32), G4C_A8(40), G4C_A8(48), G4C_A8(56));
 }
 
 // Set by a thread whose kernel returned (rather than reaching a barrier) before it goes back to the
@@ -162,10 +165,10 @@ static inline void mma_f16_k8(float* d, const unsigned* a, const unsigned* b) { 
 static inline void mma_f16_k16(float* d, const unsigned* a, const unsigned* b) { g4c_mma<16, h2f>(d, a, b); }
 static inline void mma_bf16_k16(float* d, const unsigned* a, const unsigned* b) { g4c_mma<16, g4c_widen_bf16>(d, a, b); }
 
-// Runs `grid` blocks of `block` threads of `kernel` on `args` (at most 24 pointers).
+// Runs `grid` blocks of `block` threads of `kernel` on `args` (at most G4C_MAX_ARGS pointers).
 extern "C" int g4c_emulate(void* kernel, void** args, int nargs, unsigned grid, unsigned block, int synchronizes) {
-  if (nargs > 24 || block > 1024) return 1;
-  for (int i = 0; i < 24; ++i) g4c_args[i] = i < nargs ? args[i] : nullptr;
+  if (nargs > G4C_MAX_ARGS || block > 1024) return 1;
+  for (int i = 0; i < G4C_MAX_ARGS; ++i) g4c_args[i] = i < nargs ? args[i] : nullptr;
   g4c_running = (g4c_kernel)kernel;
   blockDim = {block, 1, 1};
   gridDim = {grid, 1, 1};

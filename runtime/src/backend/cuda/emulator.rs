@@ -5,6 +5,7 @@
 
 use super::device::{Buffer, Device, DeviceProgram, Launch, LaunchSequence};
 use crate::error::{invalid, Result, RuntimeError};
+use g4c_ir::plan::MAX_LAUNCH_ARGS;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::process::Command;
@@ -119,7 +120,12 @@ fn emulate_launch(
         )
     };
     if rc != 0 {
-        return invalid(format!("kernel {}: the emulator refused the launch", launch.symbol));
+        return invalid(format!(
+            "kernel {}: the emulator refused a launch of {} arguments and {} threads (at most {MAX_LAUNCH_ARGS} and 1024)",
+            launch.symbol,
+            launch.args.len(),
+            launch.block
+        ));
     }
     Ok(())
 }
