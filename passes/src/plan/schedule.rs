@@ -1,8 +1,7 @@
 //! Launch scheduling: kernels that do not depend on each other run side by side in one launch, each
 //! on its own blocks, so a step waits on fewer dependent launches (on a GPU each costs about a
 //! microsecond even replayed from a graph). A decode layer's query, key and value projections read
-//! the same normed activation; the queries' norm and RoPE and the key and value cache writes then
-//! read one projection each.
+//! the same normed activation; the key and value cache writes then read one projection each.
 //!
 //! Each kernel gets a level, one past the latest of the kernels it must follow: those computing a
 //! value it reads, and those reading the old contents of a cache it writes in place. Kernels run
