@@ -231,7 +231,8 @@ fn an_in_place_write_that_reads_its_own_cache_is_refused() {
 }
 
 /// A reduction of a cache that a later kernel reads after the cache was written in place stays a
-/// kernel of its own, run before the write: in that reader's prelude it would read the new cache.
+/// kernel of its own, run before the write (not beside it): in that reader's prelude it would read
+/// the new cache.
 #[test]
 fn a_reduction_of_a_cache_stays_before_the_cache_is_written() {
     let text = "module @m {
@@ -253,6 +254,9 @@ fn a_reduction_of_a_cache_stays_before_the_cache_is_written() {
 ";
     let m = g4c_ir::parse_module(text).unwrap();
     let plan = plan_module(&m, Target::by_name("t4g").unwrap()).unwrap();
-    let kinds: Vec<KernelKind> = plan.entry("decode").unwrap().calls.iter().map(|c| c.kind).collect();
+    let decode = plan.entry("decode").unwrap();
+    let kinds: Vec<KernelKind> = decode.calls.iter().map(|c| c.kind).collect();
     assert_eq!(kinds, [KernelKind::Reduce, KernelKind::Scatter, KernelKind::Loop]);
+    // Nor does the write run side by side with the reduction reading the old cache.
+    assert_eq!(decode.launches().count(), 3, "{}", print_plan(&plan, false));
 }
