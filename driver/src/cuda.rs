@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use g4c_codegen::cuda::{assemble, compile_ptx, emit_entry, find_ptxas, nvrtc_version, KernelResources};
 use g4c_ir::plan::{launch_grid, launch_smem_bytes, KernelPlan};
 use g4c_ir::{Module, Target};
-use g4c_runtime::backend::cuda::{DeviceProgram, KernelBinding};
+use g4c_runtime::backend::cuda::{launch_bindings, DeviceProgram, KernelBinding};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
@@ -66,12 +66,9 @@ pub fn kernel_report(plan: &KernelPlan, build: &CudaBuild, target: &Target) -> V
         .iter()
         .zip(&build.programs)
         .map(|(e, p)| {
-            let mut first = 0;
-            let launches: Vec<Value> = e
-                .launches()
-                .map(|calls| {
-                    let symbol = &p.kernels[first].symbol;
-                    first += calls.len();
+            let launches: Vec<Value> = launch_bindings(e, &p.kernels)
+                .map(|(calls, bindings)| {
+                    let symbol = &bindings[0].symbol;
                     let ptxas = build.resources.get(symbol).map(|r| {
                         json!({"registers": r.registers, "smem_bytes": r.smem_bytes, "spill_bytes": r.spill_stores + r.spill_loads})
                     });

@@ -90,6 +90,18 @@ pub struct DotDims {
     pub rhs_contract: Vec<usize>,
 }
 
+impl DotDims {
+    /// The left operand's free axes (neither batch nor contracted), in order, for its `rank`.
+    pub fn lhs_free(&self, rank: usize) -> Vec<usize> {
+        (0..rank).filter(|d| !self.lhs_batch.contains(d) && !self.lhs_contract.contains(d)).collect()
+    }
+
+    /// The right operand's free axes, in order, for its `rank`.
+    pub fn rhs_free(&self, rank: usize) -> Vec<usize> {
+        (0..rank).filter(|d| !self.rhs_batch.contains(d) && !self.rhs_contract.contains(d)).collect()
+    }
+}
+
 impl OpAttr for DotDims {
     fn write(&self, _: &'static str, out: &mut Vec<(&'static str, Attr)>) {
         out.push(("lhs_batch", Attr::Ints(self.lhs_batch.clone())));

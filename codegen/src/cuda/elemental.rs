@@ -439,10 +439,7 @@ impl<'k> Emitter<'k> {
         let (lt, rt) = (self.ty(lhs), self.ty(rhs));
         let depth: Vec<usize> = dims.lhs_contract.iter().map(|&d| lt.shape[d]).collect();
         let nb = dims.lhs_batch.len();
-        let lhs_free: Vec<usize> =
-            (0..lt.rank()).filter(|d| !dims.lhs_batch.contains(d) && !dims.lhs_contract.contains(d)).collect();
-        let rhs_free: Vec<usize> =
-            (0..rt.rank()).filter(|d| !dims.rhs_batch.contains(d) && !dims.rhs_contract.contains(d)).collect();
+        let (lhs_free, rhs_free) = (dims.lhs_free(lt.rank()), dims.rhs_free(rt.rank()));
         let cidx = unlinear(c, &depth);
         let side = |rank: usize, batch: &[usize], contract: &[usize], free: &[usize], offset: usize| -> Index {
             (0..rank)

@@ -261,11 +261,9 @@ fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32)
 /// right side's), several rows, and whole warps of columns: (rows, cols), per batch element.
 fn rows_sharing_rhs(k: &Function, op: &Op) -> Option<(usize, usize)> {
     let Op::DotGeneral { lhs, rhs, dims } = op else { return None };
-    let free = |shape: &[usize], batch: &[usize], contract: &[usize]| -> usize {
-        (0..shape.len()).filter(|d| !batch.contains(d) && !contract.contains(d)).map(|d| shape[d]).product()
-    };
-    let rows = free(&k.ty(*lhs).shape, &dims.lhs_batch, &dims.lhs_contract);
-    let cols = free(&k.ty(*rhs).shape, &dims.rhs_batch, &dims.rhs_contract);
+    let (lt, rt) = (k.ty(*lhs), k.ty(*rhs));
+    let rows: usize = dims.lhs_free(lt.rank()).iter().map(|&d| lt.shape[d]).product();
+    let cols: usize = dims.rhs_free(rt.rank()).iter().map(|&d| rt.shape[d]).product();
     (rows > 1 && cols.is_multiple_of(32)).then_some((rows, cols))
 }
 

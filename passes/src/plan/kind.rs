@@ -121,10 +121,7 @@ pub(crate) fn matvec_shaped(lt: &TensorType, rt: &TensorType, dims: &DotDims) ->
 /// probability). Fusion reads it: an `lhs` computed inside is computed once per warp and step.
 pub(crate) fn lhs_warp_uniform(rt: &TensorType, dims: &DotDims) -> bool {
     let strided = dims.rhs_contract != [rt.rank() - 1];
-    let free: usize = (0..rt.rank())
-        .filter(|d| !dims.rhs_batch.contains(d) && !dims.rhs_contract.contains(d))
-        .map(|d| rt.shape[d])
-        .product();
+    let free: usize = dims.rhs_free(rt.rank()).iter().map(|&d| rt.shape[d]).product();
     strided && free.is_multiple_of(32)
 }
 

@@ -96,7 +96,7 @@ fn plan_entry(
         }
         in_place.insert(g.root, p);
     }
-    let (groups, levels) = schedule::by_level(f, groups);
+    let (groups, levels) = schedule::by_level(f, groups, &in_place);
     let results: Vec<ValueId> = f.results.iter().map(|r| r.value).collect();
     let scratch = buffers::assign(f, &groups, &levels, &in_place, &results);
     let slot = |v: ValueId| match (param_index.get(&v), in_place.get(&v)) {

@@ -9,20 +9,22 @@
 
 use super::fusion::Group;
 use g4c_ir::plan::{launch_smem_bytes, KernelCall, MAX_LAUNCH_ARGS};
-use g4c_ir::{Function, GpuLimits, Op, ValueId};
+use g4c_ir::{Function, GpuLimits, ValueId};
 use std::collections::HashMap;
 
 /// The groups in level order (stable: a level keeps the groups' order), each with its level.
-/// Every reader of a cache written in place comes before the write in `groups` (`plan_entry`
-/// checks it first), so one pass over them finds every level.
-pub(crate) fn by_level(f: &Function, groups: Vec<Group>) -> (Vec<Group>, Vec<usize>) {
+/// `in_place`: the state parameter each cache write's root updates. Every reader of a cache
+/// written in place comes before the write in `groups` (`plan_entry` checks it first), so one pass
+/// over them finds every level.
+pub(crate) fn by_level(
+    f: &Function,
+    groups: Vec<Group>,
+    in_place: &HashMap<ValueId, usize>,
+) -> (Vec<Group>, Vec<usize>) {
     let mut level_of_root: HashMap<ValueId, usize> = HashMap::new();
     let mut levels = Vec::with_capacity(groups.len());
     for (k, g) in groups.iter().enumerate() {
-        let written_in_place = match f.body.iter().find(|i| i.result == g.root).map(|i| &i.op) {
-            Some(Op::UpdateSlots { operand, .. }) => Some(*operand),
-            _ => None,
-        };
+        let written_in_place = in_place.get(&g.root).map(|&p| f.params[p].value);
         let after_readers = groups[..k]
             .iter()
             .zip(&levels)

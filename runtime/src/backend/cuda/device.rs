@@ -1,6 +1,7 @@
 //! What a device offers the plan executor: zeroed buffers, copies, and sequences of kernel launches.
 
 use crate::error::Result;
+use g4c_ir::plan::{EntryPlan, KernelCall};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A buffer of one device, by index.
@@ -26,6 +27,20 @@ pub struct KernelBinding {
     pub symbol: String,
     /// Weights passed after the kernel's inputs, by name.
     pub weights: Vec<String>,
+}
+
+/// Each launch of `entry`'s plan with the bindings of its calls (`bindings`: one per call of the
+/// plan, in order, as a `DeviceProgram` holds them).
+pub fn launch_bindings<'a>(
+    entry: &'a EntryPlan,
+    bindings: &'a [KernelBinding],
+) -> impl Iterator<Item = (&'a [KernelCall], &'a [KernelBinding])> {
+    let mut first = 0;
+    entry.launches().map(move |calls| {
+        let parts = &bindings[first..first + calls.len()];
+        first += calls.len();
+        (calls, parts)
+    })
 }
 
 /// One kernel launch: its symbol, grid and block, whether its threads synchronize (barriers, warp

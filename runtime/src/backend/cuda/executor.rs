@@ -3,7 +3,7 @@
 //! call, so each entry point's launches are one fixed `LaunchSequence`, built on its first call;
 //! only the logits are copied back.
 
-use super::device::{Buffer, Device, DeviceProgram, KernelBinding, Launch, LaunchSequence};
+use super::device::{launch_bindings, Buffer, Device, DeviceProgram, KernelBinding, Launch, LaunchSequence};
 use crate::error::{invalid, Result, RuntimeError};
 use crate::executor::{bind_args, initial_state, missing_output, Arg, Executor, StepInputs, StepOutput};
 use crate::tensor::Tensor;
@@ -129,13 +129,10 @@ impl<D: Device> DeviceExecutor<D> {
         let buffers = &self.entries[entry];
         let buffer = |slot: Slot| buffers.buffer(slot, params);
         // A launch passes its calls' arguments one after the other.
-        let mut bindings = bindings.iter();
-        let launches = ep
-            .launches()
-            .map(|calls| {
-                let parts: Vec<&KernelBinding> = bindings.by_ref().take(calls.len()).collect();
+        let launches = launch_bindings(ep, bindings)
+            .map(|(calls, parts)| {
                 let mut args: Vec<Buffer> = Vec::new();
-                for (call, k) in calls.iter().zip(&parts) {
+                for (call, k) in calls.iter().zip(parts) {
                     args.extend(call.inputs.iter().map(|&s| buffer(s)));
                     args.extend(k.weights.iter().map(|w| self.weights[w]));
                     if !call.inputs.contains(&call.output) {
