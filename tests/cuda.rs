@@ -2,7 +2,8 @@
 //! sm_80 and sm_90 and assembled by ptxas, whose report must agree with the plan's fit proof.
 
 use crate::common::{
-    assert_matches_golden, golden_cases, golden_dir, greedy_generate, run_transformed, target_generate, Backend,
+    assert_matches_golden, golden_cases, golden_dir, greedy_generate, long_context_generate, run_transformed,
+    target_generate, Backend,
 };
 use g4c_codegen::cuda::{assemble, compile_ptx, emit_entry, CudaProgram};
 use g4c_frontend::{Model, Shapes};
@@ -10,6 +11,7 @@ use g4c_ir::plan::{launch_smem_bytes, print_plan, EntryPlan, KernelCall, KernelP
 use g4c_ir::Target;
 use g4c_passes::{plan_module, Pass, Pipeline, PipelineOptions};
 use g4c_runtime::backend::cuda::ptx_isa_version;
+use g4c_runtime::generate::Generation;
 
 fn tiny_plan(target: &str, prefill_len: usize) -> KernelPlan {
     let target = Target::by_name(target).unwrap();
@@ -149,7 +151,9 @@ fn tensor_core_prefill_on_the_host_is_no_worse_than_transformers() {
 /// After t4g's pipeline without its f16 legalization (so in f32, with 4-bit weights dequantized
 /// inside the matvecs), the kernels on the host generate what the interpreter generates from the
 /// same module, with logits within 1e-3 of their scale (the matvec sums in another order), also
-/// through a padded 16-token prefill (GEMM kernels). In f16 the same kernels are held to the goldens
+/// through a padded 16-token prefill (GEMM kernels), and with 1100-slot caches, whose attention
+/// `split-attention` splits into chunks of slots (attention kernels, the last chunk padded). In f16
+/// the same kernels are held to the goldens
 /// by `narrow_targets_are_no_worse_than_transformers_in_that_dtype`: there one-ulp differences in f16
 /// roundings grow over the tiny model's layers too much for a comparison with the interpreter.
 #[test]
@@ -160,18 +164,34 @@ fn cuda_kernels_on_the_host_compute_what_the_module_does() {
     let t4g = Target::by_name("t4g").unwrap();
     let passes = |m: &mut g4c_ir::Module| {
         g4c_passes::Quantize { group: 8 }.run(m, t4g).unwrap();
-        for name in ["host-tables", "weight-dtype", "constant-fold", "cse", "dce"] {
+        for name in ["host-tables", "weight-dtype", "split-attention", "constant-fold", "cse", "dce"] {
             g4c_passes::pass_by_name(name).unwrap().run(m, t4g).unwrap();
         }
     };
-    for prefill in [None, Some(16)] {
-        let want = run_transformed(Backend::Interp, &dir, &case.prompt_ids, n, prefill, &passes);
-        let got = target_generate(Backend::CudaHost, "t4g", &dir, &case.prompt_ids, n, prefill, &passes);
-        assert_eq!(got.generated_ids, want.generated_ids, "prefill {prefill:?}");
+    let prompt = &case.prompt_ids;
+    let runs: [(&str, Generation, Generation); 3] = [
+        (
+            "one prefill call",
+            run_transformed(Backend::Interp, &dir, prompt, n, None, &passes),
+            target_generate(Backend::CudaHost, "t4g", &dir, prompt, n, None, &passes),
+        ),
+        (
+            "a padded 16-token prefill",
+            run_transformed(Backend::Interp, &dir, prompt, n, Some(16), &passes),
+            target_generate(Backend::CudaHost, "t4g", &dir, prompt, n, Some(16), &passes),
+        ),
+        (
+            "1100-slot caches",
+            long_context_generate(Backend::Interp, None, &dir, prompt, n, 1100, &passes),
+            long_context_generate(Backend::CudaHost, Some("t4g"), &dir, prompt, n, 1100, &passes),
+        ),
+    ];
+    for (what, want, got) in runs {
+        assert_eq!(got.generated_ids, want.generated_ids, "{what}");
         for (step, (a, b)) in got.logits.iter().zip(&want.logits).enumerate() {
             let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
             let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-            assert!(worst <= 1e-3 * scale, "prefill {prefill:?} step {step}: logits differ by {worst} (scale {scale})");
+            assert!(worst <= 1e-3 * scale, "{what}, step {step}: logits differ by {worst} (scale {scale})");
         }
     }
 }

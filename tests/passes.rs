@@ -38,6 +38,37 @@ fn passes_preserve_the_tiny_model_exactly() {
     }
 }
 
+/// `split-attention` (a GPU target's pass) changes a long cache's softmax into chunks combined
+/// afterwards: in f32 the tiny model's tokens stay the same and its logits within f32 rounding
+/// (1e-4 of their scale, exponentials rounded at other points), with caches of 1100 slots (18 chunks of 64 on t4g, the last padded).
+#[test]
+fn split_attention_preserves_the_tiny_model() {
+    use crate::common::long_context_generate;
+    let dir = golden_dir("tiny").join("hf");
+    let case = golden_cases("tiny").into_iter().find(|c| c.name == "long").unwrap();
+    let n = case.generated_ids.len();
+    let t4g = Target::by_name("t4g").unwrap();
+    let generate = |split: bool| {
+        let transform = |m: &mut Module| {
+            if split {
+                let concats = |m: &Module| print_module(m).matches("= concat").count();
+                let before = concats(m);
+                g4c_passes::SplitAttention.run(m, t4g).unwrap();
+                assert!(concats(m) > before, "split-attention found nothing to split");
+            }
+        };
+        long_context_generate(Backend::Interp, None, &dir, &case.prompt_ids, n, 1100, &transform)
+    };
+    let (want, got) = (generate(false), generate(true));
+    assert_eq!(got.generated_ids, want.generated_ids);
+    for (step, (a, b)) in got.logits.iter().zip(&want.logits).enumerate() {
+        let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        assert!(worst <= 1e-4 * scale, "step {step}: logits differ by {worst} (scale {scale})");
+    }
+    assert_matches_golden("split-attention", &got, &case);
+}
+
 /// The tiny model's decode IR after every pass of the `cpu` pipeline that changes it (a stage
 /// identical to the one before it pins nothing and is not kept).
 #[test]

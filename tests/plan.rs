@@ -2,7 +2,9 @@
 //! the CPU kernel by kernel by the interpreter: checked against transformers' goldens, against the
 //! module they were made from, and for fitting the target.
 
-use crate::common::{assert_matches_golden, golden_cases, golden_dir, run_transformed, target_generate, Backend};
+use crate::common::{
+    assert_matches_golden, golden_cases, golden_dir, long_context_generate, run_transformed, target_generate, Backend,
+};
 use g4c_frontend::{Model, Shapes};
 use g4c_ir::plan::{launch_smem_bytes, print_plan, KernelKind, Slot};
 use g4c_ir::{GpuLimits, Target};
@@ -37,20 +39,34 @@ fn plans_on_the_cpu_match_the_goldens() {
 
 /// After each CUDA target's whole pipeline (f16 on t4g, bf16 on h200, weights quantized to 4 bits),
 /// the plan computes exactly what the interpreter computes from the module it was made from, also
-/// with the prompt padded into a longer prefill (whose products are GEMMs, not matvecs).
+/// with the prompt padded into a longer prefill (whose products are GEMMs, not matvecs), and with
+/// 1100-slot caches (whose decode attention is split into chunks: attention kernels).
 #[test]
 fn a_plan_computes_exactly_what_its_module_does() {
     let case = golden_cases("tiny").into_iter().find(|c| c.name == "long").unwrap();
     let dir = golden_dir("tiny").join("hf");
-    let n = case.generated_ids.len();
+    let (prompt, n) = (&case.prompt_ids, case.generated_ids.len());
     for target in ["t4g", "h200"] {
         let t = Target::by_name(target).unwrap();
         let pipeline = |m: &mut g4c_ir::Module| drop(Pipeline::new(t, &w4a16(8)).run_all(m).unwrap());
-        for prefill in [None, Some(16)] {
-            let want = run_transformed(Backend::Interp, &dir, &case.prompt_ids, n, prefill, &pipeline);
-            let got = target_generate(Backend::Plan, target, &dir, &case.prompt_ids, n, prefill, &pipeline);
-            assert_eq!(got.generated_ids, want.generated_ids, "{target} prefill {prefill:?}");
-            assert_eq!(got.logits, want.logits, "{target} prefill {prefill:?}: logits differ");
+        let runs = [
+            ("one prefill call", None, None),
+            ("a padded 16-token prefill", Some(16), None),
+            ("1100-slot caches", None, Some(1100)),
+        ];
+        for (what, prefill, context) in runs {
+            let (want, got) = match context {
+                None => (
+                    run_transformed(Backend::Interp, &dir, prompt, n, prefill, &pipeline),
+                    target_generate(Backend::Plan, target, &dir, prompt, n, prefill, &pipeline),
+                ),
+                Some(c) => (
+                    long_context_generate(Backend::Interp, None, &dir, prompt, n, c, &pipeline),
+                    long_context_generate(Backend::Plan, Some(target), &dir, prompt, n, c, &pipeline),
+                ),
+            };
+            assert_eq!(got.generated_ids, want.generated_ids, "{target}, {what}");
+            assert_eq!(got.logits, want.logits, "{target}, {what}: logits differ");
         }
     }
 }
@@ -181,6 +197,42 @@ fn queries_are_normed_and_rotated_in_the_scores_matvec() {
         assert!(computes(&c, UnaryOp::Sin), "{}: both halves of the queries' RoPE inside", c.kernel);
         assert!(c.launch.prelude.is_some_and(|p| p.reductions >= 1), "{}: the queries' norm statistics", c.kernel);
     }
+}
+
+/// With 1100-slot caches, each full-attention layer's decode attention is one kernel
+/// (`split-attention`): a block per chunk of 64 slots (18, the last padded) computes the scores of
+/// every head, reading each key and value row once, the queries normed and rotated as it stages
+/// them; the softmax's statistics have no kernels of their own. The sliding layers (131 slots)
+/// keep the scores' matvec and the weighted sum.
+#[test]
+fn decode_attention_over_a_long_cache_is_one_kernel_per_chunk() {
+    let t4g = Target::by_name("t4g").unwrap();
+    let model = Model::open(&golden_dir("tiny").join("published")).unwrap();
+    let mut m = model.module(&Shapes { batch: 1, prefill_len: 16, context: 1100 }).unwrap();
+    Pipeline::new(t4g, &w4a16(8)).run_all(&mut m).unwrap();
+    let plan = plan_module(&m, t4g).unwrap();
+    let decode = plan.entry("decode").unwrap();
+    let attention: Vec<_> = decode.calls.iter().filter(|c| c.kind == KernelKind::Attention).collect();
+    let f = m.function("decode").unwrap();
+    let full_layers = f.params.iter().filter(|p| {
+        matches!(p.role, g4c_ir::ParamRole::KvCache { part: g4c_ir::KvPart::Key, .. }) && f.ty(p.value).shape[2] == 1100
+    });
+    assert!(!attention.is_empty() && attention.len() >= full_layers.count(), "{}", print_plan(&plan, false));
+    for c in &attention {
+        let slots = c.launch.slots.unwrap();
+        assert_eq!((c.launch.grid, slots.slots), (18, 64), "{}", c.kernel);
+        assert!(c.launch.prelude.is_some_and(|p| p.reductions == 1), "{}: the queries' norm in its prelude", c.kernel);
+        let caches = c.inputs.iter().filter(|s| matches!(s, Slot::Param(p) if decode_cache(&m, *p))).count();
+        assert_eq!(caches, 2, "{}: its key and value caches", c.kernel);
+    }
+    let reductions = decode.calls.iter().filter(|c| c.kind == KernelKind::Reduce).count();
+    let sliding = decode.calls.iter().filter(|c| c.kind == KernelKind::Dot).count();
+    assert!(sliding > 0, "the sliding layers' weighted sums of values");
+    assert!(reductions <= attention.len(), "at most a kernel combining each attention's chunks: {reductions}");
+}
+
+fn decode_cache(m: &g4c_ir::Module, param: usize) -> bool {
+    matches!(m.function("decode").unwrap().params[param].role, g4c_ir::ParamRole::KvCache { .. })
 }
 
 /// A kernel that does not fit is a compile-time error naming it, what it needs and the limit: here

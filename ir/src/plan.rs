@@ -40,6 +40,9 @@ pub enum KernelKind {
     Gemm,
     /// A product of two activations (attention scores, attention-weighted values).
     Dot,
+    /// A decode step's attention over one chunk of cache slots per block, for every query head:
+    /// scores, their maximum and sum, and the weighted sum of values (`split-attention`).
+    Attention,
     /// Rows reduced (norm statistics, softmax sums), with the ops around them.
     Reduce,
     /// Rows of a table selected by indices (embeddings).
@@ -61,6 +64,7 @@ impl KernelKind {
             KernelKind::Matvec => "matvec",
             KernelKind::Gemm => "gemm",
             KernelKind::Dot => "dot",
+            KernelKind::Attention => "attention",
             KernelKind::Reduce => "reduce",
             KernelKind::Gather => "gather",
             KernelKind::Scatter => "scatter",
@@ -83,6 +87,15 @@ pub struct Tile {
     pub products: u32,
 }
 
+/// The block of an attention kernel: `slots` consecutive cache slots for `heads` query heads of up
+/// to `depth` elements (the queries' and the values' head dimension).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SlotSplit {
+    pub heads: u32,
+    pub slots: u32,
+    pub depth: u32,
+}
+
 /// How a kernel is launched, and what it may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Launch {
@@ -95,6 +108,8 @@ pub struct Launch {
     pub tile: Option<Tile>,
     /// How threads share each output's reduction (`None`: a thread computes an output alone).
     pub split: Option<ReduceSplit>,
+    /// An attention kernel's chunk of slots per block.
+    pub slots: Option<SlotSplit>,
     /// Reductions each block computes into shared memory before the kernel's body.
     pub prelude: Option<Prelude>,
 }
@@ -102,7 +117,7 @@ pub struct Launch {
 impl Launch {
     /// Whether the kernel's threads synchronize (barriers, warp shuffles).
     pub fn synchronizes(&self) -> bool {
-        self.tile.is_some() || self.split.is_some() || self.prelude.is_some()
+        self.tile.is_some() || self.split.is_some() || self.slots.is_some() || self.prelude.is_some()
     }
 }
 
@@ -241,6 +256,9 @@ pub fn print_plan(plan: &KernelPlan, bodies: bool) -> String {
                 Some(ReduceSplit::BlockPerOutput) => tile.push_str(" block/output"),
                 Some(ReduceSplit::WarpsPerExtent) => write!(tile, " lane/output extent/{}", l.block / 32).unwrap(),
                 None => {}
+            }
+            if let Some(s) = l.slots {
+                write!(tile, " slots {}/block heads {} depth {}", s.slots, s.heads, s.depth).unwrap();
             }
             if let Some(p) = l.prelude {
                 write!(tile, " prelude {}/{}", p.reductions, p.outputs).unwrap();

@@ -13,6 +13,7 @@ mod pass;
 mod plan;
 mod quantize;
 mod report;
+mod split_attention;
 mod split_reductions;
 mod weight_dtype;
 mod weight_layout;
@@ -25,11 +26,13 @@ pub use host_tables::HostTables;
 pub use int4_storage::Int4Storage;
 pub use pass::{pass_by_name, Pass, PassError, PassTiming, Pipeline, PipelineOptions};
 pub use plan::{
-    elements_written, footprint, matvec_of, plan_module, prelude_footprint, prelude_launch, prelude_of, reduction_of,
-    split_footprint, Footprint, Matvec, PlanError, PreludeReduction, Reduction,
+    attention_footprint, attention_of, elements_written, footprint, matvec_of, plan_module, prelude_footprint,
+    prelude_launch, prelude_of, reduction_of, split_footprint, Attention, Footprint, Matvec, PlanError,
+    PreludeReduction, Reduction,
 };
 pub use quantize::Quantize;
 pub use report::compile_report;
+pub use split_attention::SplitAttention;
 pub use split_reductions::SplitReductions;
 pub use weight_dtype::WeightDtype;
 pub use weight_layout::WeightLayout;

@@ -3,8 +3,8 @@
 //! exactly the passes that do something there.
 
 use crate::{
-    ConstantFold, Cse, Dce, DtypeLegalize, HostTables, Int4Storage, Quantize, SplitReductions, WeightDtype,
-    WeightLayout,
+    ConstantFold, Cse, Dce, DtypeLegalize, HostTables, Int4Storage, Quantize, SplitAttention, SplitReductions,
+    WeightDtype, WeightLayout,
 };
 use g4c_ir::{verify_module, Module, Target};
 use std::time::Instant;
@@ -82,6 +82,7 @@ fn passes_of_every_pipeline() -> Vec<Box<dyn Pass>> {
         Box::new(WeightDtype),
         Box::new(Int4Storage),
         Box::new(WeightLayout),
+        Box::new(SplitAttention),
         Box::new(SplitReductions),
         Box::new(ConstantFold),
         Box::new(Cse),

@@ -103,6 +103,22 @@ pub fn target_generate(
     generate_on(backend, Some(target), dir, prompt, prefill_len, &opts, transform)
 }
 
+/// `target_generate` (or, without a target, `run_transformed`) with the full-attention caches
+/// `context` slots long: long enough for `split-attention` to split them.
+pub fn long_context_generate(
+    backend: Backend,
+    target: Option<&str>,
+    dir: &Path,
+    prompt: &[u32],
+    new_tokens: usize,
+    context: usize,
+    transform: &dyn Fn(&mut g4c_ir::Module),
+) -> Generation {
+    let opts =
+        GenerateOptions { max_new_tokens: new_tokens, ignore_eos: true, keep_logits: true, ..Default::default() };
+    generate_in_context(backend, target, dir, prompt, None, Some(context), &opts, transform)
+}
+
 /// Greedy generation as `g4c run` does it: each call copies back the greedy tokens alone (no logits
 /// kept); on `target`'s kernel plan where one is given.
 pub fn greedy_generate(
@@ -145,10 +161,25 @@ fn generate_on(
     opts: &GenerateOptions,
     transform: &dyn Fn(&mut g4c_ir::Module),
 ) -> Generation {
+    generate_in_context(backend, target, dir, prompt, prefill_len, None, opts, transform)
+}
+
+/// `generate_on` with caches of `context` slots (default: the prompt and the new tokens).
+#[allow(clippy::too_many_arguments)]
+fn generate_in_context(
+    backend: Backend,
+    target: Option<&str>,
+    dir: &Path,
+    prompt: &[u32],
+    prefill_len: Option<usize>,
+    context: Option<usize>,
+    opts: &GenerateOptions,
+    transform: &dyn Fn(&mut g4c_ir::Module),
+) -> Generation {
     let options =
         SessionOptions { backend, target: target.map(str::to_string), use_cache: false, ..Default::default() };
     let session = Session::open(dir, options).unwrap_or_else(|e| panic!("{e}"));
-    let context = prompt.len() + opts.max_new_tokens;
+    let context = context.unwrap_or(prompt.len() + opts.max_new_tokens);
     let shapes = Shapes { batch: 1, prefill_len: prefill_len.unwrap_or(prompt.len()), context };
     let mut module = session.source.emit(&shapes).unwrap_or_else(|e| panic!("{e}"));
     transform(&mut module);

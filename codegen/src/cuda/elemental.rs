@@ -28,8 +28,9 @@ pub(crate) struct Emitter<'k> {
     scopes: Vec<HashMap<(ValueId, Index), String>>,
     /// Values whose element is already in a variable (a matvec's accumulated product).
     pub bound: HashMap<ValueId, String>,
-    /// Values held whole in a shared array (a prelude's reductions), read at the element's index.
-    pub shared: HashMap<ValueId, String>,
+    /// Values held in a shared array (a prelude's reductions, an attention chunk's scores), read
+    /// at the element's index.
+    shared: HashMap<ValueId, SharedArray>,
     next: usize,
     /// A prefix making constant names unique in a translation unit.
     prefix: String,
@@ -171,7 +172,35 @@ pub(crate) fn store(dtype: DType, array: &str, lin: &str, x: &str) -> String {
     }
 }
 
+/// A shared array holding a value: whole, or only the block's chunk along one axis (an attention
+/// chunk's scores), which its index then skips.
+struct SharedArray {
+    array: String,
+    chunk_axis: Option<usize>,
+}
+
+impl SharedArray {
+    fn element(&self, idx: &[String], shape: &[usize]) -> String {
+        let (mut idx, mut shape) = (idx.to_vec(), shape.to_vec());
+        if let Some(axis) = self.chunk_axis {
+            (idx[axis], shape[axis]) = ("0".into(), 1);
+        }
+        format!("{}[{}]", self.array, linear(&idx, &shape))
+    }
+}
+
 impl<'k> Emitter<'k> {
+    /// Value `v` is read from shared array `array`, which holds it whole.
+    pub fn share(&mut self, v: ValueId, array: &str) {
+        self.shared.insert(v, SharedArray { array: array.to_string(), chunk_axis: None });
+    }
+
+    /// Value `v` is read from shared array `array`, which holds its elements of the block's chunk
+    /// along `axis` (of whatever index the reads give there).
+    pub fn share_chunk(&mut self, v: ValueId, array: &str, axis: usize) {
+        self.shared.insert(v, SharedArray { array: array.to_string(), chunk_axis: Some(axis) });
+    }
+
     /// An emitter for kernel `k`; `prefix` names its file-scope constants.
     pub fn new(k: &'k Function, prefix: &str) -> Self {
         let def = k.body.iter().enumerate().map(|(i, instr)| (instr.result, i)).collect();
@@ -260,7 +289,7 @@ impl<'k> Emitter<'k> {
         }
         let ty = self.ty(v);
         let x = match self.def.get(&v) {
-            _ if self.shared.contains_key(&v) => format!("{}[{}]", self.shared[&v], linear(idx, &ty.shape)),
+            _ if self.shared.contains_key(&v) => self.shared[&v].element(idx, &ty.shape),
             None => {
                 let j = self.inputs[&v];
                 let lin = linear(idx, &ty.shape);

@@ -8,11 +8,15 @@
 
 use super::elemental::{
     linear, reduce_combine, reduce_init, rounded, storage_type, store, unlinear, value_type, write_lines, Emitter,
+    Index,
 };
 use super::CudaError;
-use g4c_ir::plan::{KernelCall, ReduceSplit, Tile};
+use g4c_ir::plan::{KernelCall, KernelKind, ReduceSplit, SlotSplit, Tile};
 use g4c_ir::{DType, Function, Op, ReduceKind, ValueId};
-use g4c_passes::{footprint, matvec_of, prelude_launch, prelude_of, reduction_of, split_footprint, Matvec};
+use g4c_passes::{
+    attention_footprint, attention_of, footprint, matvec_of, prelude_launch, prelude_of, reduction_of, split_footprint,
+    Attention, Matvec,
+};
 use std::fmt::Write;
 
 /// Stands for the kernel's symbol until its code is hashed.
@@ -47,6 +51,13 @@ pub(crate) fn kernel_code(k: &Function, call: &KernelCall, name: &str) -> Result
             let j = in_place
                 .ok_or_else(|| CudaError::Unsupported("a cache write of a value that is not an input".into()))?;
             scatter(&mut em, grid, j, *operand, *slots, *updates, *axis)?;
+        }
+        _ if call.kind == KernelKind::Attention => {
+            let unsupported =
+                || CudaError::Unsupported(format!("{}: an attention kernel's plan is not its own", k.name));
+            let (split, a) = (call.launch.slots.ok_or_else(unsupported)?, attention_of(k).ok_or_else(unsupported)?);
+            shared.push_str(&attention_arrays(&split));
+            attention(&mut em, &split, &a, root, call.launch.block / 32)?;
         }
         (_, Some(tile), Some(m)) if tile.mma.is_some() => {
             let f = footprint(&tile);
@@ -257,6 +268,160 @@ fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32)
     Ok(())
 }
 
+/// The shared arrays of an attention chunk's block, as `attention_footprint` counts them: `act`
+/// (the staged queries, then the chunk's weighted sums), `sc` (scores), `ex` (their
+/// exponentials), `mx` and `sm` (each head's maximum and sum).
+fn attention_arrays(s: &SlotSplit) -> String {
+    let (heads, slots, depth) = (s.heads, s.slots, s.depth);
+    let code = format!(
+        "  __shared__ __align__(16) float act[{}];\n  __shared__ float sc[{}];\n  __shared__ float ex[{}];\n  \
+         __shared__ float mx[{heads}];\n  __shared__ float sm[{heads}];\n",
+        heads * depth,
+        heads * slots,
+        heads * slots
+    );
+    debug_assert_eq!(attention_footprint(s), (heads * depth + 2 * heads * slots + 2 * heads) as u64 * 4);
+    code
+}
+
+/// A decode step's attention over one chunk of cache slots per block, for every query head
+/// (`split-attention`). The block stages the queries (their prologue computed once per block);
+/// each warp takes slots of the chunk, reading a key row once for all heads, and lane 0 stores
+/// the scores (masked, padded) into `sc`; a warp per head takes their maximum into `mx`; the
+/// block the exponentials into `ex`; a warp per head their sum into `sm`; each thread the weighted
+/// sums of one feature for every head, reading each value row once, into `act`; then the block
+/// stores the chunk's results (weighted sums, maximum and sum per head) from there. The arrays
+/// hold the block's chunk only (`share_chunk`), so the elemental emitter reads them at any
+/// element of it.
+fn attention(em: &mut Emitter, s: &SlotSplit, a: &Attention, root: ValueId, warps: u32) -> Result<(), CudaError> {
+    let (heads, slots, depth, features) = (a.heads, a.slots, a.scores.depth, a.features);
+    if slots % warps as usize != 0 || (s.depth as usize) < depth.max(features) {
+        return Err(CudaError::Unsupported(format!("{}: {slots} slots per chunk over {warps} warps", em.k.name)));
+    }
+    let (product, keys) = a.scores.dots[0];
+    let chunked = em.k.ty(a.chunked).clone();
+    let rank = chunked.rank();
+    let heads_shape = chunked.shape[..rank - 2].to_vec();
+    // An index of the scores in chunks `[heads.., C, L]` (or of `m` and `l`, without `L`) at head
+    // `h`, the block's chunk and slot `jj` (C expressions).
+    let at = |h: &str, jj: Option<&str>| -> Index {
+        let mut idx = unlinear(h, &heads_shape);
+        idx.push("block".into());
+        idx.extend(jj.map(str::to_string));
+        idx
+    };
+    em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
+
+    // The queries, staged.
+    em.open(format!("for (int e = threadIdx.x; e < {}; e += blockDim.x)", heads * depth));
+    em.line(format!("const int r = e / {depth}, kk = e % {depth};"));
+    activation_at(em, &a.scores, "q", "r", "kk")?;
+    em.line(format!("act[r * {depth} + kk] = q;"));
+    em.close();
+    em.line("__syncthreads();");
+
+    // Scores: a warp per slot, lanes along the key row; padding slots read no key.
+    let (cols, key_rank) = (a.scores.cols, em.k.ty(keys).rank());
+    em.open(format!("for (int jj = warp; jj < {slots}; jj += {warps})"));
+    em.line(format!("const int j = block * {slots} + jj;"));
+    em.line(format!("float acc[{heads}];"));
+    em.line("#pragma unroll");
+    em.line(format!("for (int r = 0; r < {heads}; ++r) acc[r] = 0.f;"));
+    em.open(format!("for (int kk = lane; j < {cols} && kk < {depth}; kk += 32)"));
+    let key_at: Index = std::iter::repeat_n("0".to_string(), key_rank - 2).chain(["j".into(), "kk".into()]).collect();
+    let key = em.value(keys, &key_at)?;
+    em.line("#pragma unroll");
+    em.line(format!("for (int r = 0; r < {heads}; ++r) acc[r] += act[r * {depth} + kk] * {key};"));
+    em.close();
+    em.line("#pragma unroll");
+    em.line(format!("for (int r = 0; r < {heads}; ++r) acc[r] = warp_sum(acc[r]);"));
+    em.open("if (lane == 0)");
+    let product_dtype = em.k.ty(product).dtype;
+    for r in 0..heads {
+        em.open("");
+        let sum = em.var("float", "d", &rounded(product_dtype, &format!("acc[{r}]")));
+        em.bound.insert(product, sum);
+        let x = em.value(a.chunked, &at(&r.to_string(), Some("jj")))?;
+        em.line(format!("sc[{} + jj] = {x};", r * slots));
+        em.close();
+    }
+    em.bound.remove(&product);
+    em.close();
+    em.close();
+    em.line("__syncthreads();");
+    em.share_chunk(a.chunked, "sc", rank - 2);
+
+    // Each head's maximum, then the exponentials, then their sum.
+    let per_head = |em: &mut Emitter, kind: ReduceKind, input: ValueId, into: &str, dtype: DType| {
+        em.open(format!("for (int h0 = 0; h0 < {heads}; h0 += {warps})"));
+        em.line("const int h = h0 + warp;");
+        em.line(format!("float pacc = {};", reduce_init(kind, dtype)));
+        em.open(format!("for (int jj = lane; h < {heads} && jj < {slots}; jj += 32)"));
+        em.reduce_step(input, kind, &[rank - 1], &at("h", None), "jj", "pacc")?;
+        em.close();
+        em.line(format!("pacc = warp_{}(pacc);", kind.name()));
+        em.line(format!("if (lane == 0 && h < {heads}) {into}[h] = {};", rounded(dtype, "pacc")));
+        em.close();
+        em.line("__syncthreads();");
+        Ok::<(), CudaError>(())
+    };
+    per_head(em, ReduceKind::Max, a.chunked, "mx", em.k.ty(a.max).dtype)?;
+    em.share_chunk(a.max, "mx", rank - 2);
+    em.open(format!("for (int e = threadIdx.x; e < {}; e += blockDim.x)", heads * slots));
+    let x = em.value(a.exp, &at(&format!("(e / {slots})"), Some(&format!("(e % {slots})"))))?;
+    em.line(format!("ex[e] = {x};"));
+    em.close();
+    em.line("__syncthreads();");
+    em.share_chunk(a.exp, "ex", rank - 2);
+    per_head(em, ReduceKind::Sum, a.exp, "sm", em.k.ty(a.sum).dtype)?;
+    em.share_chunk(a.sum, "sm", rank - 2);
+
+    // The weighted sums: a thread per feature, each value row read once for every head.
+    let Some(Op::DotGeneral { lhs, rhs, dims }) =
+        em.k.body.iter().find(|i| i.result == a.weighted).map(|i| i.op.clone())
+    else {
+        unreachable!("attention_of found the weighted sums' product")
+    };
+    let weighted = em.k.ty(a.weighted).clone();
+    let chunk_at = dims.lhs_batch.iter().position(|&d| d == rank - 2).expect("the chunk axis is a batch axis");
+    let free_shape = weighted.shape[dims.lhs_batch.len()..weighted.rank() - 1].to_vec();
+    let weighted_at = |h: &str, f: &str| -> Index {
+        let mut idx: Index =
+            (0..dims.lhs_batch.len()).map(|b| if b == chunk_at { "block" } else { "0" }.into()).collect();
+        idx.extend(unlinear(h, &free_shape));
+        idx.push(f.into());
+        idx
+    };
+    em.open(format!("for (int f = threadIdx.x; f < {features}; f += blockDim.x)"));
+    em.line(format!("float acc[{heads}];"));
+    em.line("#pragma unroll");
+    em.line(format!("for (int r = 0; r < {heads}; ++r) acc[r] = 0.f;"));
+    em.open(format!("for (int jj = 0; jj < {slots}; ++jj)"));
+    for r in 0..heads {
+        em.dot_step(lhs, rhs, &dims, &weighted_at(&r.to_string(), "f"), "jj", &format!("acc[{r}]"))?;
+    }
+    em.close();
+    let weighted_dtype = weighted.dtype;
+    for r in 0..heads {
+        em.line(format!("act[{} + f] = {};", r * features, rounded(weighted_dtype, &format!("acc[{r}]"))));
+    }
+    em.close();
+    em.line("__syncthreads();");
+    em.share_chunk(a.weighted, "act", chunk_at);
+
+    // The chunk's results, laid out as the weighted sums (the chunk axis at the same place).
+    let rt = em.k.ty(root).clone();
+    let mut block_shape = rt.shape.clone();
+    block_shape[chunk_at] = 1;
+    em.open(format!("for (int e = threadIdx.x; e < {}; e += blockDim.x)", rt.numel() / a.chunks));
+    let mut idx = unlinear("e", &block_shape);
+    idx[chunk_at] = "block".into();
+    let x = em.value(root, &idx)?;
+    em.line(store(rt.dtype, "out", &linear(&idx, &rt.shape), &x));
+    em.close();
+    Ok(())
+}
+
 /// For a product whose output is `[batch.., rows.., cols..]` (the left side's free axes, then the
 /// right side's), several rows, and whole warps of columns: (rows, cols), per batch element.
 fn rows_sharing_rhs(k: &Function, op: &Op) -> Option<(usize, usize)> {
@@ -323,7 +488,7 @@ fn prelude(em: &mut Emitter, call: &KernelCall) -> Result<String, CudaError> {
         }
         em.close();
         em.line("__syncthreads();");
-        em.shared.insert(r.reduction, array);
+        em.share(r.reduction, &array);
     }
     Ok(shared)
 }

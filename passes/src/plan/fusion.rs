@@ -27,10 +27,10 @@
 //!   to `RECOMPUTE_LIMIT_STAGED` (a decode step's queries, normed and rotated where the scores'
 //!   matvec stages them).
 
-use super::kind::{lhs_warp_uniform, matvec_shaped};
+use super::kind::{attention_at, lhs_warp_uniform, matvec_shaped};
 use g4c_ir::plan::MATVEC_MAX_ROWS;
 use g4c_ir::{DotDims, Function, Op, ValueId};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 /// Arithmetic ops a value may take to be recomputed at each of its reads.
 const RECOMPUTE_LIMIT: usize = 8;
@@ -194,7 +194,7 @@ pub(crate) fn partition(f: &Function) -> Vec<Group> {
     // A value materialized for an epilogue whose products were materialized anyway (read elsewhere
     // too) gains nothing: decide again without it, until every such value keeps one.
     let mut no_epilogue = BTreeSet::new();
-    let (mut materialized, once) = loop {
+    let (mut materialized, mut once) = loop {
         let (materialized, once) = g.decide(&no_epilogue);
         let pointless: Vec<ValueId> = f
             .body
@@ -213,6 +213,18 @@ pub(crate) fn partition(f: &Function) -> Vec<Group> {
         }
         no_epilogue.extend(pointless);
     };
+
+    // A chunk of attention (`split-attention`) is one kernel, from the scores' product to the
+    // chunk's results: each of its blocks computes its chunk's scores, their maximum, sum and
+    // exponentials once, in shared memory, and its weighted sums in registers.
+    let index: HashMap<ValueId, usize> = f.body.iter().enumerate().map(|(i, x)| (x.result, i)).collect();
+    for instr in f.body.iter().filter(|i| matches!(i.op, Op::Concat { .. })) {
+        let Some(a) = attention_at(f, &index, instr.result) else { continue };
+        for v in chunk_values(f, def, instr.result, a.scores.dots[0].0) {
+            (materialized[v.index()], once[v.index()]) = (false, true);
+        }
+        materialized[instr.result.index()] = true;
+    }
 
     // Whether a product is a matvec, which stages `lhs` once per block: the matvec's shape, and a
     // matrix read from memory (a weight, or a kernel's input), not computed inside.
@@ -278,6 +290,26 @@ pub(crate) fn partition(f: &Function) -> Vec<Group> {
             Group::collect(f, root, |v| def[v.index()].filter(|_| v == root || !materialized[v.index()]))
         })
         .collect()
+}
+
+/// The values of an attention chunk computed from its scores' product, up to its results `root`.
+fn chunk_values(f: &Function, def: &[Option<usize>], root: ValueId, scores: ValueId) -> Vec<ValueId> {
+    // Forwards: what the scores' product reaches (a value's operands come before it).
+    let mut reached = vec![false; f.values.len()];
+    reached[scores.index()] = true;
+    for instr in &f.body {
+        reached[instr.result.index()] |= instr.op.operands().iter().any(|o| reached[o.index()]);
+    }
+    // Backwards from the root, through what it reaches.
+    let (mut values, mut stack) = (BTreeSet::new(), vec![root]);
+    while let Some(v) = stack.pop() {
+        if !reached[v.index()] || !values.insert(v) || v == scores {
+            continue;
+        }
+        let i = def[v.index()].expect("computed from the product");
+        stack.extend(f.body[i].op.operands());
+    }
+    values.into_iter().collect()
 }
 
 impl Group {

@@ -1,14 +1,19 @@
 //! What a kernel computes, read off its function.
 
 use g4c_ir::plan::{KernelKind, MATVEC_MAX_ROWS};
-use g4c_ir::{DType, DotDims, Function, Op, TensorType, ValueId};
+use g4c_ir::{BinaryOp, DType, DotDims, Function, Op, ReduceKind, TensorType, UnaryOp, ValueId};
+use std::collections::HashMap;
 
-/// The kind of a kernel: its cache write, else its matrix product, else its reduction or gather.
+/// The kind of a kernel: its cache write, else its chunk of attention, else its matrix product,
+/// else its reduction or gather.
 pub(crate) fn classify(k: &Function) -> KernelKind {
     let def = |v: ValueId| k.body.iter().find(|i| i.result == v).map(|i| &i.op);
     let root = k.results[0].value;
     if let Some(Op::UpdateSlots { .. }) = def(root) {
         return KernelKind::Scatter;
+    }
+    if attention_of(k).is_some() {
+        return KernelKind::Attention;
     }
     for instr in &k.body {
         let Op::DotGeneral { lhs, rhs, dims } = &instr.op else { continue };
@@ -172,8 +177,13 @@ pub fn reduction_of(k: &Function) -> Option<Reduction> {
 /// Whether every use of `v`, and of each value computed from it, up to the root, reads it at the
 /// reader's own linear index (elementwise ops and reshapes).
 fn keeps_index_to_root(k: &Function, v: ValueId) -> bool {
-    let root = k.results[0].value;
-    if v == root {
+    keeps_index_to(k, v, k.results[0].value)
+}
+
+/// Whether every use of `v`, and of each value computed from it, up to `to`, reads it at the
+/// reader's own linear index.
+fn keeps_index_to(k: &Function, v: ValueId, to: ValueId) -> bool {
+    if v == to {
         return true;
     }
     let users: Vec<&g4c_ir::Instr> = k.body.iter().filter(|i| i.op.operands().contains(&v)).collect();
@@ -188,6 +198,140 @@ fn keeps_index_to_root(k: &Function, v: ValueId) -> bool {
                     | Op::Convert { .. }
                     | Op::Reshape { .. }
             ) && k.ty(u.result).numel() == k.ty(v).numel();
-            aligned && keeps_index_to_root(k, u.result)
+            aligned && keeps_index_to(k, u.result, to)
         })
+}
+
+/// A decode step's attention over one chunk of cache slots per block, as `split-attention` writes
+/// it: the root `concat(A, m', l')` along its last axis, of the chunks' weighted sums of values
+/// `A = dot(convert?(e), values)` (the chunk axis a batch axis), with `e = exp(S - m)`, `m` and `l`
+/// the maximum of `S` and the sum of `e` over each chunk's slots (the last axis of the scores in
+/// chunks `S`, `[heads.., C, L]`), `m'` and `l'` them laid out as `[.., C, heads.., 1]`; and `S`,
+/// up to padding and the reshape into chunks, computed index for index from one matvec-shaped
+/// product of the queries (the rows, staged) and the key cache (the scores).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attention {
+    /// The scores' product: queries by key cache, `cols` the real slots.
+    pub scores: Matvec,
+    /// The scores in chunks, `S`.
+    pub chunked: ValueId,
+    pub max: ValueId,
+    pub exp: ValueId,
+    pub sum: ValueId,
+    /// The chunks' weighted sums of values, `A`.
+    pub weighted: ValueId,
+    pub chunks: usize,
+    /// Slots per chunk, `L`.
+    pub slots: usize,
+    pub heads: usize,
+    /// Elements of each value row.
+    pub features: usize,
+}
+
+/// The attention chunk kernel `k` computes, when the template applies: its key cache is one of its
+/// inputs.
+pub fn attention_of(k: &Function) -> Option<Attention> {
+    let def: HashMap<ValueId, usize> = k.body.iter().enumerate().map(|(i, x)| (x.result, i)).collect();
+    let a = attention_at(k, &def, k.results[0].value)?;
+    let keys = a.scores.dots[0].1;
+    k.params.iter().any(|p| p.value == keys).then_some(a)
+}
+
+/// The attention chunk whose results are `root`, in a function whose instructions `def` indexes.
+pub(crate) fn attention_at(f: &Function, def: &HashMap<ValueId, usize>, root: ValueId) -> Option<Attention> {
+    let op = |v: ValueId| def.get(&v).map(|&i| &f.body[i].op);
+    let Op::Concat { inputs, axis } = op(root)? else { return None };
+    let &[weighted, max_column, sum_column] = &inputs[..] else { return None };
+    let Op::DotGeneral { lhs, dims, .. } = op(weighted)? else { return None };
+    let exp = match op(*lhs)? {
+        Op::Convert { x } => *x,
+        _ => *lhs,
+    };
+    let Op::Unary { op: UnaryOp::Exp, x } = op(exp)? else { return None };
+    let Op::Binary { op: BinaryOp::Sub, lhs: chunked, rhs: max_b } = op(*x)? else { return None };
+    let Op::Broadcast { input: max, .. } = op(*max_b)? else { return None };
+    let rank = f.ty(*chunked).rank();
+    let reduces = |v: ValueId, kind: ReduceKind, of: ValueId| matches!(op(v), Some(Op::Reduce { input, kind: k, axes }) if *input == of && *k == kind && axes[..] == [rank - 1]);
+    // `m'` and `l'`: `m` and `l` through a transpose and a reshape.
+    let column_of = |mut v: ValueId| {
+        while let Some(Op::Reshape { x: inner } | Op::Transpose { input: inner, .. }) = op(v) {
+            v = *inner;
+        }
+        v
+    };
+    let sum = column_of(sum_column);
+    let laid_out = *axis + 1 == f.ty(root).rank()
+        && column_of(max_column) == *max
+        && reduces(*max, ReduceKind::Max, *chunked)
+        && reduces(sum, ReduceKind::Sum, exp)
+        && dims.lhs_contract == [rank - 1]
+        && dims.lhs_batch.contains(&(rank - 2));
+    if !laid_out {
+        return None;
+    }
+    let scores = scores_matvec(f, &op, *chunked)?;
+    let ct = f.ty(*chunked);
+    let (chunks, slots) = (ct.shape[rank - 2], ct.shape[rank - 1]);
+    let heads = ct.numel() / (chunks * slots);
+    let features = *f.ty(weighted).shape.last()?;
+    (heads == scores.rows).then_some(Attention {
+        scores,
+        chunked: *chunked,
+        max: *max,
+        exp,
+        sum,
+        weighted,
+        chunks,
+        slots,
+        heads,
+        features,
+    })
+}
+
+/// The product of queries and keys the scores in chunks are computed from: `chunked` a reshape of
+/// the scores `[.., N]`, padded or not with constants, which one matvec-shaped product reaches
+/// index for index (the mask and other operands aside).
+fn scores_matvec<'f>(f: &'f Function, op: &dyn Fn(ValueId) -> Option<&'f Op>, chunked: ValueId) -> Option<Matvec> {
+    let Op::Reshape { x } = op(chunked)? else { return None };
+    let scores = match op(*x)? {
+        Op::Concat { inputs, .. } if inputs[1..].iter().all(|&p| matches!(op(p), Some(Op::Constant { .. }))) => {
+            inputs[0]
+        }
+        _ => *x,
+    };
+    let mut products = Vec::new();
+    let mut stack = vec![scores];
+    let mut seen = std::collections::BTreeSet::new();
+    while let Some(v) = stack.pop() {
+        match op(v) {
+            Some(Op::DotGeneral { .. }) => products.push(v),
+            Some(o) if !matches!(o, Op::Reduce { .. } | Op::Gather { .. }) && seen.insert(v) => {
+                stack.extend(o.operands())
+            }
+            _ => {}
+        }
+    }
+    let &[product] = &products[..] else { return None };
+    let Op::DotGeneral { lhs, rhs, dims } = op(product)? else { return None };
+    let (lt, rt) = (f.ty(*lhs), f.ty(*rhs));
+    let depth = *rt.shape.last()?;
+    let rows = lt.numel() / depth.max(1);
+    let fits = matvec_shaped(lt, rt, dims) && rows <= MATVEC_MAX_ROWS && weight_of(f, *lhs).is_none();
+    (fits && keeps_index_to(f, product, scores)).then(|| Matvec {
+        dots: vec![(product, *rhs)],
+        lhs: *lhs,
+        rows,
+        cols: rt.shape[rt.rank() - 2],
+        depth,
+    })
+}
+
+/// The reductions a kernel's template computes (the others are computed in its prelude, or per
+/// element reading them): an attention chunk's maximum and sum, or the one reduction reaching
+/// its root.
+pub fn own_reductions(k: &Function) -> Vec<ValueId> {
+    match attention_of(k) {
+        Some(a) => vec![a.max, a.sum],
+        None => reduction_of(k).map(|r| r.reduction).into_iter().collect(),
+    }
 }

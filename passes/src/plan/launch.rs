@@ -3,9 +3,9 @@
 //! needs comes from one function, `footprint`, which codegen also sizes its `__shared__` arrays
 //! with, so the proof and the code cannot disagree.
 
-use super::kind::{matvec_of, reduction_of};
+use super::kind::{attention_of, matvec_of, reduction_of};
 use super::prelude::{prelude_footprint, prelude_launch, prelude_of};
-use g4c_ir::plan::{KernelKind, Launch, ReduceSplit, Tile};
+use g4c_ir::plan::{KernelKind, Launch, ReduceSplit, SlotSplit, Tile};
 use g4c_ir::{DType, Function, GpuLimits, MmaShape, Op};
 
 /// Threads per block of every kernel: 8 warps.
@@ -60,6 +60,14 @@ pub fn footprint(tile: &Tile) -> Footprint {
     Footprint { staged_activations: staged, staged_weights: 0, row_stride: k, smem_bytes: staged * stages }
 }
 
+/// Shared memory of an attention chunk's block: the queries of every head staged as f32, whose
+/// array then holds the chunk's weighted sums of values; the chunk's scores and their
+/// exponentials; each head's maximum and sum.
+pub fn attention_footprint(split: &SlotSplit) -> u64 {
+    let (heads, slots, depth) = (split.heads as u64, split.slots as u64, split.depth as u64);
+    (heads * depth + 2 * heads * slots + 2 * heads) * 4
+}
+
 /// The tensor-core shape a GEMM of `operand`s uses on `gpu`: its `m16n8` shape of the largest `k`.
 fn gemm_mma(gpu: &GpuLimits, operand: DType) -> Option<MmaShape> {
     gpu.mma.iter().filter(|s| s.m == 16 && s.n == 8 && s.input == operand).max_by_key(|s| s.k).copied()
@@ -74,6 +82,21 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
     let registers = registers_per_thread(gpu, BLOCK);
     let prelude = prelude_launch(&prelude_of(k), BLOCK);
     let prelude_bytes = prelude.map_or(0, |p| prelude_footprint(&p, BLOCK)) as u32;
+    // A decode step's attention: a block per chunk of slots, for every head.
+    if let Some(a) = (kind == KernelKind::Attention).then(|| attention_of(k)).flatten() {
+        let depth = a.scores.depth.max(a.features) as u32;
+        let split = SlotSplit { heads: a.heads as u32, slots: a.slots as u32, depth };
+        return Launch {
+            grid: a.chunks as u32,
+            block: BLOCK,
+            smem_bytes: attention_footprint(&split) as u32 + prelude_bytes,
+            registers,
+            tile: None,
+            split: None,
+            slots: Some(split),
+            prelude,
+        };
+    }
     // A prefill product of 16-bit operands: tensor cores, a block per 64 × 64 outputs.
     let gemm = matches!(kind, KernelKind::GemmW4 | KernelKind::Gemm).then(|| matvec_of(k)).flatten();
     if let Some((m, mma)) = gemm.and_then(|m| {
@@ -96,6 +119,7 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
             registers,
             tile: Some(tile),
             split: None,
+            slots: None,
             prelude,
         };
     }
@@ -119,6 +143,7 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
             registers,
             tile: Some(tile),
             split: None,
+            slots: None,
             prelude,
         };
     }
@@ -147,6 +172,7 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
             registers,
             tile: None,
             split: Some(split),
+            slots: None,
             prelude,
         };
     }
@@ -157,6 +183,7 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
         registers,
         tile: None,
         split: None,
+        slots: None,
         prelude,
     }
 }
@@ -190,10 +217,11 @@ fn registers_per_thread(gpu: &GpuLimits, block: u32) -> u32 {
 /// sees it too) within the block's limit, threads within the block's, and registers × threads
 /// within the SM's file. On failure: what, how much it needs, and the limit.
 pub(crate) fn check_fit(launch: &Launch, gpu: &GpuLimits) -> Result<(), (&'static str, u64, u64)> {
-    let body = match (&launch.tile, launch.split) {
-        (Some(tile), _) => footprint(tile).smem_bytes,
-        (None, Some(split)) => split_footprint(split, launch.block),
-        (None, None) => 0,
+    let body = match (&launch.tile, launch.split, &launch.slots) {
+        (Some(tile), _, _) => footprint(tile).smem_bytes,
+        (None, Some(split), _) => split_footprint(split, launch.block),
+        (None, None, Some(slots)) => attention_footprint(slots),
+        (None, None, None) => 0,
     };
     let smem = body + launch.prelude.map_or(0, |p| prelude_footprint(&p, launch.block));
     if smem != launch.smem_bytes as u64 || smem > gpu.smem_per_block as u64 {

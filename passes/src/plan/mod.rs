@@ -11,8 +11,8 @@ mod launch;
 mod prelude;
 mod schedule;
 
-pub use kind::{matvec_of, reduction_of, Matvec, Reduction};
-pub use launch::{elements_written, footprint, split_footprint, Footprint};
+pub use kind::{attention_of, matvec_of, reduction_of, Attention, Matvec, Reduction};
+pub use launch::{attention_footprint, elements_written, footprint, split_footprint, Footprint};
 pub use prelude::{prelude_footprint, prelude_launch, prelude_of, PreludeReduction};
 
 use g4c_ir::plan::{EntryPlan, KernelCall, KernelPlan, Slot};

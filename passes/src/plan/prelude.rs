@@ -10,7 +10,7 @@
 
 use super::fusion::Group;
 use super::kernel_function;
-use super::kind::{classify, reduction_of};
+use super::kind::{classify, own_reductions, reduction_of};
 use super::launch::launch;
 use g4c_ir::plan::{KernelKind, Prelude};
 use g4c_ir::{DType, Function, GpuLimits, Op, ValueId};
@@ -39,13 +39,13 @@ pub struct PreludeReduction {
 }
 
 /// The reductions of kernel `k` its prelude computes, in body order (so one may read another):
-/// every `reduce` but the one the kernel's template computes (`reduction_of`), when small enough
+/// every `reduce` but those the kernel's template computes (`own_reductions`), when small enough
 /// to hold in shared memory, of floats or ints. Another is computed at each element that reads it.
 pub fn prelude_of(k: &Function) -> Vec<PreludeReduction> {
-    let own = reduction_of(k).map(|r| r.reduction);
+    let own = own_reductions(k);
     k.body
         .iter()
-        .filter(|i| Some(i.result) != own)
+        .filter(|i| !own.contains(&i.result))
         .filter_map(|i| match &i.op {
             Op::Reduce { input, axes, .. } => Some(PreludeReduction {
                 reduction: i.result,
@@ -148,7 +148,8 @@ fn merged_reader(
     let (old, new) = (launch(&before, kind, gpu), launch(&after, kind, gpu));
     let same_body = classify(&after) == kind
         && own(&before) == own(&after)
-        && (old.grid, old.block, old.tile, old.split) == (new.grid, new.block, new.tile, new.split)
+        && (old.grid, old.block, old.tile, old.split, old.slots)
+            == (new.grid, new.block, new.tile, new.split, new.slots)
         && every_reduction_placed(&after);
     let work = block_work(&after);
     let fits = new.smem_bytes <= gpu.smem_per_block && work <= BLOCK_WORK_LIMIT;
@@ -157,10 +158,10 @@ fn merged_reader(
 
 /// Whether every reduction of `k` is computed once: by its template or in its prelude.
 fn every_reduction_placed(k: &Function) -> bool {
-    let own = reduction_of(k).map(|r| r.reduction);
+    let own = own_reductions(k);
     let prelude = prelude_of(k);
     k.body
         .iter()
         .filter(|i| matches!(i.op, Op::Reduce { .. }))
-        .all(|i| Some(i.result) == own || prelude.iter().any(|p| p.reduction == i.result))
+        .all(|i| own.contains(&i.result) || prelude.iter().any(|p| p.reduction == i.result))
 }
