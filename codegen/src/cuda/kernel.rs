@@ -288,8 +288,9 @@ fn attention_arrays(s: &SlotSplit) -> String {
 /// (`split-attention`). The block stages the queries (their prologue computed once per block);
 /// each warp takes slots of the chunk, reading a key row once for all heads, and lane 0 stores
 /// the scores (masked, padded) into `sc`; a warp per head takes their maximum into `mx`; the
-/// block the exponentials into `ex`; a warp per head their sum into `sm`; each thread the weighted
-/// sums of one feature for every head, reading each value row once, into `act`; then the block
+/// block the exponentials into `ex`; a warp per head their sum into `sm`; the block rounds the
+/// exponentials to the values' type in `ex`; each thread the weighted sums of one feature for
+/// every head, reading each value row once, into `act`; then the block
 /// stores the chunk's results (weighted sums, maximum and sum per head) from there. The arrays
 /// hold the block's chunk only (`share_chunk`), so the elemental emitter reads them at any
 /// element of it.
@@ -376,12 +377,24 @@ fn attention(em: &mut Emitter, s: &SlotSplit, a: &Attention, root: ValueId, warp
     per_head(em, ReduceKind::Sum, a.exp, "sm", em.k.ty(a.sum).dtype)?;
     em.share_chunk(a.sum, "sm", rank - 2);
 
-    // The weighted sums: a thread per feature, each value row read once for every head.
+    // The probabilities as the weighted sums read them (the exponentials rounded to the values'
+    // type), in place of the exponentials, which nothing reads after their sum: each thread
+    // rewrites the elements it reads.
     let Some(Op::DotGeneral { lhs, rhs, dims }) =
         em.k.body.iter().find(|i| i.result == a.weighted).map(|i| i.op.clone())
     else {
         unreachable!("attention_of found the weighted sums' product")
     };
+    if lhs != a.exp {
+        em.open(format!("for (int e = threadIdx.x; e < {}; e += blockDim.x)", heads * slots));
+        let x = em.value(lhs, &at(&format!("(e / {slots})"), Some(&format!("(e % {slots})"))))?;
+        em.line(format!("ex[e] = {x};"));
+        em.close();
+        em.line("__syncthreads();");
+        em.share_chunk(lhs, "ex", rank - 2);
+    }
+
+    // The weighted sums: a thread per feature, each value row read once for every head.
     let weighted = em.k.ty(a.weighted).clone();
     let chunk_at = dims.lhs_batch.iter().position(|&d| d == rank - 2).expect("the chunk axis is a batch axis");
     let free_shape = weighted.shape[dims.lhs_batch.len()..weighted.rank() - 1].to_vec();
