@@ -1,10 +1,11 @@
 //! One kernel call's CUDA C from its IR function and launch, a device function that a launch's
-//! kernel calls on the call's blocks (`launch_code`), in one of five forms: one thread per
+//! kernel calls on the call's blocks (`launch_code`), in one of six forms: one thread per
 //! element written (`elementwise`), one thread per cache slot written (`scatter`, in place), a
 //! reduction split over a warp or a block per output, or over a block's warps (`split_reduce`),
 //! the tiled matvec (`matvec`: activations staged in shared memory, the weight streamed once, a
-//! warp per output column), or the tensor-core GEMM (`gemm`). The last three apply the kernel's
-//! epilogue to their sums (`store_root`).
+//! warp per output column), the tensor-core GEMM (`gemm`), or a decode step's attention over one
+//! chunk of cache slots per block (`attention`). The reducing forms but the last apply the
+//! kernel's epilogue to their sums (`store_root`).
 
 use super::elemental::{
     linear, reduce_combine, reduce_init, rounded, storage_type, store, unlinear, value_type, write_lines, Emitter,
