@@ -93,11 +93,11 @@ fn softmax_product(f: &Function, def: &HashMap<ValueId, usize>, i: usize, gpu: &
         _ => (f.ty(*lhs).dtype, *lhs),
     };
     let Op::Binary { op: BinaryOp::Div, lhs: e, rhs: sum_b } = op(p)? else { return None };
-    let Op::Broadcast { input: sum, .. } = op(*sum_b)? else { return None };
+    let Op::Broadcast { input: sum, dims: sum_dims } = op(*sum_b)? else { return None };
     let Op::Reduce { input, kind: ReduceKind::Sum, axes } = op(*sum)? else { return None };
     let Op::Unary { op: UnaryOp::Exp, x } = op(*e)? else { return None };
     let Op::Binary { op: BinaryOp::Sub, lhs: scores, rhs: max_b } = op(*x)? else { return None };
-    let Op::Broadcast { input: max, .. } = op(*max_b)? else { return None };
+    let Op::Broadcast { input: max, dims: max_dims } = op(*max_b)? else { return None };
     let Op::Reduce { input: max_input, kind: ReduceKind::Max, axes: max_axes } = op(*max)? else { return None };
     let (st, vt) = (f.ty(*scores), f.ty(*rhs));
     let last = st.rank() - 1;
@@ -114,6 +114,8 @@ fn softmax_product(f: &Function, def: &HashMap<ValueId, usize>, i: usize, gpu: &
         && same(*max_input, *scores)
         && axes[..] == [last]
         && max_axes[..] == [last]
+        && sum_dims.iter().copied().eq(0..last)
+        && max_dims.iter().copied().eq(0..last)
         && st.dtype == DType::F32
         && dims.lhs_contract == [last]
         && dims.rhs_contract.len() == 1

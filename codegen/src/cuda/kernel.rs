@@ -340,7 +340,7 @@ fn attention(em: &mut Emitter, s: &SlotSplit, a: &Attention, root: ValueId, warp
     em.open("if (lane == 0)");
     let product_dtype = em.k.ty(product).dtype;
     for r in 0..heads {
-        em.open("");
+        em.open(format!("/* head {r} */"));
         let sum = em.var("float", "d", &rounded(product_dtype, &format!("acc[{r}]")));
         em.bound.insert(product, sum);
         let x = em.value(a.chunked, &at(&r.to_string(), Some("jj")))?;
