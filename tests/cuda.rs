@@ -152,7 +152,8 @@ fn tensor_core_prefill_on_the_host_is_no_worse_than_transformers() {
 /// inside the matvecs), the kernels on the host generate what the interpreter generates from the
 /// same module, with logits within 1e-3 of their scale (the matvec sums in another order), also
 /// through a padded 16-token prefill (GEMM kernels), and with 1100-slot caches, whose attention
-/// `split-attention` splits into chunks of slots (attention kernels, the last chunk padded). In f16
+/// `split-attention` splits into chunks of slots (attention kernels, the last chunk padded; in
+/// 2-token prefills too, with heads along two axes). In f16
 /// the same kernels are held to the goldens
 /// by `narrow_targets_are_no_worse_than_transformers_in_that_dtype`: there one-ulp differences in f16
 /// roundings grow over the tiny model's layers too much for a comparison with the interpreter.
@@ -169,7 +170,7 @@ fn cuda_kernels_on_the_host_compute_what_the_module_does() {
         }
     };
     let prompt = &case.prompt_ids;
-    let runs: [(&str, Generation, Generation); 3] = [
+    let runs: [(&str, Generation, Generation); 4] = [
         (
             "one prefill call",
             run_transformed(Backend::Interp, &dir, prompt, n, None, &passes),
@@ -182,8 +183,13 @@ fn cuda_kernels_on_the_host_compute_what_the_module_does() {
         ),
         (
             "1100-slot caches",
-            long_context_generate(Backend::Interp, None, &dir, prompt, n, 1100, &passes),
-            long_context_generate(Backend::CudaHost, Some("t4g"), &dir, prompt, n, 1100, &passes),
+            long_context_generate(Backend::Interp, None, &dir, prompt, n, None, 1100, &passes),
+            long_context_generate(Backend::CudaHost, Some("t4g"), &dir, prompt, n, None, 1100, &passes),
+        ),
+        (
+            "1100-slot caches, 2-token prefills (two rows of heads, also split)",
+            long_context_generate(Backend::Interp, None, &dir, prompt, n, Some(2), 1100, &passes),
+            long_context_generate(Backend::CudaHost, Some("t4g"), &dir, prompt, n, Some(2), 1100, &passes),
         ),
     ];
     for (what, want, got) in runs {

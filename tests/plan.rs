@@ -61,8 +61,8 @@ fn a_plan_computes_exactly_what_its_module_does() {
                     target_generate(Backend::Plan, target, &dir, prompt, n, prefill, &pipeline),
                 ),
                 Some(c) => (
-                    long_context_generate(Backend::Interp, None, &dir, prompt, n, c, &pipeline),
-                    long_context_generate(Backend::Plan, Some(target), &dir, prompt, n, c, &pipeline),
+                    long_context_generate(Backend::Interp, None, &dir, prompt, n, None, c, &pipeline),
+                    long_context_generate(Backend::Plan, Some(target), &dir, prompt, n, None, c, &pipeline),
                 ),
             };
             assert_eq!(got.generated_ids, want.generated_ids, "{target}, {what}");

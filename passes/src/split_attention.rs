@@ -16,9 +16,13 @@
 //! masked (a padding row) then still averages its `N` values, as the unsplit softmax does.
 //!
 //! Sliding-window caches (a few hundred slots) are left whole: the scores' matvec and the weighted
-//! sum already spread them over enough blocks, and a split would not save a launch.
+//! sum already spread them over enough blocks, and a split would not save a launch. So are products
+//! of more than 8 rows of heads (a prefill of more than a token or two; its last-token attention in
+//! the layers that share another's cache is split), and those with batch axes longer than 1 (several
+//! sequences per call; several key-value heads, GQA): the template takes one cache and at most a
+//! block's warps of heads.
 
-use crate::plan::attention_footprint;
+use crate::plan::{attention_footprint, scores_product};
 use crate::{Pass, PassError};
 use g4c_ir::plan::{SlotSplit, MATVEC_MAX_ROWS};
 use g4c_ir::{
@@ -127,13 +131,20 @@ fn softmax_product(f: &Function, def: &HashMap<ValueId, usize>, i: usize, gpu: &
     if !shaped || slots < MIN_SLOTS {
         return None;
     }
-    let chunk = MIN_CHUNK.max(slots.div_ceil(gpu.sm_count as usize).next_power_of_two());
-    let features = vt.shape[vt.rank() - 1];
-    // The queries' depth is the values' features in Gemma (both the head dimension); the plan's
-    // fit proof checks the kernel as built. Room is left for a prelude (the queries' norm).
-    let split = SlotSplit { heads: heads as u32, slots: chunk as u32, depth: features as u32 };
-    let fits = attention_footprint(&split) + PRELUDE_ROOM <= gpu.smem_per_block as u64;
-    (fits && slots.div_ceil(chunk) >= 2).then(|| Softmax {
+    // The kernel plan's template needs the scores from one matvec of the queries and the keys.
+    let queries = scores_product(f, &op, *scores)?;
+    let depth = queries.depth.max(vt.shape[vt.rank() - 1]) as u32;
+    // Chunks enough for every SM, each fitting a block's shared memory beside its prelude (the
+    // queries' norm); more, smaller chunks for caches too long for that.
+    let fits = |chunk: usize| {
+        let split = SlotSplit { heads: heads as u32, slots: chunk as u32, depth };
+        attention_footprint(&split) + PRELUDE_ROOM <= gpu.smem_per_block as u64
+    };
+    let mut chunk = MIN_CHUNK.max(slots.div_ceil(gpu.sm_count as usize).next_power_of_two());
+    while !fits(chunk) && chunk > MIN_CHUNK {
+        chunk /= 2;
+    }
+    (fits(chunk) && slots.div_ceil(chunk) >= 2).then(|| Softmax {
         scores: *scores,
         values: *rhs,
         probs,
@@ -227,6 +238,10 @@ fn split(f: &mut Function, s: &Softmax, result: ValueId) -> Vec<Instr> {
     let scores = out.pad(s.scores, rank - 1, padded, f64::NEG_INFINITY, "scores");
     let scores = out.chunked(scores, rank - 1, chunk, "scores");
     let max = out.reduce(ReduceKind::Max, scores, rank, "max");
+    // A chunk of scores all `-inf` (a mask written so) would have `exp(-inf - -inf)`, NaN: its
+    // maximum is clamped to the lowest finite float, so its exponentials are 0.
+    let lowest = out.push(Op::Constant { literal: Literal::Splat(f32::MIN as f64) }, Some(out.ty(max)), "max.lowest");
+    let max = out.binary(BinaryOp::Max, max, lowest, "max.finite");
     let max_b = out.broadcast_skipping(max, scores, &[rank]);
     let shifted = out.binary(BinaryOp::Sub, scores, max_b, "shifted");
     let e = out.exp(shifted, "exp");

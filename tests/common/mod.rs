@@ -105,18 +105,20 @@ pub fn target_generate(
 
 /// `target_generate` (or, without a target, `run_transformed`) with the full-attention caches
 /// `context` slots long: long enough for `split-attention` to split them.
+#[allow(clippy::too_many_arguments)]
 pub fn long_context_generate(
     backend: Backend,
     target: Option<&str>,
     dir: &Path,
     prompt: &[u32],
     new_tokens: usize,
+    prefill_len: Option<usize>,
     context: usize,
     transform: &dyn Fn(&mut g4c_ir::Module),
 ) -> Generation {
     let opts =
         GenerateOptions { max_new_tokens: new_tokens, ignore_eos: true, keep_logits: true, ..Default::default() };
-    generate_in_context(backend, target, dir, prompt, None, Some(context), &opts, transform)
+    generate_in_context(backend, target, dir, prompt, prefill_len, Some(context), &opts, transform)
 }
 
 /// Greedy generation as `g4c run` does it: each call copies back the greedy tokens alone (no logits

@@ -15,8 +15,8 @@ use super::CudaError;
 use g4c_ir::plan::{KernelCall, KernelKind, ReduceSplit, SlotSplit, Tile};
 use g4c_ir::{DType, Function, Op, ReduceKind, ValueId};
 use g4c_passes::{
-    attention_footprint, attention_of, footprint, matvec_of, prelude_launch, prelude_of, reduction_of, split_footprint,
-    Attention, Matvec,
+    attention_arrays, attention_of, chunk_axis_of, footprint, matvec_of, prelude_launch, prelude_of, reduction_of,
+    split_footprint, Attention, Matvec,
 };
 use std::fmt::Write;
 
@@ -57,7 +57,7 @@ pub(crate) fn kernel_code(k: &Function, call: &KernelCall, name: &str) -> Result
             let unsupported =
                 || CudaError::Unsupported(format!("{}: an attention kernel's plan is not its own", k.name));
             let (split, a) = (call.launch.slots.ok_or_else(unsupported)?, attention_of(k).ok_or_else(unsupported)?);
-            shared.push_str(&attention_arrays(&split));
+            shared.push_str(&attention_shared_arrays(&split));
             attention(&mut em, &split, &a, root, call.launch.block / 32)?;
         }
         (_, Some(tile), Some(m)) if tile.mma.is_some() => {
@@ -269,20 +269,16 @@ fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32)
     Ok(())
 }
 
-/// The shared arrays of an attention chunk's block, as `attention_footprint` counts them: `act`
-/// (the staged queries, then the chunk's weighted sums), `sc` (scores), `ex` (their
-/// exponentials), `mx` and `sm` (each head's maximum and sum).
-fn attention_arrays(s: &SlotSplit) -> String {
-    let (heads, slots, depth) = (s.heads, s.slots, s.depth);
-    let code = format!(
+/// The shared arrays of an attention chunk's block, as `attention_arrays` sizes them (so the fit
+/// proof counts them): `act` (the staged queries, then the chunk's weighted sums), `sc` (scores),
+/// `ex` (their exponentials, then the probabilities), `mx` and `sm` (each head's maximum and sum).
+fn attention_shared_arrays(s: &SlotSplit) -> String {
+    let a = attention_arrays(s);
+    format!(
         "  __shared__ __align__(16) float act[{}];\n  __shared__ float sc[{}];\n  __shared__ float ex[{}];\n  \
-         __shared__ float mx[{heads}];\n  __shared__ float sm[{heads}];\n",
-        heads * depth,
-        heads * slots,
-        heads * slots
-    );
-    debug_assert_eq!(attention_footprint(s), (heads * depth + 2 * heads * slots + 2 * heads) as u64 * 4);
-    code
+         __shared__ float mx[{}];\n  __shared__ float sm[{}];\n",
+        a.staged, a.scores, a.exps, a.per_head, a.per_head
+    )
 }
 
 /// A decode step's attention over one chunk of cache slots per block, for every query head
@@ -297,8 +293,13 @@ fn attention_arrays(s: &SlotSplit) -> String {
 /// element of it.
 fn attention(em: &mut Emitter, s: &SlotSplit, a: &Attention, root: ValueId, warps: u32) -> Result<(), CudaError> {
     let (heads, slots, depth, features) = (a.heads, a.slots, a.scores.depth, a.features);
-    if slots % warps as usize != 0 || (s.depth as usize) < depth.max(features) {
-        return Err(CudaError::Unsupported(format!("{}: {slots} slots per chunk over {warps} warps", em.k.name)));
+    let planned = (s.heads as usize, s.slots as usize, s.depth as usize) == (heads, slots, depth.max(features));
+    if !planned || slots % warps as usize != 0 {
+        return Err(CudaError::Unsupported(format!(
+            "{}: {heads} heads, {slots} slots per chunk ({warps} warps), depth {}, where the plan has {s:?}",
+            em.k.name,
+            depth.max(features)
+        )));
     }
     let (product, keys) = a.scores.dots[0];
     let chunked = em.k.ty(a.chunked).clone();
@@ -381,11 +382,7 @@ fn attention(em: &mut Emitter, s: &SlotSplit, a: &Attention, root: ValueId, warp
     // The probabilities as the weighted sums read them (the exponentials rounded to the values'
     // type), in place of the exponentials, which nothing reads after their sum: each thread
     // rewrites the elements it reads.
-    let Some(Op::DotGeneral { lhs, rhs, dims }) =
-        em.k.body.iter().find(|i| i.result == a.weighted).map(|i| i.op.clone())
-    else {
-        unreachable!("attention_of found the weighted sums' product")
-    };
+    let (lhs, rhs, dims) = (a.probs, a.values, &a.dims);
     if lhs != a.exp {
         em.open(format!("for (int e = threadIdx.x; e < {}; e += blockDim.x)", heads * slots));
         let x = em.value(lhs, &at(&format!("(e / {slots})"), Some(&format!("(e % {slots})"))))?;
@@ -397,7 +394,7 @@ fn attention(em: &mut Emitter, s: &SlotSplit, a: &Attention, root: ValueId, warp
 
     // The weighted sums: a thread per feature, each value row read once for every head.
     let weighted = em.k.ty(a.weighted).clone();
-    let chunk_at = dims.lhs_batch.iter().position(|&d| d == rank - 2).expect("the chunk axis is a batch axis");
+    let chunk_at = chunk_axis_of(dims, rank).expect("attention_of found the chunk axis");
     let free_shape = weighted.shape[dims.lhs_batch.len()..weighted.rank() - 1].to_vec();
     let weighted_at = |h: &str, f: &str| -> Index {
         let mut idx: Index =
@@ -412,7 +409,7 @@ fn attention(em: &mut Emitter, s: &SlotSplit, a: &Attention, root: ValueId, warp
     em.line(format!("for (int r = 0; r < {heads}; ++r) acc[r] = 0.f;"));
     em.open(format!("for (int jj = 0; jj < {slots}; ++jj)"));
     for r in 0..heads {
-        em.dot_step(lhs, rhs, &dims, &weighted_at(&r.to_string(), "f"), "jj", &format!("acc[{r}]"))?;
+        em.dot_step(lhs, rhs, dims, &weighted_at(&r.to_string(), "f"), "jj", &format!("acc[{r}]"))?;
     }
     em.close();
     let weighted_dtype = weighted.dtype;

@@ -217,10 +217,20 @@ pub(crate) fn partition(f: &Function) -> Vec<Group> {
     // A chunk of attention (`split-attention`) is one kernel, from the scores' product to the
     // chunk's results: each of its blocks computes its chunk's scores, their maximum, sum and
     // exponentials once, in shared memory, and its weighted sums in registers.
+    // Only where the template applies: the key cache read from memory, and every value of the
+    // chunk read inside it.
     let index: HashMap<ValueId, usize> = f.body.iter().enumerate().map(|(i, x)| (x.result, i)).collect();
     for instr in f.body.iter().filter(|i| matches!(i.op, Op::Concat { .. })) {
         let Some(a) = attention_at(f, &index, instr.result) else { continue };
-        for v in chunk_values(f, def, instr.result, a.scores.dots[0].0) {
+        let keys = a.scores.dots[0].1;
+        let values = chunk_values(f, def, instr.result, a.scores.dots[0].0);
+        let inside = |v: &ValueId| {
+            *v == instr.result || g.users[v.index()].iter().all(|&(u, _)| values.contains(&f.body[u].result))
+        };
+        if !(def[keys.index()].is_none() || materialized[keys.index()]) || !values.iter().all(inside) {
+            continue;
+        }
+        for v in &values {
             (materialized[v.index()], once[v.index()]) = (false, true);
         }
         materialized[instr.result.index()] = true;
@@ -293,7 +303,7 @@ pub(crate) fn partition(f: &Function) -> Vec<Group> {
 }
 
 /// The values of an attention chunk computed from its scores' product, up to its results `root`.
-fn chunk_values(f: &Function, def: &[Option<usize>], root: ValueId, scores: ValueId) -> Vec<ValueId> {
+fn chunk_values(f: &Function, def: &[Option<usize>], root: ValueId, scores: ValueId) -> BTreeSet<ValueId> {
     // Forwards: what the scores' product reaches (a value's operands come before it).
     let mut reached = vec![false; f.values.len()];
     reached[scores.index()] = true;
@@ -309,7 +319,7 @@ fn chunk_values(f: &Function, def: &[Option<usize>], root: ValueId, scores: Valu
         let i = def[v.index()].expect("computed from the product");
         stack.extend(f.body[i].op.operands());
     }
-    values.into_iter().collect()
+    values
 }
 
 impl Group {

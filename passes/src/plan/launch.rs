@@ -60,12 +60,28 @@ pub fn footprint(tile: &Tile) -> Footprint {
     Footprint { staged_activations: staged, staged_weights: 0, row_stride: k, smem_bytes: staged * stages }
 }
 
-/// Shared memory of an attention chunk's block: the queries of every head staged as f32, whose
-/// array then holds the chunk's weighted sums of values; the chunk's scores and their
-/// exponentials; each head's maximum and sum.
-pub fn attention_footprint(split: &SlotSplit) -> u64 {
+/// The shared arrays of an attention chunk's block, in floats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionArrays {
+    /// The queries of every head, staged; then the chunk's weighted sums of values.
+    pub staged: u64,
+    /// The chunk's scores.
+    pub scores: u64,
+    /// Their exponentials; then the probabilities as the weighted sums read them.
+    pub exps: u64,
+    /// Each head's maximum, and each head's sum (two arrays).
+    pub per_head: u64,
+}
+
+pub fn attention_arrays(split: &SlotSplit) -> AttentionArrays {
     let (heads, slots, depth) = (split.heads as u64, split.slots as u64, split.depth as u64);
-    (heads * depth + 2 * heads * slots + 2 * heads) * 4
+    AttentionArrays { staged: heads * depth, scores: heads * slots, exps: heads * slots, per_head: heads }
+}
+
+/// Shared memory of an attention chunk's block: its arrays (`attention_arrays`), 4-byte floats.
+pub fn attention_footprint(split: &SlotSplit) -> u64 {
+    let a = attention_arrays(split);
+    (a.staged + a.scores + a.exps + 2 * a.per_head) * 4
 }
 
 /// The tensor-core shape a GEMM of `operand`s uses on `gpu`: its `m16n8` shape of the largest `k`.

@@ -11,8 +11,11 @@ mod launch;
 mod prelude;
 mod schedule;
 
-pub use kind::{attention_of, matvec_of, reduction_of, Attention, Matvec, Reduction};
-pub use launch::{attention_footprint, elements_written, footprint, split_footprint, Footprint};
+pub(crate) use kind::scores_product;
+pub use kind::{attention_of, chunk_axis_of, matvec_of, reduction_of, Attention, Matvec, Reduction};
+pub use launch::{
+    attention_arrays, attention_footprint, elements_written, footprint, split_footprint, AttentionArrays, Footprint,
+};
 pub use prelude::{prelude_footprint, prelude_launch, prelude_of, PreludeReduction};
 
 use g4c_ir::plan::{EntryPlan, KernelCall, KernelPlan, Slot};
