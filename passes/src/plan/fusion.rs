@@ -27,7 +27,8 @@
 //!   to `RECOMPUTE_LIMIT_STAGED` (a decode step's queries, normed and rotated where the scores'
 //!   matvec stages them).
 
-use super::kind::{attention_at, lhs_warp_uniform, matvec_shaped};
+use super::attention::attention_at;
+use super::kind::{lhs_warp_uniform, matvec_shaped};
 use g4c_ir::plan::MATVEC_MAX_ROWS;
 use g4c_ir::{DotDims, Function, Op, ValueId};
 use std::collections::{BTreeSet, HashMap};

@@ -3,7 +3,8 @@
 //! needs comes from one function, `footprint`, which codegen also sizes its `__shared__` arrays
 //! with, so the proof and the code cannot disagree.
 
-use super::kind::{attention_of, matvec_of, reduction_of};
+use super::attention::attention_of;
+use super::kind::{matvec_of, reduction_of};
 use super::prelude::{prelude_footprint, prelude_launch, prelude_of};
 use g4c_ir::plan::{KernelKind, Launch, ReduceSplit, SlotSplit, Tile};
 use g4c_ir::{DType, Function, GpuLimits, MmaShape, Op};

@@ -4,6 +4,7 @@
 //! kernels get slots (`buffers`), each kernel a kind and a launch that fits the target (`launch`),
 //! and independent kernels of a level share launches (`schedule`).
 
+mod attention;
 mod buffers;
 mod fusion;
 mod kind;
@@ -11,8 +12,9 @@ mod launch;
 mod prelude;
 mod schedule;
 
-pub(crate) use kind::scores_product;
-pub use kind::{attention_of, chunk_axis_of, matvec_of, reduction_of, Attention, Matvec, Reduction};
+pub(crate) use attention::scores_product;
+pub use attention::{attention_of, chunk_axis_of, Attention};
+pub use kind::{matvec_of, reduction_of, Matvec, Reduction};
 pub use launch::{
     attention_arrays, attention_footprint, elements_written, footprint, split_footprint, AttentionArrays, Footprint,
 };
