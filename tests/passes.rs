@@ -114,10 +114,10 @@ fn split_attention_leaves_masked_chunks_out() {
         let mut mask = vec![masked; 2 * 1100];
         (mask[5], mask[700], mask[1100 + 1099]) = (0.0, 0.0, 0.0);
         let inputs = [
-            Tensor::f32(&[1, 2, 16], numbers(2 * 16, 1)),
-            Tensor::f32(&[1, 1100, 16], numbers(1100 * 16, 2)),
-            Tensor::f32(&[1, 2, 1100], mask),
-            Tensor::f32(&[1, 1100, 8], numbers(1100 * 8, 3)),
+            Tensor::f32([1, 2, 16], numbers(2 * 16, 1)),
+            Tensor::f32([1, 1100, 16], numbers(1100 * 16, 2)),
+            Tensor::f32([1, 2, 1100], mask),
+            Tensor::f32([1, 1100, 8], numbers(1100 * 8, 3)),
         ];
         let (want, got) = (run(&unsplit, &inputs), run(&split, &inputs));
         for (a, b) in got.iter().zip(&want) {
