@@ -162,13 +162,7 @@ fn cuda_kernels_on_the_host_compute_what_the_module_does() {
     let case = golden_cases("tiny").into_iter().find(|c| c.name == "short").unwrap();
     let dir = golden_dir("tiny").join("hf");
     let n = case.generated_ids.len();
-    let t4g = Target::by_name("t4g").unwrap();
-    let passes = |m: &mut g4c_ir::Module| {
-        g4c_passes::Quantize { group: 8 }.run(m, t4g).unwrap();
-        for name in ["host-tables", "weight-dtype", "split-attention", "constant-fold", "cse", "dce"] {
-            g4c_passes::pass_by_name(name).unwrap().run(m, t4g).unwrap();
-        }
-    };
+    let passes = f32_pipeline(Target::by_name("t4g").unwrap());
     let prompt = &case.prompt_ids;
     let runs: [(&str, Generation, Generation); 4] = [
         (
@@ -193,12 +187,29 @@ fn cuda_kernels_on_the_host_compute_what_the_module_does() {
         ),
     ];
     for (what, want, got) in runs {
-        assert_eq!(got.generated_ids, want.generated_ids, "{what}");
-        for (step, (a, b)) in got.logits.iter().zip(&want.logits).enumerate() {
-            let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
-            let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-            assert!(worst <= 1e-3 * scale, "{what}, step {step}: logits differ by {worst} (scale {scale})");
+        assert_computes_what_the_module_does(what, &got, &want);
+    }
+}
+
+/// A CUDA target's pipeline without its narrow-type legalization, so in f32: weights quantized to
+/// 4 bits (dequantized inside the kernels), a long cache's attention split into chunks.
+fn f32_pipeline(target: &'static Target) -> impl Fn(&mut g4c_ir::Module) {
+    move |m: &mut g4c_ir::Module| {
+        g4c_passes::Quantize { group: 8 }.run(m, target).unwrap();
+        for name in ["host-tables", "weight-dtype", "split-attention", "constant-fold", "cse", "dce"] {
+            g4c_passes::pass_by_name(name).unwrap().run(m, target).unwrap();
         }
+    }
+}
+
+/// The same tokens as the interpreter's run of the same module, and logits within 1e-3 of their
+/// scale (the kernels sum in other orders).
+fn assert_computes_what_the_module_does(what: &str, got: &Generation, want: &Generation) {
+    assert_eq!(got.generated_ids, want.generated_ids, "{what}");
+    for (step, (a, b)) in got.logits.iter().zip(&want.logits).enumerate() {
+        let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        assert!(worst <= 1e-3 * scale, "{what}, step {step}: logits differ by {worst} (scale {scale})");
     }
 }
 
@@ -333,7 +344,8 @@ fn e2b_kernels_compile_and_fit_on_every_gpu_class() {
 
 /// On a GPU (skipped without one, saying why): the tiny models' kernels through the CUDA driver
 /// against the goldens, reading the logits and reading the greedy tokens alone, for t4g (sm_75 PTX, which a newer GPU's driver JIT-compiles: how Turing's
-/// kernels run on an H200) and for h200 (its sm_90 cubin), where the GPU can run them.
+/// kernels run on an H200) and for h200 (its sm_90 cubin), where the GPU can run them; and, in
+/// f32 with 1100-slot caches, the attention kernels against the interpreter.
 #[test]
 fn cuda_kernels_on_a_gpu_match_the_goldens() {
     let Some(gpu) = g4c_runtime::backend::cuda::cuda_device_capability() else {
@@ -359,5 +371,12 @@ fn cuda_kernels_on_a_gpu_match_the_goldens() {
                 assert_eq!(greedy.generated_ids, case.generated_ids, "{what}, greedy tokens alone");
             }
         }
+        // The attention kernels (1100-slot caches, split into chunks), in f32 against the interpreter.
+        let case = golden_cases("tiny").into_iter().find(|c| c.name == "short").unwrap();
+        let (dir, n) = (golden_dir("tiny").join("hf"), case.generated_ids.len());
+        let passes = f32_pipeline(Target::by_name(target).unwrap());
+        let want = long_context_generate(Backend::Interp, None, &dir, &case.prompt_ids, n, None, 1100, &passes);
+        let got = long_context_generate(Backend::Cuda, Some(target), &dir, &case.prompt_ids, n, None, 1100, &passes);
+        assert_computes_what_the_module_does(&format!("cuda {target}, 1100-slot caches"), &got, &want);
     }
 }
