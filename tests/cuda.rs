@@ -59,15 +59,19 @@ fn every_kernel_compiles_and_ptxas_agrees_with_the_fit_proof() {
 
 /// The CUDA C of the plan, compiled by the host C++ compiler and run on the CPU through the device
 /// executor (the same code that drives a GPU): the f32 tiny model against transformers' goldens,
-/// plain and pack-quantized, with the interpreter's tolerance.
+/// plain and pack-quantized, with the interpreter's tolerance; also with 1100-slot caches, whose
+/// decode attention `split-attention` splits into chunks (attention kernels).
 #[test]
 fn cuda_kernels_on_the_host_match_the_goldens() {
+    let t4g = Target::by_name("t4g").unwrap();
+    let split = |m: &mut g4c_ir::Module| g4c_passes::SplitAttention.run(m, t4g).unwrap();
     for model in ["tiny", "tiny-qat"] {
         let case = golden_cases(model).into_iter().find(|c| c.name == "short").unwrap();
-        let dir = golden_dir(model).join("hf");
-        let got =
-            target_generate(Backend::CudaHost, "t4g", &dir, &case.prompt_ids, case.generated_ids.len(), None, &|_| {});
+        let (dir, n) = (golden_dir(model).join("hf"), case.generated_ids.len());
+        let got = target_generate(Backend::CudaHost, "t4g", &dir, &case.prompt_ids, n, None, &|_| {});
         assert_matches_golden(&format!("cuda-host {model}/{}", case.name), &got, &case);
+        let got = long_context_generate(Backend::CudaHost, Some("t4g"), &dir, &case.prompt_ids, n, None, 1100, &split);
+        assert_matches_golden(&format!("cuda-host {model}/{}, 1100-slot caches", case.name), &got, &case);
     }
 }
 

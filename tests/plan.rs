@@ -8,14 +8,15 @@ use crate::common::{
 use g4c_frontend::{Model, Shapes};
 use g4c_ir::plan::{launch_smem_bytes, print_plan, KernelKind, Slot};
 use g4c_ir::{GpuLimits, Target};
-use g4c_passes::{plan_module, Pipeline, PipelineOptions, PlanError};
+use g4c_passes::{plan_module, Pass, Pipeline, PipelineOptions, PlanError};
 
 fn w4a16(group: usize) -> PipelineOptions {
     PipelineOptions { quantize_group: Some(group) }
 }
 
 /// The f32 modules (as the frontend emits them) planned for t4g, against the goldens with the
-/// interpreter's tolerance: plain and pack-quantized (QAT) checkpoints, in both layouts.
+/// interpreter's tolerance: plain and pack-quantized (QAT) checkpoints, in both layouts; and with
+/// long caches, their decode attention split.
 #[test]
 fn plans_on_the_cpu_match_the_goldens() {
     for model in ["tiny", "gqa", "tiny-qat", "gqa-qat"] {
@@ -33,6 +34,16 @@ fn plans_on_the_cpu_match_the_goldens() {
                 );
                 assert_matches_golden(&format!("plan {model}/{layout}/{}", case.name), &got, &case);
             }
+        }
+    }
+    // With 1100-slot caches, whose decode attention `split-attention` splits (attention kernels).
+    let t4g = Target::by_name("t4g").unwrap();
+    let split = |m: &mut g4c_ir::Module| g4c_passes::SplitAttention.run(m, t4g).unwrap();
+    for model in ["tiny", "tiny-qat"] {
+        for case in golden_cases(model) {
+            let (dir, n) = (golden_dir(model).join("hf"), case.generated_ids.len());
+            let got = long_context_generate(Backend::Plan, Some("t4g"), &dir, &case.prompt_ids, n, None, 1100, &split);
+            assert_matches_golden(&format!("plan {model}/{}, 1100-slot caches", case.name), &got, &case);
         }
     }
 }

@@ -108,7 +108,9 @@ fn softmax_product(f: &Function, def: &HashMap<ValueId, usize>, i: usize, gpu: &
     let batch_of_one = |shape: &[usize], axes: &[usize]| axes.iter().all(|&a| shape[a] == 1);
     let heads: usize = dims.lhs_free(st.rank()).iter().map(|&a| st.shape[a]).product();
     let rhs_free = dims.rhs_free(vt.rank());
-    // Narrow targets convert the scores to f32 twice, once for each reader, until `cse`.
+    // Narrow targets convert the scores to f32 twice, once for each reader, until `cse`; this
+    // pass runs before `split-reductions`, which would split a softmax over 8192 slots or more,
+    // and so before the cleanup.
     let same = |a: ValueId, b: ValueId| match (op(a), op(b)) {
         _ if a == b => true,
         (Some(Op::Convert { x }), Some(Op::Convert { x: y })) => x == y && f.ty(a) == f.ty(b),

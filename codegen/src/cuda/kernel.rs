@@ -354,21 +354,10 @@ fn attention(em: &mut Emitter, s: &SlotSplit, a: &Attention, root: ValueId, warp
     em.line("__syncthreads();");
     em.share_chunk(a.chunked, "sc", rank - 2);
 
-    // Each head's maximum, then the exponentials, then their sum.
-    let per_head = |em: &mut Emitter, kind: ReduceKind, input: ValueId, into: &str, dtype: DType| {
-        em.open(format!("for (int h0 = 0; h0 < {heads}; h0 += {warps})"));
-        em.line("const int h = h0 + warp;");
-        em.line(format!("float pacc = {};", reduce_init(kind, dtype)));
-        em.open(format!("for (int jj = lane; h < {heads} && jj < {slots}; jj += 32)"));
-        em.reduce_step(input, kind, &[rank - 1], &at("h", None), "jj", "pacc")?;
-        em.close();
-        em.line(format!("pacc = warp_{}(pacc);", kind.name()));
-        em.line(format!("if (lane == 0 && h < {heads}) {into}[h] = {};", rounded(dtype, "pacc")));
-        em.close();
-        em.line("__syncthreads();");
-        Ok::<(), CudaError>(())
-    };
-    per_head(em, ReduceKind::Max, a.chunked, "mx", em.k.ty(a.max).dtype)?;
+    // Each head's maximum, then the exponentials, then their sum: a warp per head.
+    let per_head = |array| WarpPerOutput { outputs: heads, extent: slots, warps: warps as usize, array };
+    let head_index = |h: &str| at(h, None);
+    per_head("mx").emit(em, a.max, &head_index)?;
     em.share_chunk(a.max, "mx", rank - 2);
     em.open(format!("for (int e = threadIdx.x; e < {}; e += blockDim.x)", heads * slots));
     let x = em.value(a.exp, &at(&format!("(e / {slots})"), Some(&format!("(e % {slots})"))))?;
@@ -376,7 +365,7 @@ fn attention(em: &mut Emitter, s: &SlotSplit, a: &Attention, root: ValueId, warp
     em.close();
     em.line("__syncthreads();");
     em.share_chunk(a.exp, "ex", rank - 2);
-    per_head(em, ReduceKind::Sum, a.exp, "sm", em.k.ty(a.sum).dtype)?;
+    per_head("sm").emit(em, a.sum, &head_index)?;
     em.share_chunk(a.sum, "sm", rank - 2);
 
     // The probabilities as the weighted sums read them (the exponentials rounded to the values'
@@ -462,46 +451,66 @@ fn prelude(em: &mut Emitter, call: &KernelCall) -> Result<String, CudaError> {
         let acc = value_type(dtype);
         let (array, part) = (format!("pre{n}"), format!("pre{n}_part"));
         writeln!(shared, "  __shared__ {acc} {array}[{}];", r.outputs).unwrap();
-        let idx = unlinear("po", &em.k.ty(r.reduction).shape);
-        let per_warp = !r.block_per_output(call.launch.block);
-        let (first, stride) = match per_warp {
-            true => {
-                em.open(format!("for (int p0 = 0; p0 < {}; p0 += {warps})", r.outputs));
-                em.line("const int po = p0 + (threadIdx.x >> 5);");
-                ("threadIdx.x & 31", "32")
-            }
-            false => {
-                writeln!(shared, "  __shared__ {acc} {part}[{warps}];").unwrap();
-                em.open(format!("for (int po = 0; po < {}; ++po)", r.outputs));
-                ("threadIdx.x", "blockDim.x")
-            }
-        };
+        let shape = em.k.ty(r.reduction).shape.clone();
+        if !r.block_per_output(call.launch.block) {
+            let per_output = WarpPerOutput { outputs: r.outputs, extent: r.extent, warps, array: &array };
+            per_output.emit(em, r.reduction, &|o| unlinear(o, &shape))?;
+            em.share(r.reduction, &array);
+            continue;
+        }
+        writeln!(shared, "  __shared__ {acc} {part}[{warps}];").unwrap();
+        em.open(format!("for (int po = 0; po < {}; ++po)", r.outputs));
         em.line(format!("{acc} pacc = {};", reduce_init(kind, dtype)));
-        em.open(format!("for (int pc = {first}; po < {} && pc < {}; pc += {stride})", r.outputs, r.extent));
-        em.reduce_step(input, kind, &axes, &idx, "pc", "pacc")?;
+        em.open(format!("for (int pc = threadIdx.x; pc < {}; pc += blockDim.x)", r.extent));
+        em.reduce_step(input, kind, &axes, &unlinear("po", &shape), "pc", "pacc")?;
         em.close();
         em.line(format!("pacc = warp_{}(pacc);", kind.name()));
-        if per_warp {
-            em.line(format!(
-                "if ((threadIdx.x & 31) == 0 && po < {}) {array}[po] = {};",
-                r.outputs,
-                rounded(dtype, "pacc")
-            ));
-        } else {
-            em.line(format!("if ((threadIdx.x & 31) == 0) {part}[threadIdx.x >> 5] = pacc;"));
-            em.line("__syncthreads();");
-            em.open("if (threadIdx.x == 0)");
-            let step = reduce_combine(kind, "pacc", &format!("{part}[w]"));
-            em.line(format!("for (int w = 1; w < {warps}; ++w) pacc = {step};"));
-            em.line(format!("{array}[po] = {};", rounded(dtype, "pacc")));
-            em.close();
-            em.line("__syncthreads();");
-        }
+        em.line(format!("if ((threadIdx.x & 31) == 0) {part}[threadIdx.x >> 5] = pacc;"));
+        em.line("__syncthreads();");
+        em.open("if (threadIdx.x == 0)");
+        let step = reduce_combine(kind, "pacc", &format!("{part}[w]"));
+        em.line(format!("for (int w = 1; w < {warps}; ++w) pacc = {step};"));
+        em.line(format!("{array}[po] = {};", rounded(dtype, "pacc")));
+        em.close();
+        em.line("__syncthreads();");
         em.close();
         em.line("__syncthreads();");
         em.share(r.reduction, &array);
     }
     Ok(shared)
+}
+
+/// A reduction computed a warp per output into a shared array: warp `w` takes outputs `w`, `w +
+/// warps`, …, its lanes striding the `extent` reduced elements, and lane 0 stores. Every warp runs
+/// every shuffle, in or out of range, and the block meets a barrier after.
+struct WarpPerOutput<'a> {
+    outputs: usize,
+    extent: usize,
+    warps: usize,
+    array: &'a str,
+}
+
+impl WarpPerOutput<'_> {
+    /// Emits `reduction` (a `reduce` of the kernel) into the array, `index` giving the index of
+    /// its output `po` (a C variable).
+    fn emit(&self, em: &mut Emitter, reduction: ValueId, index: &dyn Fn(&str) -> Index) -> Result<(), CudaError> {
+        let op = em.k.body.iter().find(|i| i.result == reduction).map(|i| i.op.clone());
+        let Some(Op::Reduce { input, kind, axes }) = op else {
+            return Err(CudaError::Unsupported(format!("{}: a warp per output of no reduction", em.k.name)));
+        };
+        let (Self { outputs, extent, warps, array }, dtype) = (self, em.k.ty(reduction).dtype);
+        em.open(format!("for (int p0 = 0; p0 < {outputs}; p0 += {warps})"));
+        em.line("const int po = p0 + (threadIdx.x >> 5);");
+        em.line(format!("{} pacc = {};", value_type(dtype), reduce_init(kind, dtype)));
+        em.open(format!("for (int pc = threadIdx.x & 31; po < {outputs} && pc < {extent}; pc += 32)"));
+        em.reduce_step(input, kind, &axes, &index("po"), "pc", "pacc")?;
+        em.close();
+        em.line(format!("pacc = warp_{}(pacc);", kind.name()));
+        em.line(format!("if ((threadIdx.x & 31) == 0 && po < {outputs}) {array}[po] = {};", rounded(dtype, "pacc")));
+        em.close();
+        em.line("__syncthreads();");
+        Ok(())
+    }
 }
 
 /// Stores the root's element `i` (a C variable), with each of `sums` (a reduction or product of
