@@ -64,7 +64,10 @@ fn every_kernel_compiles_and_ptxas_agrees_with_the_fit_proof() {
 #[test]
 fn cuda_kernels_on_the_host_match_the_goldens() {
     let t4g = Target::by_name("t4g").unwrap();
-    let split = |m: &mut g4c_ir::Module| g4c_passes::SplitAttention.run(m, t4g).unwrap();
+    let split = |m: &mut g4c_ir::Module| {
+        g4c_passes::SplitAttention.run(m, t4g).unwrap();
+        g4c_passes::Dce.run(m, t4g).unwrap();
+    };
     for model in ["tiny", "tiny-qat"] {
         let case = golden_cases(model).into_iter().find(|c| c.name == "short").unwrap();
         let (dir, n) = (golden_dir(model).join("hf"), case.generated_ids.len());

@@ -38,7 +38,10 @@ fn plans_on_the_cpu_match_the_goldens() {
     }
     // With 1100-slot caches, whose decode attention `split-attention` splits (attention kernels).
     let t4g = Target::by_name("t4g").unwrap();
-    let split = |m: &mut g4c_ir::Module| g4c_passes::SplitAttention.run(m, t4g).unwrap();
+    let split = |m: &mut g4c_ir::Module| {
+        g4c_passes::SplitAttention.run(m, t4g).unwrap();
+        g4c_passes::Dce.run(m, t4g).unwrap();
+    };
     for model in ["tiny", "tiny-qat"] {
         for case in golden_cases(model) {
             let (dir, n) = (golden_dir(model).join("hf"), case.generated_ids.len());
