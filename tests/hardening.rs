@@ -243,9 +243,28 @@ fn non_finite_numbers_are_errors() {
         let big = half::bf16::from_f32(3e38).to_le_bytes();
         Some((d, s, if n.ends_with("embed_tokens.weight") { big.repeat(b.len() / 2) } else { b }))
     });
+    // The per-layer embeddings (10 layers × 8 per row) are gathered on the host row by row: a NaN
+    // in a row the prompt reads is an error naming its element of the table, one in a row that is
+    // never read is not looked at.
+    let table = "model.language_model.embed_tokens_per_layer.weight";
+    let nan_in_row = |row: usize| {
+        let copy = crate::common::published_copy("tiny");
+        rewrite(copy.path(), |n, d, s, mut b| {
+            if n == table {
+                let at = (row * 80 + 3) * 2;
+                b[at..at + 2].copy_from_slice(&half::bf16::NAN.to_le_bytes());
+            }
+            Some((d, s, b))
+        });
+        copy
+    };
+    let (read, unread) = (nan_in_row(17), nan_in_row(511));
     for backend in ["interp", "pjrt"] {
         assert_one_line_error(&run(nan.path(), backend), &[key, "element 10", "NaN or infinite"]);
         assert_one_line_error(&run(huge.path(), backend), &["logits of the prefill are not finite"]);
+        assert_one_line_error(&run(read.path(), backend), &[table, "element 1363", "NaN or infinite"]);
+        let out = run(unread.path(), backend);
+        assert!(out.status.success(), "{backend}: {}", String::from_utf8_lossy(&out.stderr));
     }
 }
 

@@ -158,17 +158,13 @@ pub fn missing_output(f: &Function, output: StepOutput) -> RuntimeError {
 /// converted to the element type of `ty` when it differs from the table's.
 fn host_rows(module: &Module, store: &dyn WeightStore, table: &str, ids: &Tensor, ty: &TensorType) -> Result<Vec<u8>> {
     let decl = module.weight(table).ok_or_else(|| RuntimeError::Invalid(format!("no weight @{table}")))?;
-    let bytes = store.bytes(decl)?;
     let rows = decl.ty.shape[0];
-    let row_bytes = bytes.len() / rows.max(1);
     let Some(ids) = ids.as_i32() else { return invalid(format!("rows of @{table} need integer indices")) };
-    let mut out = Vec::with_capacity(ids.len() * row_bytes);
-    for &id in ids {
-        if id < 0 || id as usize >= rows {
-            return invalid(format!("index {id} out of range for the {rows} rows of @{table}"));
-        }
-        out.extend_from_slice(&bytes[id as usize * row_bytes..(id as usize + 1) * row_bytes]);
+    if let Some(id) = ids.iter().find(|&&id| id < 0 || id as usize >= rows) {
+        return invalid(format!("index {id} out of range for the {rows} rows of @{table}"));
     }
+    let ids: Vec<usize> = ids.iter().map(|&id| id as usize).collect();
+    let out = store.rows(decl, &ids)?;
     if ty.dtype == decl.ty.dtype {
         return Ok(out);
     }

@@ -35,6 +35,19 @@ pub trait WeightStore: Send + Sync {
 
     /// A hint that the caller is done with `decl`'s bytes (copied to a device, say).
     fn release(&self, _decl: &WeightDecl) {}
+
+    /// Rows `ids` (in range) of table `decl`, one after another, as `bytes` lays them out: what a
+    /// host gather reads every step. This default builds the whole table.
+    fn rows(&self, decl: &WeightDecl, ids: &[usize]) -> Result<Vec<u8>> {
+        let bytes = self.bytes(decl)?;
+        Ok(gather_rows(&bytes, decl.ty.shape[0], ids))
+    }
+}
+
+/// Rows `ids` of a table of `rows` rows laid out in `bytes`, one after another.
+fn gather_rows(bytes: &[u8], rows: usize, ids: &[usize]) -> Vec<u8> {
+    let row_bytes = bytes.len() / rows.max(1);
+    ids.iter().flat_map(|&id| &bytes[id * row_bytes..(id + 1) * row_bytes]).copied().collect()
 }
 
 /// The store of a module that declares no weights (op tests, conformance cases, examples): asking it
@@ -73,11 +86,32 @@ impl WeightStore for Checkpoint {
     fn release(&self, decl: &WeightDecl) {
         Checkpoint::release(self, &decl.source);
     }
+
+    /// A table stored as it is used (the per-layer embeddings: 4.7 GB in E2B) is read row by row
+    /// from the mmap, and only those rows are checked and converted: `bytes` would scan all of it
+    /// for non-finite numbers, which took longer than the rest of a decode step.
+    fn rows(&self, decl: &WeightDecl, ids: &[usize]) -> Result<Vec<u8>> {
+        if decl.layout != SourceLayout::Stored {
+            let bytes = self.bytes(decl)?;
+            return Ok(gather_rows(&bytes, decl.ty.shape[0], ids));
+        }
+        let t = source_tensor(self, decl)?;
+        let rows = gather_rows(t.bytes, decl.ty.shape[0], ids);
+        if let Some(i) = first_non_finite(t.dtype, &rows) {
+            let row_elements = decl.ty.numel() / decl.ty.shape[0].max(1);
+            let element = ids[i / row_elements.max(1)] * row_elements + i % row_elements.max(1);
+            return Err(weight_error(decl, format!("element {element} is NaN or infinite; expected finite numbers")));
+        }
+        match t.dtype == decl.ty.dtype {
+            true => Ok(rows),
+            false => convert_float_bytes(t.dtype, decl.ty.dtype, &rows).map_err(|m| weight_error(decl, m)),
+        }
+    }
 }
 
-/// `decl`'s bytes: the mapped ones when they are already in its dtype and layout (`Some`), else
-/// built into `out` (`None`).
-fn mapped_or_built<'c>(ckpt: &'c Checkpoint, decl: &WeightDecl, out: &mut Vec<u8>) -> Result<Option<&'c [u8]>> {
+/// `decl`'s tensor in the checkpoint, once its shape and dtype are checked against what the IR
+/// expects (a float may be widened).
+fn source_tensor<'c>(ckpt: &'c Checkpoint, decl: &WeightDecl) -> Result<g4c_frontend::TensorBytes<'c>> {
     let t = ckpt.tensor(&decl.source).ok_or_else(|| weight_error(decl, "not in the checkpoint".into()))?;
     let want = decl.source_type();
     let widening = t.dtype.is_float() && want.dtype.is_float() && want.dtype.bits() >= t.dtype.bits();
@@ -85,6 +119,13 @@ fn mapped_or_built<'c>(ckpt: &'c Checkpoint, decl: &WeightDecl, out: &mut Vec<u8
         let found = format!("checkpoint has {}{:?}, the IR expects {want}", t.dtype, t.shape);
         return Err(weight_error(decl, found));
     }
+    Ok(t)
+}
+
+/// `decl`'s bytes: the mapped ones when they are already in its dtype and layout (`Some`), else
+/// built into `out` (`None`).
+fn mapped_or_built<'c>(ckpt: &'c Checkpoint, decl: &WeightDecl, out: &mut Vec<u8>) -> Result<Option<&'c [u8]>> {
+    let t = source_tensor(ckpt, decl)?;
     // Non-finite weights would only surface as NaN logits, far from their cause. A quantized linear's
     // scales come from the same source as its values (the quantize pass declares both), which are
     // scanned when they are built: once per tensor, not once per declaration.
