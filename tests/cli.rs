@@ -79,6 +79,7 @@ fn bad_invocations_get_one_line_errors() {
         (vec!["run", tiny, "--prompt", "hello"], vec!["tokenizer.json"]),
         (vec!["run", "/nonexistent/model", "--prompt-ids", "2"], vec!["/nonexistent/model", "config.json"]),
         (vec!["synth", "--preset", "huge", "-o", "/tmp/never"], vec!["huge", "tiny"]),
+        (vec!["bench", tiny, "--backend", "plan"], vec!["--backend plan", "pjrt and cuda"]),
         (vec!["ir", tiny, "--prefill-len", "64", "--context", "16"], vec!["prefill length 64", "16"]),
         (vec!["ir", tiny, "--target", "tpu9"], vec!["unknown target `tpu9`", "tpu-v6e"]),
         (vec!["run", tiny, "--prompt-ids", "2", "--target", "tpu9"], vec!["unknown target `tpu9`"]),

@@ -297,6 +297,9 @@ fn a_t4g_artifact_holds_its_kernels() {
     let args = ["run", art, "--prompt-ids", "2,17,301", "--max-new-tokens", "6"];
     if g4c_runtime::backend::cuda::cuda_driver_problem().is_some() {
         crate::common::assert_one_line_error(&crate::common::g4c(&args), &["--backend cuda", "no CUDA driver"]);
+        // `g4c bench` of it measures its kernels, so it needs the driver too.
+        let bench = ["bench", art, "--prompt-len", "8", "--gen", "4", "-q"];
+        crate::common::assert_one_line_error(&crate::common::g4c(&bench), &["--backend cuda", "no CUDA driver"]);
     }
     let tokens = |backend: &str| {
         let out = crate::common::g4c(&[&args[..], &["--backend", backend]].concat());

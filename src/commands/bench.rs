@@ -1,7 +1,7 @@
 use crate::ui::{ui, with_feedback};
 use anyhow::{bail, Result};
 use clap::Args;
-use g4c_driver::{ModelSource, Session, SessionOptions};
+use g4c_driver::{BackendKind, ModelSource, Session, SessionOptions};
 use g4c_frontend::Shapes;
 use g4c_runtime::bench::{read_bandwidth, run_once, BenchRun, DecodeTraffic, PlanTraffic};
 use serde_json::json;
@@ -27,6 +27,10 @@ pub struct BenchArgs {
     /// Positions a sequence may reach (sizes the full-attention caches; default 4096 or the artifact's)
     #[arg(long, value_parser = super::sizes::positions)]
     pub context: Option<usize>,
+    /// Execution backend: `pjrt` or `cuda` (default: `cuda` for an artifact compiled for a CUDA
+    /// target, else `pjrt`)
+    #[arg(long, value_enum)]
+    pub backend: Option<super::Backend>,
     /// Target (see `g4c targets`; default `cpu`, or the artifact's own)
     #[arg(long)]
     pub target: Option<String>,
@@ -63,11 +67,45 @@ struct Startup {
     weights: f64,
 }
 
+/// The bytes one decode step moves, by part (JSON key, what it is, bytes): what the roofline divides
+/// the memory bandwidth by.
+#[derive(Default)]
+struct StepBytes(Vec<(&'static str, &'static str, u64)>);
+
+impl StepBytes {
+    fn total(&self) -> u64 {
+        self.0.iter().map(|p| p.2).sum()
+    }
+
+    /// What the StableHLO module reads: its weights, caches and host rows (PJRT).
+    fn of_module(t: DecodeTraffic) -> StepBytes {
+        StepBytes(vec![
+            ("weight_bytes", "weights", t.weight_bytes),
+            ("state_bytes", "KV caches and positions", t.state_bytes),
+            ("host_row_bytes", "host rows", t.host_row_bytes),
+        ])
+    }
+
+    /// What the kernel plan's launches move, activations between kernels included (CUDA).
+    fn of_plan(t: PlanTraffic) -> StepBytes {
+        StepBytes(vec![
+            ("weight_bytes", "weights", t.weight_bytes),
+            ("state_bytes", "KV caches and positions", t.kv_bytes),
+            ("activation_bytes", "activations", t.activation_bytes),
+        ])
+    }
+}
+
 pub fn run(args: BenchArgs) -> Result<()> {
     if args.project {
         return project(&args);
     }
+    let backend = super::backend_for(args.backend, &args.model)?;
+    if !matches!(backend, BackendKind::Pjrt | BackendKind::Cuda) {
+        bail!("--backend {}: bench measures the pjrt and cuda backends", backend.name());
+    }
     let options = SessionOptions {
+        backend,
         target: args.target.clone(),
         plugin: args.plugin.clone(),
         pipeline: args.pipeline.options()?,
@@ -103,7 +141,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let module = session.module(&Shapes { batch: args.batch, prefill_len, context })?;
         ui().note(&format!("prompt length {prompt_len}: measuring startup"));
         let mut ready = with_feedback(|feedback| session.executor(module.clone(), feedback))?;
-        let (cold_compile, warm_load) = session.compile_times(&module)?;
+        // A CUDA artifact's kernels are compiled ahead: every start loads them the same way.
+        let (cold_compile, warm_load) = match backend {
+            BackendKind::Pjrt => session.compile_times(&module)?,
+            _ => (ready.total_seconds - ready.weights_seconds, ready.total_seconds - ready.weights_seconds),
+        };
         let startup = Startup { cold_compile, warm_load, weights: ready.weights_seconds };
         ui().note(&format!("prompt length {prompt_len}: {} timed runs", args.reps));
         let exec = ready.executor.as_mut();
@@ -111,7 +153,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let runs: Vec<BenchRun> =
             (0..args.reps).map(|r| run_once(exec, prompt_len, args.gen, r as u64 + 1)).collect::<Result<_, _>>()?;
         if roofline.is_none() {
-            roofline = DecodeTraffic::of(&module);
+            roofline = match backend {
+                BackendKind::Cuda => {
+                    PlanTraffic::of(&g4c_driver::kernel_plan(&module, source.target)?, &module).map(StepBytes::of_plan)
+                }
+                _ => DecodeTraffic::of(&module).map(StepBytes::of_module),
+            };
         }
         on_host = ready.platform.eq_ignore_ascii_case("cpu");
         rows.push((prompt_len, runs, startup));
@@ -126,7 +173,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             (read_bandwidth(1 << 30, 5), "measured (1 GiB read, all cores)")
         }
     };
-    let report = Report { args: &args, source, rows, traffic, bandwidth, bandwidth_source, peak };
+    let report = Report { args: &args, backend, source, rows, traffic, bandwidth, bandwidth_source, peak };
     if args.json {
         super::write_stdout(&format!("{}\n", report.json()))
     } else {
@@ -136,9 +183,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
 struct Report<'a> {
     args: &'a BenchArgs,
+    backend: BackendKind,
     source: &'a ModelSource,
     rows: Vec<(usize, Vec<BenchRun>, Startup)>,
-    traffic: DecodeTraffic,
+    traffic: StepBytes,
     bandwidth: f64,
     bandwidth_source: &'static str,
     peak: Option<u64>,
@@ -152,15 +200,19 @@ impl Report<'_> {
     }
 
     fn roofline_rate(&self) -> f64 {
-        self.traffic.max_steps_per_second(self.bandwidth) * self.args.batch as f64
+        self.bandwidth / self.traffic.total().max(1) as f64 * self.args.batch as f64
     }
 
     fn table(&self) -> String {
         let a = self.args;
         let mut s = String::new();
         s += &format!(
-            "model {} | target {} | backend pjrt | batch {} | {} runs each\n\n",
-            self.source.label, self.source.target.name, a.batch, a.reps
+            "model {} | target {} | backend {} | batch {} | {} runs each\n\n",
+            self.source.label,
+            self.source.target.name,
+            self.backend.name(),
+            a.batch,
+            a.reps
         );
         let mut table = vec![[
             "test".to_string(),
@@ -207,19 +259,22 @@ impl Report<'_> {
                 s += &format!("| {} |\n", rules.join(" | "));
             }
         }
-        let t = &self.traffic;
         let rate = self.decode_rate();
         let max = self.roofline_rate();
+        let startup = match self.backend {
+            BackendKind::Pjrt => "cold = compile with no cache + weights, warm = load from the cache + weights",
+            _ => "loading the compiled kernels (cold and warm alike) + weights",
+        };
         s += &format!(
-            "\nstartup: cold = compile with no cache + weights, warm = load from the cache + weights ({} for weights)\n",
+            "\nstartup: {startup} ({} for weights)\n",
             self.rows.first().map_or("?".into(), |(_, _, st)| format!("{:.2} s", st.weights))
         );
+        let parts: Vec<String> =
+            self.traffic.0.iter().map(|(_, what, bytes)| format!("{} {what}", super::fmt_bytes(*bytes))).collect();
         s += &format!(
-            "decode roofline: {} per step ({} weights + {} KV caches and positions + {} host rows) / {:.1} GB/s {} = {max:.2} tok/s at most; measured {rate:.2} tok/s = {:.0}% of it\n",
-            super::fmt_bytes(t.total()),
-            super::fmt_bytes(t.weight_bytes),
-            super::fmt_bytes(t.state_bytes),
-            super::fmt_bytes(t.host_row_bytes),
+            "decode roofline: {} per step ({}) / {:.1} GB/s {} = {max:.2} tok/s at most; measured {rate:.2} tok/s = {:.0}% of it\n",
+            super::fmt_bytes(self.traffic.total()),
+            parts.join(" + "),
             self.bandwidth / 1e9,
             self.bandwidth_source,
             100.0 * rate / max,
@@ -253,26 +308,25 @@ impl Report<'_> {
                 })
             })
             .collect();
-        let t = &self.traffic;
+        let mut roofline = serde_json::Map::new();
+        roofline.insert("bytes_per_step".into(), json!(self.traffic.total()));
+        for (key, _, bytes) in &self.traffic.0 {
+            roofline.insert(key.to_string(), json!(bytes));
+        }
+        roofline.insert("bandwidth_bytes_per_s".into(), json!(self.bandwidth));
+        roofline.insert("bandwidth_source".into(), json!(self.bandwidth_source));
+        roofline.insert("max_decode_tok_s".into(), json!(self.roofline_rate()));
+        roofline.insert("decode_tok_s".into(), json!(self.decode_rate()));
+        roofline.insert("fraction".into(), json!(self.decode_rate() / self.roofline_rate()));
         json!({
             "model": self.source.label,
             "target": self.source.target.name,
-            "backend": "pjrt",
+            "backend": self.backend.name(),
             "batch": self.args.batch,
             "reps": self.args.reps,
             "results": results,
             "peak_memory_bytes": self.peak,
-            "roofline": {
-                "bytes_per_step": t.total(),
-                "weight_bytes": t.weight_bytes,
-                "state_bytes": t.state_bytes,
-                "host_row_bytes": t.host_row_bytes,
-                "bandwidth_bytes_per_s": self.bandwidth,
-                "bandwidth_source": self.bandwidth_source,
-                "max_decode_tok_s": self.roofline_rate(),
-                "decode_tok_s": self.decode_rate(),
-                "fraction": self.decode_rate() / self.roofline_rate(),
-            },
+            "roofline": roofline,
         })
     }
 }

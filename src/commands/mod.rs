@@ -50,26 +50,26 @@ pub struct ExecutionArgs {
 }
 
 impl ExecutionArgs {
-    /// `--backend`, or the default for `model`: an artifact of a CUDA target runs its kernels.
-    pub fn backend_for(&self, model: &std::path::Path) -> anyhow::Result<g4c_driver::BackendKind> {
-        if let Some(b) = self.backend {
-            return Ok(b.kind());
-        }
-        let cuda_artifact = g4c_runtime::artifact::is_artifact(model)
-            && g4c_runtime::artifact::Artifact::read_manifest(model)?.target["platform"] == "cuda";
-        Ok(if cuda_artifact { g4c_driver::BackendKind::Cuda } else { g4c_driver::BackendKind::Pjrt })
-    }
-
     /// The session's options for running `model` (a checkpoint or an artifact).
     pub fn session_options(&self, model: &std::path::Path) -> anyhow::Result<g4c_driver::SessionOptions> {
         Ok(g4c_driver::SessionOptions {
-            backend: self.backend_for(model)?,
+            backend: backend_for(self.backend, model)?,
             target: self.target.clone(),
             plugin: self.plugin.clone(),
             use_cache: true,
             pipeline: self.pipeline.options()?,
         })
     }
+}
+
+/// `backend`, or the default for `model`: an artifact of a CUDA target runs its kernels.
+pub fn backend_for(backend: Option<Backend>, model: &std::path::Path) -> anyhow::Result<g4c_driver::BackendKind> {
+    if let Some(b) = backend {
+        return Ok(b.kind());
+    }
+    let cuda_artifact = g4c_runtime::artifact::is_artifact(model)
+        && g4c_runtime::artifact::Artifact::read_manifest(model)?.target["platform"] == "cuda";
+    Ok(if cuda_artifact { g4c_driver::BackendKind::Cuda } else { g4c_driver::BackendKind::Pjrt })
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]

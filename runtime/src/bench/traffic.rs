@@ -35,11 +35,6 @@ impl DecodeTraffic {
     pub fn total(&self) -> u64 {
         self.weight_bytes + self.state_bytes + self.host_row_bytes
     }
-
-    /// The most decode steps per second `bandwidth` (bytes/s) allows.
-    pub fn max_steps_per_second(&self, bandwidth: f64) -> f64 {
-        bandwidth / self.total().max(1) as f64
-    }
 }
 
 /// The bytes one decode step of a kernel plan moves through device memory, launch by launch: the
