@@ -4,12 +4,13 @@
 //! into a CUDA graph and replayed, one `cuGraphLaunch` for a call's hundreds of kernels: launched
 //! one by one, E2B's 797 decode launches would cost more host time than an H200 takes to run them.
 
-use super::device::{Buffer, Device, DeviceProgram, LaunchSequence};
+use super::device::{Buffer, Device, DeviceProgram, Launch, LaunchSequence};
 use crate::error::{invalid, Result, RuntimeError};
-use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaGraph, CudaModule, CudaStream};
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Why no CUDA device can be used here, if none can: cudarc panics without a driver, so this is
 /// asked first.
@@ -76,6 +77,39 @@ pub struct CudaDevice {
     buffers: Vec<(sys::CUdeviceptr, usize)>,
     /// Per program, the graph of its current launch sequence (by the sequence's id).
     graphs: HashMap<String, (u64, Graph)>,
+    /// Set by `G4C_CUDA_PROFILE`: kernels are launched and timed one by one instead.
+    profile: Option<Profile>,
+}
+
+/// What `G4C_CUDA_PROFILE` collects: each kernel's launches and GPU time (CUDA events around each
+/// launch, which is waited for), printed to stderr when the device is dropped. The first run of
+/// each sequence names every launch on stderr before making it, so a kernel that never returns or
+/// faults is named by the last line.
+struct Profile {
+    /// Per kernel symbol: launches and milliseconds.
+    kernels: BTreeMap<String, (u64, f64)>,
+    traced: HashSet<u64>,
+    start: CudaEvent,
+    end: CudaEvent,
+    opened: Instant,
+}
+
+impl Profile {
+    fn report(&self) -> String {
+        let total: f64 = self.kernels.values().map(|k| k.1).sum();
+        let mut rows: Vec<_> = self.kernels.iter().collect();
+        rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+        let mut s =
+            format!("cuda profile: {total:.3} ms of kernels in all\n    ms   share  launches  µs/launch  kernel\n");
+        for (symbol, (n, ms)) in rows {
+            s += &format!(
+                "{ms:>9.3}  {:>5.1}%  {n:>8}  {:>9.2}  {symbol}\n",
+                100.0 * ms / total.max(f64::MIN_POSITIVE),
+                1e3 * ms / *n as f64
+            );
+        }
+        s
+    }
 }
 
 /// A CUDA graph, held and replayed only by the thread that steps the executor.
@@ -125,6 +159,20 @@ impl CudaDevice {
             let module = context.load_module(image).map_err(|e| fail(&format!("loading @{}", p.entry), e))?;
             modules.insert(p.entry.clone(), module);
         }
+        let profile = match std::env::var_os("G4C_CUDA_PROFILE") {
+            Some(_) => {
+                let timed = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+                let event = || context.new_event(timed).map_err(|e| fail("creating an event", e));
+                Some(Profile {
+                    kernels: BTreeMap::new(),
+                    traced: HashSet::new(),
+                    start: event()?,
+                    end: event()?,
+                    opened: Instant::now(),
+                })
+            }
+            None => None,
+        };
         Ok(CudaDevice {
             context,
             stream,
@@ -132,6 +180,7 @@ impl CudaDevice {
             functions: HashMap::new(),
             buffers: Vec::new(),
             graphs: HashMap::new(),
+            profile,
         })
     }
 
@@ -167,31 +216,38 @@ fn driver_error(what: &str, e: cudarc::driver::DriverError) -> RuntimeError {
 }
 
 impl CudaDevice {
+    /// Every kernel `sequence` launches, looked up.
+    fn functions(&mut self, sequence: &LaunchSequence) -> Result<Vec<CudaFunction>> {
+        sequence.launches.iter().map(|l| self.function(&sequence.program, &l.symbol)).collect()
+    }
+
+    /// Launches (or, while the stream records, records) `f` as `launch` says.
+    fn launch(&self, f: &CudaFunction, launch: &Launch) -> Result<()> {
+        let mut pointers: Vec<sys::CUdeviceptr> = launch.args.iter().map(|&b| self.buffers[b].0).collect();
+        let mut params: Vec<*mut std::ffi::c_void> =
+            pointers.iter_mut().map(|p| p as *mut sys::CUdeviceptr as *mut std::ffi::c_void).collect();
+        // SAFETY: every parameter of g4c's kernels is a pointer, passed by address as the driver
+        // API requires (the values are copied into the launch or graph node); shared memory is static.
+        unsafe {
+            result::launch_kernel(
+                f.cu_function(),
+                (launch.grid, 1, 1),
+                (launch.block, 1, 1),
+                0,
+                self.stream.cu_stream(),
+                &mut params,
+            )
+        }
+        .map_err(|e| driver_error(&format!("launching {}", launch.symbol), e))
+    }
+
     /// Records `sequence`'s launches on the stream into a graph, without running them.
     fn capture(&mut self, sequence: &LaunchSequence) -> Result<Graph> {
         // Look every kernel up first: nothing but launches may happen while the stream records.
-        let functions: Vec<CudaFunction> =
-            sequence.launches.iter().map(|l| self.function(&sequence.program, &l.symbol)).collect::<Result<_>>()?;
+        let functions = self.functions(sequence)?;
         let capturing = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
         self.stream.begin_capture(capturing).map_err(|e| driver_error("starting a graph capture", e))?;
-        let launched = sequence.launches.iter().zip(&functions).try_for_each(|(launch, f)| {
-            let mut pointers: Vec<sys::CUdeviceptr> = launch.args.iter().map(|&b| self.buffers[b].0).collect();
-            let mut params: Vec<*mut std::ffi::c_void> =
-                pointers.iter_mut().map(|p| p as *mut sys::CUdeviceptr as *mut std::ffi::c_void).collect();
-            // SAFETY: every parameter of g4c's kernels is a pointer, passed by address as the driver
-            // API requires (the values are copied into the graph node); shared memory is static.
-            unsafe {
-                result::launch_kernel(
-                    f.cu_function(),
-                    (launch.grid, 1, 1),
-                    (launch.block, 1, 1),
-                    0,
-                    self.stream.cu_stream(),
-                    &mut params,
-                )
-            }
-            .map_err(|e| driver_error(&format!("recording {}", launch.symbol), e))
-        });
+        let launched = sequence.launches.iter().zip(&functions).try_for_each(|(launch, f)| self.launch(f, launch));
         // The capture is ended whatever happened, so the stream is usable again.
         let ended = self.stream.end_capture(sys::CUgraphInstantiate_flags(0));
         launched?;
@@ -200,6 +256,29 @@ impl CudaDevice {
             .ok_or_else(|| RuntimeError::Invalid(format!("CUDA: @{}'s graph is empty", sequence.program)))?;
         graph.upload().map_err(|e| driver_error("uploading a graph", e))?;
         Ok(Graph(graph))
+    }
+
+    /// Runs `sequence` kernel by kernel, timing and waiting for each (`G4C_CUDA_PROFILE`).
+    fn run_profiled(&mut self, sequence: &LaunchSequence) -> Result<()> {
+        let functions = self.functions(sequence)?;
+        let mut profile = self.profile.take().expect("profiling");
+        let trace = profile.traced.insert(sequence.id);
+        let ran = sequence.launches.iter().zip(&functions).enumerate().try_for_each(|(i, (launch, f))| {
+            if trace {
+                let at = profile.opened.elapsed().as_secs_f64();
+                eprintln!("cuda profile: {at:.3} s: @{} launch {i}: {}", sequence.program, launch.symbol);
+            }
+            profile.start.record(&self.stream).map_err(|e| driver_error("recording an event", e))?;
+            self.launch(f, launch)?;
+            profile.end.record(&self.stream).map_err(|e| driver_error("recording an event", e))?;
+            let ms = profile.start.elapsed_ms(&profile.end).map_err(|e| driver_error(&launch.symbol, e))?;
+            let kernel = profile.kernels.entry(launch.symbol.clone()).or_default();
+            kernel.0 += 1;
+            kernel.1 += f64::from(ms);
+            Ok(())
+        });
+        self.profile = Some(profile);
+        ran
     }
 }
 
@@ -250,6 +329,9 @@ impl Device for CudaDevice {
 
     fn run(&mut self, sequence: &LaunchSequence) -> Result<()> {
         self.bind()?;
+        if self.profile.is_some() {
+            return self.run_profiled(sequence);
+        }
         if self.graphs.get(&sequence.program).is_none_or(|(id, _)| *id != sequence.id) {
             let graph = self.capture(sequence)?;
             self.graphs.insert(sequence.program.clone(), (sequence.id, graph));
@@ -263,6 +345,9 @@ impl Drop for CudaDevice {
     fn drop(&mut self) {
         let _ = self.bind();
         let _ = self.stream.synchronize();
+        if let Some(profile) = &self.profile {
+            eprint!("{}", profile.report());
+        }
         self.graphs.clear();
         for &(ptr, _) in &self.buffers {
             // SAFETY: allocated by `alloc`, freed once.
