@@ -355,7 +355,9 @@ fn e2b_kernels_compile_and_fit_on_every_gpu_class() {
 /// On a GPU (skipped without one, saying why): the tiny models' kernels through the CUDA driver
 /// against the goldens, reading the logits and reading the greedy tokens alone, for t4g (sm_75 PTX, which a newer GPU's driver JIT-compiles: how Turing's
 /// kernels run on an H200) and for h200 (its sm_90 cubin), where the GPU can run them; and, in
-/// f32 with 1100-slot caches, the attention kernels against the interpreter.
+/// f32 with 1100-slot caches, the attention kernels against the interpreter. Every case runs and
+/// says how it went, so that one run on a lent GPU reports all that disagree, not only the first;
+/// each target and model runs on a thread of its own, since compiling the kernels takes longest.
 #[test]
 fn cuda_kernels_on_a_gpu_match_the_goldens() {
     let Some(gpu) = g4c_runtime::backend::cuda::cuda_device_capability() else {
@@ -363,30 +365,66 @@ fn cuda_kernels_on_a_gpu_match_the_goldens() {
         eprintln!("skipped: {why}");
         return;
     };
-    for target in ["t4g", "h200"] {
+    let failed = std::sync::Mutex::new(Vec::new());
+    let check = |what: String, case: &dyn Fn()| match std::panic::catch_unwind(std::panic::AssertUnwindSafe(case)) {
+        Ok(()) => eprintln!("gpu case passed: {what}"),
+        Err(_) => {
+            eprintln!("gpu case FAILED: {what}");
+            failed.lock().unwrap().push(what);
+        }
+    };
+    let targets = ["t4g", "h200"].into_iter().filter(|target| {
         let cc = Target::by_name(target).unwrap().gpu.as_ref().unwrap().compute_capability;
         if cc > gpu {
             eprintln!("skipped {target}: sm_{}{} code does not run on this sm_{}{} GPU", cc.0, cc.1, gpu.0, gpu.1);
-            continue;
         }
-        for model in ["tiny", "tiny-qat", "gqa"] {
-            for case in golden_cases(model) {
-                let dir = golden_dir(model).join("hf");
-                let n = case.generated_ids.len();
-                let what = format!("cuda {target} {model}/{}", case.name);
-                let got = target_generate(Backend::Cuda, target, &dir, &case.prompt_ids, n, None, &|_| {});
-                assert_matches_golden(&what, &got, &case);
-                // As `g4c run` generates: each step copies back the greedy token alone.
-                let greedy = greedy_generate(Backend::Cuda, Some(target), &dir, &case.prompt_ids, n);
-                assert_eq!(greedy.generated_ids, case.generated_ids, "{what}, greedy tokens alone");
+        cc <= gpu
+    });
+    std::thread::scope(|threads| {
+        for target in targets {
+            let check = &check;
+            for model in ["tiny", "tiny-qat", "gqa"] {
+                threads.spawn(move || {
+                    for case in golden_cases(model) {
+                        let dir = golden_dir(model).join("hf");
+                        let n = case.generated_ids.len();
+                        let what = format!("cuda {target} {model}/{}", case.name);
+                        check(what.clone(), &|| {
+                            let got = target_generate(Backend::Cuda, target, &dir, &case.prompt_ids, n, None, &|_| {});
+                            assert_matches_golden(&what, &got, &case);
+                        });
+                        // As `g4c run` generates: each step copies back the greedy token alone.
+                        check(format!("{what}, greedy tokens alone"), &|| {
+                            let greedy = greedy_generate(Backend::Cuda, Some(target), &dir, &case.prompt_ids, n);
+                            assert_eq!(greedy.generated_ids, case.generated_ids, "{what}, greedy tokens alone");
+                        });
+                    }
+                });
             }
+            // The attention kernels (1100-slot caches, split into chunks), in f32 against the interpreter.
+            threads.spawn(move || {
+                let what = format!("cuda {target}, 1100-slot caches");
+                check(what.clone(), &|| {
+                    let case = golden_cases("tiny").into_iter().find(|c| c.name == "short").unwrap();
+                    let (dir, n) = (golden_dir("tiny").join("hf"), case.generated_ids.len());
+                    let passes = f32_pipeline(Target::by_name(target).unwrap());
+                    let want =
+                        long_context_generate(Backend::Interp, None, &dir, &case.prompt_ids, n, None, 1100, &passes);
+                    let got = long_context_generate(
+                        Backend::Cuda,
+                        Some(target),
+                        &dir,
+                        &case.prompt_ids,
+                        n,
+                        None,
+                        1100,
+                        &passes,
+                    );
+                    assert_computes_what_the_module_does(&what, &got, &want);
+                });
+            });
         }
-        // The attention kernels (1100-slot caches, split into chunks), in f32 against the interpreter.
-        let case = golden_cases("tiny").into_iter().find(|c| c.name == "short").unwrap();
-        let (dir, n) = (golden_dir("tiny").join("hf"), case.generated_ids.len());
-        let passes = f32_pipeline(Target::by_name(target).unwrap());
-        let want = long_context_generate(Backend::Interp, None, &dir, &case.prompt_ids, n, None, 1100, &passes);
-        let got = long_context_generate(Backend::Cuda, Some(target), &dir, &case.prompt_ids, n, None, 1100, &passes);
-        assert_computes_what_the_module_does(&format!("cuda {target}, 1100-slot caches"), &got, &want);
-    }
+    });
+    let failed = failed.into_inner().unwrap();
+    assert!(failed.is_empty(), "on the GPU, {} cases failed: {failed:?}", failed.len());
 }
