@@ -754,20 +754,40 @@ impl PackedWeight {
     }
 }
 
-/// Loads the word of packed weight `w` holding its 8 values from `(n, k)` on (`k` a multiple of
-/// 8) and their scale; returns the f32 expression of value `i` (a C variable) among them,
-/// dequantized exactly as `dequantize` does: `(float)q · scale`, rounded to the weight's type.
-fn packed_values(em: &mut Emitter, w: &PackedWeight, n: &str, k: &str, depth: usize) -> Result<String, CudaError> {
+/// The loads of packed weight `w`'s word holding its 8 values from `(n, k)` on (`k` a multiple of
+/// 8) and of their scale: two C expressions.
+fn packed_loads(em: &mut Emitter, w: &PackedWeight, n: &str, k: &str, depth: usize) -> Result<(String, String), CudaError> {
     let array = em.weight_arg(&w.q);
-    let word = em.var("unsigned", "q", &format!("ld_word({array}, ({n} * {depth} + {k}) >> 3)"));
-    let s = em.value(w.scale, &[n.to_string(), format!("({k} / {})", w.group)])?;
-    let s = em.var("float", "s", &s);
-    Ok(rounded(w.dtype, &format!("(float)nib({word}, i) * {s}")))
+    let word = format!("ld_word({array}, ({n} * {depth} + {k}) >> 3)");
+    let scale = em.value(w.scale, &[n.to_string(), format!("({k} / {})", w.group)])?;
+    Ok((word, scale))
 }
+
+/// Value `i` (a C variable) of the 8 in `word`, dequantized exactly as `dequantize` does:
+/// `(float)q · scale`, rounded to the weight's type.
+fn packed_value(w: &PackedWeight, word: &str, scale: &str) -> String {
+    rounded(w.dtype, &format!("(float)nib({word}, i) * {scale}"))
+}
+
+/// Loads the word of packed weight `w` holding its 8 values from `(n, k)` on and their scale into
+/// variables; returns the f32 expression of value `i` among them.
+fn packed_values(em: &mut Emitter, w: &PackedWeight, n: &str, k: &str, depth: usize) -> Result<String, CudaError> {
+    let (word, scale) = packed_loads(em, w, n, k, depth)?;
+    let word = em.var("unsigned", "q", &word);
+    let scale = em.var("float", "s", &scale);
+    Ok(packed_value(w, &word, &scale))
+}
+
+/// How many 256-value steps of `k` a warp of a packed matvec loads before it multiplies any. Each
+/// step is one 128-byte load per weight; one at a time, the few warps an SM holds cannot keep
+/// enough bytes in flight to cover DRAM latency (on the H200, 4-bit matvecs moved 0.2–0.4 TB/s
+/// where the 16-bit logits matvec moved 3.6).
+const PACKED_STEPS_IN_FLIGHT: u32 = 8;
 
 /// The products of a matvec over packed weights: lane `l` takes `k` values `8l .. 8l + 8` of each
 /// 256, one word and one scale per weight, and its 8 staged activations per row in two 128-bit
-/// shared-memory loads (a quarter-warp's loads then touch every bank once).
+/// shared-memory loads (a quarter-warp's loads then touch every bank once). The words and scales of
+/// `PACKED_STEPS_IN_FLIGHT` steps are loaded first, then multiplied.
 fn packed_products(
     em: &mut Emitter,
     weights: &[PackedWeight],
@@ -775,19 +795,37 @@ fn packed_products(
     kt: u32,
     depth: usize,
 ) -> Result<(), CudaError> {
-    em.open(format!("for (int kk = lane * 8; kk < {kt} && k0 + kk < {depth}; kk += 256)"));
-    let values =
-        weights.iter().map(|w| packed_values(em, w, "n", "(k0 + kk)", depth)).collect::<Result<Vec<_>, _>>()?;
+    let (steps, products) = (PACKED_STEPS_IN_FLIGHT.min(kt.div_ceil(256)), weights.len());
+    em.open(format!("for (int kb = lane * 8; kb < {kt} && k0 + kb < {depth}; kb += {})", 256 * steps));
+    em.line(format!("unsigned words[{steps}][{products}] = {{}};"));
+    em.line(format!("float scales[{steps}][{products}] = {{}};"));
+    let step = |em: &mut Emitter| {
+        em.line("#pragma unroll");
+        em.open(format!("for (int u = 0; u < {steps}; ++u)"));
+        em.line("const int kk = kb + 256 * u;");
+        em.open(format!("if (kk < {kt} && k0 + kk < {depth})"));
+    };
+    step(em);
+    for (j, w) in weights.iter().enumerate() {
+        let (word, scale) = packed_loads(em, w, "n", "(k0 + kk)", depth)?;
+        em.line(format!("words[u][{j}] = {word};"));
+        em.line(format!("scales[u][{j}] = {scale};"));
+    }
+    em.close();
+    em.close();
+    step(em);
     em.line(format!("float staged[{rows}][8];"));
     em.line("#pragma unroll");
     em.line(format!("for (int r = 0; r < {rows}; ++r) ld8(act + r * {kt} + kk, staged[r]);"));
     em.line("#pragma unroll");
     em.open("for (int i = 0; i < 8; ++i)");
-    for (j, value) in values.iter().enumerate() {
-        let value = em.var("float", "w", value);
+    for (j, w) in weights.iter().enumerate() {
+        let value = em.var("float", "w", &packed_value(w, &format!("words[u][{j}]"), &format!("scales[u][{j}]")));
         em.line("#pragma unroll");
         em.line(format!("for (int r = 0; r < {rows}; ++r) acc[{j}][r] += staged[r][i] * {value};"));
     }
+    em.close();
+    em.close();
     em.close();
     em.close();
     Ok(())
