@@ -428,3 +428,75 @@ fn cuda_kernels_on_a_gpu_match_the_goldens() {
     let failed = failed.into_inner().unwrap();
     assert!(failed.is_empty(), "on the GPU, {} cases failed: {failed:?}", failed.len());
 }
+
+/// A weight store of raw little-endian bytes, for hand-written IR.
+struct RawWeights(Vec<(&'static str, Vec<u8>)>);
+
+impl g4c_runtime::weights::WeightStore for RawWeights {
+    fn bytes(&self, decl: &g4c_runtime::WeightDecl) -> g4c_runtime::Result<std::borrow::Cow<'_, [u8]>> {
+        Ok(std::borrow::Cow::Borrowed(&self.0.iter().find(|(n, _)| *n == decl.source).expect("a weight").1))
+    }
+}
+
+/// A 4-bit matvec whose depth, 2304 = 9 × 256, is more steps of its warps' loads than are in flight
+/// at once (8): a full batch of 8, then one step more with 7 skipped; on the host emulator against
+/// the interpreter. The tiny models' matvecs are one step deep.
+#[test]
+fn a_packed_matvec_deeper_than_its_loads_in_flight_computes_what_the_module_does() {
+    use g4c_runtime::backend::cuda::{DeviceExecutor, Emulator};
+    use g4c_runtime::{Executor, StepInputs, StepOutput};
+    use std::sync::Arc;
+    let text = r#"
+module @deep_w4 {
+  weight @q : i4[40, 2304] = "q"
+  weight @s : f32[40, 72] = "s"
+  weight @x : f32[1, 2304] = "x"
+  func @decode(
+    %ids: i32[1,1] token_ids,
+    %pos: i32[1,1] positions
+  ) -> (
+    logits: f32[1,40] logits
+  ) {
+    %x = weight @x : f32[1,2304]
+    %id = convert %ids : f32[1,1]
+    %ids.wide = broadcast %id {dims = [0, 1]} : f32[1,2304]
+    %a = mul %x, %ids.wide : f32[1,2304]
+    %q = weight @q : i4[40,2304]
+    %s = weight @s : f32[40,72]
+    %w = dequantize %q, %s {group = 32} : f32[40,2304]
+    %y = dot_general %a, %w {lhs_batch = [], rhs_batch = [], lhs_contract = [1], rhs_contract = [1]} : f32[1,40]
+    return %y
+  }
+}
+"#;
+    let module = Arc::new(g4c_ir::parse_module(text).unwrap());
+    g4c_ir::verify_module(&module).unwrap();
+    let mut seed = 7u64;
+    let mut next = move || {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) as u32
+    };
+    let q: Vec<u8> = (0..40 * 2304 / 2).map(|_| next() as u8).collect();
+    let s: Vec<u8> = (0..40 * 72).flat_map(|_| (0.01 + (next() % 100) as f32 * 1e-4).to_le_bytes()).collect();
+    let x: Vec<u8> = (0..2304).flat_map(|_| ((next() % 2001) as f32 / 1000.0 - 1.0).to_le_bytes()).collect();
+    let store: Arc<dyn g4c_runtime::weights::WeightStore> = Arc::new(RawWeights(vec![("q", q), ("s", s), ("x", x)]));
+    let target = Target::by_name("h200").unwrap();
+    let plan = Arc::new(plan_module(&module, target).unwrap());
+    let kinds: Vec<&str> = plan.entries[0].calls.iter().map(|c| c.kind.name()).collect();
+    assert!(kinds.contains(&"matvec_w4"), "{kinds:?}");
+    let programs = g4c_driver::cuda_programs(&plan, target, false).unwrap().programs;
+    let mut device =
+        DeviceExecutor::new(module.clone(), plan, &programs, store.clone(), Emulator::new(&programs).unwrap()).unwrap();
+    let mut interp = g4c_runtime::InterpExecutor::new(g4c_runtime::Interpreter::new(module, store));
+    let inputs = StepInputs::padded(1, &[(0, &[3][..])], false);
+    let logits = |exec: &mut dyn Executor| {
+        exec.reset().unwrap();
+        exec.step("decode", &inputs, StepOutput::Logits).unwrap().as_f32().unwrap().to_vec()
+    };
+    let (want, got) = (logits(&mut interp), logits(&mut device));
+    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+    assert!(scale > 1.0, "the products are not all near zero: {want:?}");
+    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+        assert!((a - b).abs() <= 1e-5 * scale, "output {i}: {a} where the interpreter computes {b}");
+    }
+}
