@@ -756,7 +756,13 @@ impl PackedWeight {
 
 /// The loads of packed weight `w`'s word holding its 8 values from `(n, k)` on (`k` a multiple of
 /// 8) and of their scale: two C expressions.
-fn packed_loads(em: &mut Emitter, w: &PackedWeight, n: &str, k: &str, depth: usize) -> Result<(String, String), CudaError> {
+fn packed_loads(
+    em: &mut Emitter,
+    w: &PackedWeight,
+    n: &str,
+    k: &str,
+    depth: usize,
+) -> Result<(String, String), CudaError> {
     let array = em.weight_arg(&w.q);
     let word = format!("ld_word({array}, ({n} * {depth} + {k}) >> 3)");
     let scale = em.value(w.scale, &[n.to_string(), format!("({k} / {})", w.group)])?;
