@@ -1,7 +1,7 @@
 //! What a device offers the plan executor: zeroed buffers, copies, and sequences of kernel launches.
 
 use crate::error::Result;
-use g4c_ir::plan::{EntryPlan, KernelCall};
+use g4c_ir::plan::{launch_grid, EntryPlan, KernelCall, Slot};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A buffer of one device, by index.
@@ -41,6 +41,32 @@ pub fn launch_bindings<'a>(
         first += calls.len();
         (calls, parts)
     })
+}
+
+/// The launch of one launch's `calls` (with their bindings `parts`, as `launch_bindings` pairs
+/// them) over the buffers `buffer` and `weight` name: each call's arguments one after the other,
+/// its inputs, then its weights, then its output unless it updates an input in place.
+pub fn launch_of(
+    calls: &[KernelCall],
+    parts: &[KernelBinding],
+    buffer: impl Fn(Slot) -> Buffer,
+    weight: impl Fn(&str) -> Buffer,
+) -> Launch {
+    let mut args: Vec<Buffer> = Vec::new();
+    for (call, k) in calls.iter().zip(parts) {
+        args.extend(call.inputs.iter().map(|&s| buffer(s)));
+        args.extend(k.weights.iter().map(|w| weight(w)));
+        if !call.inputs.contains(&call.output) {
+            args.push(buffer(call.output));
+        }
+    }
+    Launch {
+        symbol: parts[0].symbol.clone(),
+        grid: launch_grid(calls),
+        block: calls[0].launch.block,
+        synchronizes: calls.iter().any(|c| c.launch.synchronizes()),
+        args,
+    }
 }
 
 /// One kernel launch: its symbol, grid and block, whether its threads synchronize (barriers, warp

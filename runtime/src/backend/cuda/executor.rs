@@ -3,12 +3,12 @@
 //! call, so each entry point's launches are one fixed `LaunchSequence`, built on its first call;
 //! only the logits are copied back.
 
-use super::device::{launch_bindings, Buffer, Device, DeviceProgram, KernelBinding, Launch, LaunchSequence};
+use super::device::{launch_bindings, launch_of, Buffer, Device, DeviceProgram, KernelBinding, LaunchSequence};
 use crate::error::{invalid, Result, RuntimeError};
 use crate::executor::{bind_args, initial_state, missing_output, Arg, Executor, StepInputs, StepOutput};
 use crate::tensor::Tensor;
 use crate::weights::WeightStore;
-use g4c_ir::plan::{launch_grid, EntryPlan, KernelPlan, Slot};
+use g4c_ir::plan::{EntryPlan, KernelPlan, Slot};
 use g4c_ir::{Module, ResultRole};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -128,25 +128,8 @@ impl<D: Device> DeviceExecutor<D> {
             self.kernels.get(entry).ok_or_else(|| RuntimeError::Invalid(format!("no kernels for @{entry}")))?;
         let buffers = &self.entries[entry];
         let buffer = |slot: Slot| buffers.buffer(slot, params);
-        // A launch passes its calls' arguments one after the other.
         let launches = launch_bindings(ep, bindings)
-            .map(|(calls, parts)| {
-                let mut args: Vec<Buffer> = Vec::new();
-                for (call, k) in calls.iter().zip(parts) {
-                    args.extend(call.inputs.iter().map(|&s| buffer(s)));
-                    args.extend(k.weights.iter().map(|w| self.weights[w]));
-                    if !call.inputs.contains(&call.output) {
-                        args.push(buffer(call.output));
-                    }
-                }
-                Launch {
-                    symbol: parts[0].symbol.clone(),
-                    grid: launch_grid(calls),
-                    block: calls[0].launch.block,
-                    synchronizes: calls.iter().any(|c| c.launch.synchronizes()),
-                    args,
-                }
-            })
+            .map(|(calls, parts)| launch_of(calls, parts, buffer, |w| self.weights[w]))
             .collect();
         let sequence = Arc::new(LaunchSequence::new(entry, launches));
         self.entry_buffers(entry)?.sequence = Some((params.to_vec(), sequence.clone()));

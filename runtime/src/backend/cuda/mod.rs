@@ -10,7 +10,7 @@ mod driver;
 mod emulator;
 mod executor;
 
-pub use device::{launch_bindings, Buffer, Device, DeviceProgram, KernelBinding, Launch, LaunchSequence};
+pub use device::{launch_bindings, launch_of, Buffer, Device, DeviceProgram, KernelBinding, Launch, LaunchSequence};
 pub use driver::{cuda_device_capability, cuda_driver_problem, ptx_isa_supported, ptx_isa_version, CudaDevice};
 pub use emulator::Emulator;
 pub use executor::DeviceExecutor;
