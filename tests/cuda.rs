@@ -10,7 +10,7 @@ use g4c_frontend::{Model, Shapes};
 use g4c_ir::plan::{launch_smem_bytes, print_plan, EntryPlan, KernelCall, KernelPlan};
 use g4c_ir::Target;
 use g4c_passes::{plan_module, Pass, Pipeline, PipelineOptions};
-use g4c_runtime::backend::cuda::ptx_isa_version;
+use g4c_runtime::backend::cuda::{ptx_isa_version, CudaDevice, Device, DeviceProgram, Emulator};
 use g4c_runtime::generate::Generation;
 
 fn tiny_plan(target: &str, prefill_len: usize) -> KernelPlan {
@@ -401,6 +401,36 @@ fn cuda_kernels_on_a_gpu_match_the_goldens() {
                     }
                 });
             }
+            // Every launch on random inputs against the interpreter, kernel by kernel.
+            threads.spawn(move || {
+                check(format!("cuda {target}, every kernel on random inputs"), &|| {
+                    let gpu =
+                        |programs: &[DeviceProgram]| Box::new(CudaDevice::new(programs).unwrap()) as Box<dyn Device>;
+                    let dir = golden_dir("tiny").join("published");
+                    let (failed, launches) = kernel_disagreements(target, &dir, &["prefill", "decode"], gpu);
+                    assert!(
+                        failed.is_empty(),
+                        "{} of {launches} launches disagree:\n{}",
+                        failed.len(),
+                        failed.join("\n")
+                    );
+                });
+            });
+            // E2B's decode kernels too, when a checkpoint is named (`scripts/device-check` does).
+            if let Some(dir) = std::env::var_os("G4C_E2B_DIR") {
+                threads.spawn(move || {
+                    check(format!("cuda {target}, every E2B decode kernel on random inputs"), &|| {
+                        let gpu = |p: &[DeviceProgram]| Box::new(CudaDevice::new(p).unwrap()) as Box<dyn Device>;
+                        let (failed, launches) = kernel_disagreements(target, dir.as_ref(), &["decode"], gpu);
+                        assert!(
+                            failed.is_empty(),
+                            "{} of {launches} launches disagree:\n{}",
+                            failed.len(),
+                            failed.join("\n")
+                        );
+                    });
+                });
+            }
             // The attention kernels (1100-slot caches, split into chunks), in f32 against the interpreter.
             threads.spawn(move || {
                 let what = format!("cuda {target}, 1100-slot caches");
@@ -498,5 +528,52 @@ module @deep_w4 {
     assert!(scale > 1.0, "the products are not all near zero: {want:?}");
     for (i, (a, b)) in got.iter().zip(&want).enumerate() {
         assert!((a - b).abs() <= 1e-5 * scale, "output {i}: {a} where the interpreter computes {b}");
+    }
+}
+
+/// Every launch of `entries` of `target`'s plan of the checkpoint in `dir` (tiny: quantized to 4
+/// bits; 16-token prefill, context 24; else its own quantization, prefill 128, context 4096), on
+/// random inputs, on `device` (made from the plan's programs) against the interpreter, kernel by
+/// kernel: the disagreements, one line each, and how many launches ran.
+fn kernel_disagreements(
+    target: &'static str,
+    dir: &std::path::Path,
+    entries: &[&str],
+    device: impl FnOnce(&[DeviceProgram]) -> Box<dyn Device>,
+) -> (Vec<String>, usize) {
+    let t = Target::by_name(target).unwrap();
+    let model = Model::open(dir).unwrap();
+    let tiny = model.config.vocab_size <= 512;
+    let (shapes, quantize_group) = match tiny {
+        true => (Shapes { batch: 1, prefill_len: 16, context: 24 }, Some(8)),
+        false => (Shapes { batch: 1, prefill_len: 128, context: 4096 }, None),
+    };
+    let mut m = model.module(&shapes).unwrap();
+    Pipeline::new(t, &PipelineOptions { quantize_group }).run_all(&mut m).unwrap();
+    let plan = plan_module(&m, t).unwrap();
+    let programs = g4c_driver::cuda_programs(&plan, t, true).unwrap().programs;
+    let programs: Vec<DeviceProgram> = programs.into_iter().filter(|p| entries.contains(&p.entry.as_str())).collect();
+    let mut device = device(&programs);
+    let checks =
+        g4c_driver::conformance::check_kernels(&plan, &programs, model.checkpoint, device.as_mut(), 1).unwrap();
+    let failed = checks
+        .iter()
+        .filter_map(|c| {
+            c.outcome.as_ref().err().map(|e| format!("{target} @{} {} {:?}: {e}", c.entry, c.symbol, c.kernels))
+        })
+        .collect();
+    (failed, checks.len())
+}
+
+/// Every launch of t4g's and h200's plans (f16 and bf16, 4-bit weights) on random inputs, emulated
+/// on the host, computes what the interpreter computes from the same inputs, kernel by kernel.
+#[test]
+fn every_kernel_on_the_host_computes_what_the_interpreter_does_on_random_inputs() {
+    for target in ["t4g", "h200"] {
+        let emulator = |programs: &[DeviceProgram]| Box::new(Emulator::new(programs).unwrap()) as Box<dyn Device>;
+        let dir = golden_dir("tiny").join("published");
+        let (failed, launches) = kernel_disagreements(target, &dir, &["prefill", "decode"], emulator);
+        assert!(launches > 40, "{target}: {launches} launches");
+        assert!(failed.is_empty(), "{} of {launches} launches disagree:\n{}", failed.len(), failed.join("\n"));
     }
 }

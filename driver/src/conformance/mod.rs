@@ -1,16 +1,19 @@
 //! The op conformance harness: every op of the IR, in every element type a target computes in, on
 //! random inputs and on edge values (±0, subnormals, ±inf, NaN, values around f16's 65504, empty
 //! axes), run through a backend and compared with the reference interpreter within a tolerance stated
-//! per op. A backend plugs in by implementing `OpBackend`; the PJRT backend does here, the CUDA
-//! backend will.
+//! per op. A backend plugs in by implementing `OpBackend`; the PJRT backend does here. The CUDA
+//! backend is checked kernel by kernel instead (`check_kernels`): its unit is a plan's fused
+//! kernel, not an op.
 
 mod backends;
 mod cases;
 mod compare;
+mod kernels;
 
 pub use backends::{InterpBackend, PjrtBackend};
 pub use cases::cases;
 pub use compare::Tolerance;
+pub use kernels::{check_kernels, LaunchCheck};
 
 use anyhow::Result;
 use g4c_ir::Module;

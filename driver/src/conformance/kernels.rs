@@ -1,0 +1,133 @@
+//! Every launch of a kernel plan on random inputs, on a device (a GPU, or the host emulator) and in
+//! the reference interpreter, each of its kernels' outputs compared: a disagreement names the launch,
+//! its kernels and the elements, where a whole model's run only shows logits that differ.
+
+use super::compare::{outputs, Tolerance};
+use anyhow::{anyhow, Result};
+use g4c_ir::plan::{KernelPlan, Slot};
+use g4c_ir::{DType, TensorType};
+use g4c_runtime::backend::cuda::{launch_bindings, launch_of, Buffer, Device, DeviceProgram, LaunchSequence};
+use g4c_runtime::weights::WeightStore;
+use g4c_runtime::{Interpreter, Tensor};
+use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// How one launch went: `Ok`, or each disagreeing kernel's mismatch.
+pub struct LaunchCheck {
+    pub entry: String,
+    pub symbol: String,
+    /// The plan's kernels it runs, side by side.
+    pub kernels: Vec<String>,
+    pub outcome: Result<(), String>,
+}
+
+/// The kernels' outputs may differ from the interpreter's by the order of their sums: within 2
+/// units in the last place of the output's type, or a thousandth of the output's largest magnitude.
+fn tolerance(want: &Tensor) -> Tolerance {
+    let scale = want.as_f32().map_or(0.0, |v| v.iter().filter(|x| x.is_finite()).fold(0f32, |m, x| m.max(x.abs())));
+    Tolerance::Ulps { ulps: 2, abs: 1e-3 * scale }
+}
+
+/// Random contents for a parameter of type `ty`: floats uniform in [-1, 1]; integers count up
+/// along the last axis, so that they are valid as token ids, positions (distinct in a prefill, as a
+/// cache write needs), slots and last indices alike; predicates false.
+fn random_bytes(ty: &TensorType, rng: &mut impl Rng) -> Vec<u8> {
+    let n = ty.numel();
+    match ty.dtype {
+        DType::F32 => (0..n).flat_map(|_| rng.random_range(-1.0f32..=1.0).to_le_bytes()).collect(),
+        DType::BF16 => (0..n).flat_map(|_| half::bf16::from_f32(rng.random_range(-1.0..=1.0)).to_le_bytes()).collect(),
+        DType::F16 => (0..n).flat_map(|_| half::f16::from_f32(rng.random_range(-1.0..=1.0)).to_le_bytes()).collect(),
+        DType::I32 => {
+            let along = ty.shape.last().copied().unwrap_or(1).max(1);
+            (0..n).flat_map(|i| ((i % along) as i32).to_le_bytes()).collect()
+        }
+        _ => Tensor::filled(ty.clone(), 0.0).to_bytes(),
+    }
+}
+
+/// Runs each launch of every program's entry point on `device` over random inputs (the same for
+/// the interpreter), with the plan's weights from `store`, and compares each kernel's output.
+pub fn check_kernels(
+    plan: &KernelPlan,
+    programs: &[DeviceProgram],
+    store: Arc<dyn WeightStore>,
+    device: &mut dyn Device,
+    seed: u64,
+) -> Result<Vec<LaunchCheck>> {
+    let kernels = Arc::new(plan.kernels.clone());
+    let mut interp = Interpreter::new(kernels.clone(), store.clone());
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut weights: HashMap<String, Buffer> = HashMap::new();
+    let mut scratch = Vec::new();
+    let mut checks = Vec::new();
+    for program in programs {
+        let ep = plan.entry(&program.entry).ok_or_else(|| anyhow!("the plan has no @{}", program.entry))?;
+        // A buffer per slot, as large as its largest use, kept for the entry's launches.
+        let mut buffers: HashMap<Slot, (Buffer, usize)> = HashMap::new();
+        for (calls, parts) in launch_bindings(ep, &program.kernels) {
+            let mut inputs: HashMap<Slot, Tensor> = HashMap::new();
+            let mut sized: Vec<(Slot, usize)> = Vec::new();
+            for call in calls {
+                let k = kernels.function(&call.kernel).ok_or_else(|| anyhow!("no kernel @{}", call.kernel))?;
+                for (p, &slot) in k.params.iter().zip(&call.inputs) {
+                    let ty = k.ty(p.value);
+                    if let std::collections::hash_map::Entry::Vacant(e) = inputs.entry(slot) {
+                        let bytes = random_bytes(ty, &mut rng);
+                        e.insert(Tensor::from_bytes(ty.clone(), &bytes).map_err(|e| anyhow!(e))?);
+                    }
+                    sized.push((slot, ty.byte_size() as usize));
+                }
+                sized.push((call.output, k.ty(k.results[0].value).byte_size() as usize));
+            }
+            for (slot, bytes) in sized {
+                let bytes = match slot {
+                    Slot::Scratch(b) => bytes.max(ep.buffers[b] as usize),
+                    Slot::Param(_) => bytes,
+                };
+                if buffers.get(&slot).is_none_or(|&(_, size)| size < bytes) {
+                    buffers.insert(slot, (device.alloc(bytes)?, bytes));
+                }
+            }
+            for (slot, t) in &inputs {
+                device.upload(buffers[slot].0, &t.to_bytes())?;
+            }
+            for name in parts.iter().flat_map(|p| &p.weights) {
+                if !weights.contains_key(name) {
+                    let decl = plan.kernels.weight(name).ok_or_else(|| anyhow!("no weight @{name}"))?;
+                    let bytes = store.bytes_in(decl, &mut scratch)?;
+                    let b = device.alloc(bytes.len())?;
+                    device.upload(b, bytes)?;
+                    weights.insert(name.clone(), b);
+                }
+            }
+            let launch = launch_of(calls, parts, |s| buffers[&s].0, |w| weights[w]);
+            let symbol = launch.symbol.clone();
+            let ran = device.run(&LaunchSequence::new(&program.entry, vec![launch])).map_err(|e| e.to_string());
+            let mut problems = Vec::new();
+            for call in calls {
+                let outcome = (|| -> Result<Result<(), String>> {
+                    ran.clone().map_err(|e| anyhow!(e))?;
+                    let k = kernels.function(&call.kernel).expect("looked up above");
+                    let args: Vec<Tensor> = call.inputs.iter().map(|s| inputs[s].clone()).collect();
+                    let want = interp.call(&call.kernel, args)?.remove(0);
+                    let bytes = device.download(buffers[&call.output].0, want.ty.byte_size() as usize)?;
+                    let got = Tensor::from_bytes(k.ty(k.results[0].value).clone(), &bytes).map_err(|e| anyhow!(e))?;
+                    Ok(outputs(&[vec![want.clone()]], &[got], tolerance(&want), false))
+                })();
+                match outcome {
+                    Ok(Ok(())) => {}
+                    Ok(Err(mismatch)) => problems.push(format!("@{}: {mismatch}", call.kernel)),
+                    Err(e) => problems.push(format!("@{}: {e:#}", call.kernel)),
+                }
+            }
+            checks.push(LaunchCheck {
+                entry: program.entry.clone(),
+                symbol,
+                kernels: calls.iter().map(|c| c.kernel.clone()).collect(),
+                outcome: if problems.is_empty() { Ok(()) } else { Err(problems.join("; ")) },
+            });
+        }
+    }
+    Ok(checks)
+}
