@@ -404,15 +404,11 @@ fn cuda_kernels_on_a_gpu_match_the_goldens() {
             // Every launch on random inputs against the interpreter, kernel by kernel.
             threads.spawn(move || {
                 check(format!("cuda {target}, every kernel on random inputs"), &|| {
-                    let gpu =
-                        |programs: &[DeviceProgram]| Box::new(CudaDevice::new(programs).unwrap()) as Box<dyn Device>;
-                    let dir = golden_dir("tiny").join("published");
-                    let (failed, launches) = kernel_disagreements(target, &dir, &["prefill", "decode"], gpu);
-                    assert!(
-                        failed.is_empty(),
-                        "{} of {launches} launches disagree:\n{}",
-                        failed.len(),
-                        failed.join("\n")
+                    assert_kernels_agree(
+                        target,
+                        &golden_dir("tiny").join("published"),
+                        &["prefill", "decode"],
+                        on_the_gpu,
                     );
                 });
             });
@@ -420,14 +416,7 @@ fn cuda_kernels_on_a_gpu_match_the_goldens() {
             if let Some(dir) = std::env::var_os("G4C_E2B_DIR") {
                 threads.spawn(move || {
                     check(format!("cuda {target}, every E2B decode kernel on random inputs"), &|| {
-                        let gpu = |p: &[DeviceProgram]| Box::new(CudaDevice::new(p).unwrap()) as Box<dyn Device>;
-                        let (failed, launches) = kernel_disagreements(target, dir.as_ref(), &["decode"], gpu);
-                        assert!(
-                            failed.is_empty(),
-                            "{} of {launches} launches disagree:\n{}",
-                            failed.len(),
-                            failed.join("\n")
-                        );
+                        assert_kernels_agree(target, dir.as_ref(), &["decode"], on_the_gpu);
                     });
                 });
             }
@@ -534,13 +523,13 @@ module @deep_w4 {
 /// Every launch of `entries` of `target`'s plan of the checkpoint in `dir` (tiny: quantized to 4
 /// bits; 16-token prefill, context 24; else its own quantization, prefill 128, context 4096), on
 /// random inputs, on `device` (made from the plan's programs) against the interpreter, kernel by
-/// kernel: the disagreements, one line each, and how many launches ran.
-fn kernel_disagreements(
+/// kernel; fails listing every launch that disagrees, else returns how many ran (at least one).
+fn assert_kernels_agree(
     target: &'static str,
     dir: &std::path::Path,
     entries: &[&str],
     device: impl FnOnce(&[DeviceProgram]) -> Box<dyn Device>,
-) -> (Vec<String>, usize) {
+) -> usize {
     let t = Target::by_name(target).unwrap();
     let model = Model::open(dir).unwrap();
     let tiny = model.config.vocab_size <= 512;
@@ -555,25 +544,29 @@ fn kernel_disagreements(
     let programs: Vec<DeviceProgram> = programs.into_iter().filter(|p| entries.contains(&p.entry.as_str())).collect();
     let mut device = device(&programs);
     let checks =
-        g4c_driver::conformance::check_kernels(&plan, &programs, model.checkpoint, device.as_mut(), 1).unwrap();
-    let failed = checks
+        g4c_driver::conformance::check_kernels(&m, &plan, &programs, model.checkpoint, device.as_mut(), 1).unwrap();
+    let failed: Vec<String> = checks
         .iter()
         .filter_map(|c| {
             c.outcome.as_ref().err().map(|e| format!("{target} @{} {} {:?}: {e}", c.entry, c.symbol, c.kernels))
         })
         .collect();
-    (failed, checks.len())
+    assert!(!checks.is_empty(), "{target}: no launch of {entries:?}");
+    assert!(failed.is_empty(), "{} of {} launches disagree:\n{}", failed.len(), checks.len(), failed.join("\n"));
+    checks.len()
 }
 
-/// Every launch of t4g's and h200's plans (f16 and bf16, 4-bit weights) on random inputs, emulated
-/// on the host, computes what the interpreter computes from the same inputs, kernel by kernel.
+/// The GPU, for `assert_kernels_agree`.
+fn on_the_gpu(programs: &[DeviceProgram]) -> Box<dyn Device> {
+    Box::new(CudaDevice::new(programs).unwrap())
+}
+
 #[test]
 fn every_kernel_on_the_host_computes_what_the_interpreter_does_on_random_inputs() {
     for target in ["t4g", "h200"] {
         let emulator = |programs: &[DeviceProgram]| Box::new(Emulator::new(programs).unwrap()) as Box<dyn Device>;
         let dir = golden_dir("tiny").join("published");
-        let (failed, launches) = kernel_disagreements(target, &dir, &["prefill", "decode"], emulator);
+        let launches = assert_kernels_agree(target, &dir, &["prefill", "decode"], emulator);
         assert!(launches > 40, "{target}: {launches} launches");
-        assert!(failed.is_empty(), "{} of {launches} launches disagree:\n{}", failed.len(), failed.join("\n"));
     }
 }

@@ -5,7 +5,7 @@
 use super::compare::{outputs, Tolerance};
 use anyhow::{anyhow, Result};
 use g4c_ir::plan::{KernelPlan, Slot};
-use g4c_ir::{DType, TensorType};
+use g4c_ir::{DType, Module, ParamRole, TensorType};
 use g4c_runtime::backend::cuda::{launch_bindings, launch_of, Buffer, Device, DeviceProgram, LaunchSequence};
 use g4c_runtime::weights::WeightStore;
 use g4c_runtime::{Interpreter, Tensor};
@@ -29,26 +29,40 @@ fn tolerance(want: &Tensor) -> Tolerance {
     Tolerance::Ulps { ulps: 2, abs: 1e-3 * scale }
 }
 
-/// Random contents for a parameter of type `ty`: floats uniform in [-1, 1]; integers count up
-/// along the last axis, so that they are valid as token ids, positions (distinct in a prefill, as a
-/// cache write needs), slots and last indices alike; predicates false.
-fn random_bytes(ty: &TensorType, rng: &mut impl Rng) -> Vec<u8> {
+/// Random contents for a parameter of type `ty` (`role`: the entry point's parameter it reads, if
+/// it reads one): floats uniform in [-1, 1]. Integers count up along the last axis from a random
+/// start below 64, so that they stay valid as token ids, positions (distinct in a prefill, as a
+/// cache write needs) and slot positions, and a decode's position sees some slots and not others;
+/// a last index is the last token's; other integers (a kernel's indices into its chunks) count
+/// from 0. Predicates are false.
+fn random_bytes(ty: &TensorType, role: Option<&ParamRole>, rng: &mut impl Rng) -> Vec<u8> {
     let n = ty.numel();
-    match ty.dtype {
-        DType::F32 => (0..n).flat_map(|_| rng.random_range(-1.0f32..=1.0).to_le_bytes()).collect(),
-        DType::BF16 => (0..n).flat_map(|_| half::bf16::from_f32(rng.random_range(-1.0..=1.0)).to_le_bytes()).collect(),
-        DType::F16 => (0..n).flat_map(|_| half::f16::from_f32(rng.random_range(-1.0..=1.0)).to_le_bytes()).collect(),
-        DType::I32 => {
-            let along = ty.shape.last().copied().unwrap_or(1).max(1);
-            (0..n).flat_map(|i| ((i % along) as i32).to_le_bytes()).collect()
+    let along = ty.shape.last().copied().unwrap_or(1).max(1);
+    let counting = |start: usize| (0..n).flat_map(move |i| ((start + i % along) as i32).to_le_bytes()).collect();
+    match (ty.dtype, role) {
+        (DType::F32, _) => (0..n).flat_map(|_| rng.random_range(-1.0f32..=1.0).to_le_bytes()).collect(),
+        (DType::BF16, _) => {
+            (0..n).flat_map(|_| half::bf16::from_f32(rng.random_range(-1.0..=1.0)).to_le_bytes()).collect()
         }
+        (DType::F16, _) => {
+            (0..n).flat_map(|_| half::f16::from_f32(rng.random_range(-1.0..=1.0)).to_le_bytes()).collect()
+        }
+        (DType::I32, Some(ParamRole::LastIndex)) => counting(along - 1),
+        (DType::I32, Some(ParamRole::TokenIds | ParamRole::Positions | ParamRole::SlotPositions(_))) => {
+            counting(rng.random_range(0..64))
+        }
+        (DType::I32, _) => counting(0),
         _ => Tensor::filled(ty.clone(), 0.0).to_bytes(),
     }
 }
 
 /// Runs each launch of every program's entry point on `device` over random inputs (the same for
 /// the interpreter), with the plan's weights from `store`, and compares each kernel's output.
+/// `module` is the one the plan was made from (its entry points' parameter roles shape the
+/// inputs). Every output is filled with NaN bytes before the launch, so that an element a kernel
+/// fails to write cannot match by chance.
 pub fn check_kernels(
+    module: &Module,
     plan: &KernelPlan,
     programs: &[DeviceProgram],
     store: Arc<dyn WeightStore>,
@@ -63,6 +77,7 @@ pub fn check_kernels(
     let mut checks = Vec::new();
     for program in programs {
         let ep = plan.entry(&program.entry).ok_or_else(|| anyhow!("the plan has no @{}", program.entry))?;
+        let f = module.function(&program.entry).ok_or_else(|| anyhow!("the module has no @{}", program.entry))?;
         // A buffer per slot, as large as its largest use, kept for the entry's launches.
         let mut buffers: HashMap<Slot, (Buffer, usize)> = HashMap::new();
         for (calls, parts) in launch_bindings(ep, &program.kernels) {
@@ -72,9 +87,19 @@ pub fn check_kernels(
                 let k = kernels.function(&call.kernel).ok_or_else(|| anyhow!("no kernel @{}", call.kernel))?;
                 for (p, &slot) in k.params.iter().zip(&call.inputs) {
                     let ty = k.ty(p.value);
-                    if let std::collections::hash_map::Entry::Vacant(e) = inputs.entry(slot) {
-                        let bytes = random_bytes(ty, &mut rng);
-                        e.insert(Tensor::from_bytes(ty.clone(), &bytes).map_err(|e| anyhow!(e))?);
+                    match inputs.get(&slot) {
+                        Some(t) if &t.ty != ty => {
+                            return Err(anyhow!("@{}: one buffer read as {} and as {ty}", call.kernel, t.ty));
+                        }
+                        Some(_) => {}
+                        None => {
+                            let role = match slot {
+                                Slot::Param(i) => Some(&f.params[i].role),
+                                Slot::Scratch(_) => None,
+                            };
+                            let bytes = random_bytes(ty, role, &mut rng);
+                            inputs.insert(slot, Tensor::from_bytes(ty.clone(), &bytes).map_err(|e| anyhow!(e))?);
+                        }
                     }
                     sized.push((slot, ty.byte_size() as usize));
                 }
@@ -91,6 +116,10 @@ pub fn check_kernels(
             }
             for (slot, t) in &inputs {
                 device.upload(buffers[slot].0, &t.to_bytes())?;
+            }
+            for call in calls.iter().filter(|c| !c.inputs.contains(&c.output)) {
+                let (buffer, bytes) = buffers[&call.output];
+                device.upload(buffer, &vec![0xFF; bytes])?;
             }
             for name in parts.iter().flat_map(|p| &p.weights) {
                 if !weights.contains_key(name) {
