@@ -81,16 +81,17 @@ pub struct CudaDevice {
     profile: Option<Profile>,
 }
 
-/// What `G4C_CUDA_PROFILE` collects: each kernel's launches and GPU time (CUDA events around each
-/// launch, which is waited for), printed to stderr when the device is dropped. The first run of
-/// each sequence names every launch on stderr before making it, so a kernel that never returns or
-/// faults is named by the last line.
+/// What `G4C_CUDA_PROFILE` collects: each kernel's launches and GPU time, printed to stderr when
+/// the device is dropped. A run's launches are queued one after another with an event after each,
+/// so that the time between two events is the kernel's (and the GPU's gap before it), not the
+/// host's time to launch it. The first run of each sequence is not timed: it names every launch on
+/// stderr and waits for it, so that a kernel that never returns or faults is named by the last line.
 struct Profile {
     /// Per kernel symbol: launches and milliseconds.
     kernels: BTreeMap<String, (u64, f64)>,
     traced: HashSet<u64>,
-    start: CudaEvent,
-    end: CudaEvent,
+    /// One more than the most launches a sequence has had.
+    events: Vec<CudaEvent>,
     opened: Instant,
 }
 
@@ -99,8 +100,9 @@ impl Profile {
         let total: f64 = self.kernels.values().map(|k| k.1).sum();
         let mut rows: Vec<_> = self.kernels.iter().collect();
         rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
-        let mut s =
-            format!("cuda profile: {total:.3} ms of kernels in all\n    ms   share  launches  µs/launch  kernel\n");
+        let mut s = format!(
+            "cuda profile: {total:.3} ms of kernels in all (each sequence's first run untimed)\n    ms   share  launches  µs/launch  kernel\n"
+        );
         for (symbol, (n, ms)) in rows {
             s += &format!(
                 "{ms:>9.3}  {:>5.1}%  {n:>8}  {:>9.2}  {symbol}\n",
@@ -159,19 +161,14 @@ impl CudaDevice {
             let module = context.load_module(image).map_err(|e| fail(&format!("loading @{}", p.entry), e))?;
             modules.insert(p.entry.clone(), module);
         }
-        let profile = match std::env::var_os("G4C_CUDA_PROFILE") {
-            Some(_) => {
-                let timed = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-                let event = || context.new_event(timed).map_err(|e| fail("creating an event", e));
-                Some(Profile {
-                    kernels: BTreeMap::new(),
-                    traced: HashSet::new(),
-                    start: event()?,
-                    end: event()?,
-                    opened: Instant::now(),
-                })
-            }
-            None => None,
+        let profile = match std::env::var("G4C_CUDA_PROFILE").as_deref() {
+            Ok("") | Ok("0") | Err(_) => None,
+            Ok(_) => Some(Profile {
+                kernels: BTreeMap::new(),
+                traced: HashSet::new(),
+                events: Vec::new(),
+                opened: Instant::now(),
+            }),
         };
         Ok(CudaDevice {
             context,
@@ -262,23 +259,46 @@ impl CudaDevice {
     fn run_profiled(&mut self, sequence: &LaunchSequence) -> Result<()> {
         let functions = self.functions(sequence)?;
         let mut profile = self.profile.take().expect("profiling");
+        let ran = self.run_profiled_with(sequence, &functions, &mut profile);
+        self.profile = Some(profile);
+        ran
+    }
+
+    fn run_profiled_with(
+        &self,
+        sequence: &LaunchSequence,
+        functions: &[CudaFunction],
+        profile: &mut Profile,
+    ) -> Result<()> {
+        let event_error = |e| driver_error("recording an event", e);
+        let timed = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        while profile.events.len() <= sequence.launches.len() {
+            profile.events.push(self.context.new_event(timed).map_err(|e| driver_error("creating an event", e))?);
+        }
         let trace = profile.traced.insert(sequence.id);
-        let ran = sequence.launches.iter().zip(&functions).enumerate().try_for_each(|(i, (launch, f))| {
+        profile.events[0].record(&self.stream).map_err(event_error)?;
+        for (i, (launch, f)) in sequence.launches.iter().zip(functions).enumerate() {
             if trace {
                 let at = profile.opened.elapsed().as_secs_f64();
                 eprintln!("cuda profile: {at:.3} s: @{} launch {i}: {}", sequence.program, launch.symbol);
             }
-            profile.start.record(&self.stream).map_err(|e| driver_error("recording an event", e))?;
             self.launch(f, launch)?;
-            profile.end.record(&self.stream).map_err(|e| driver_error("recording an event", e))?;
-            let ms = profile.start.elapsed_ms(&profile.end).map_err(|e| driver_error(&launch.symbol, e))?;
+            profile.events[i + 1].record(&self.stream).map_err(event_error)?;
+            if trace {
+                profile.events[i + 1].synchronize().map_err(|e| driver_error(&launch.symbol, e))?;
+            }
+        }
+        if trace {
+            return Ok(());
+        }
+        for (i, launch) in sequence.launches.iter().enumerate() {
+            let ms =
+                profile.events[i].elapsed_ms(&profile.events[i + 1]).map_err(|e| driver_error(&launch.symbol, e))?;
             let kernel = profile.kernels.entry(launch.symbol.clone()).or_default();
             kernel.0 += 1;
             kernel.1 += f64::from(ms);
-            Ok(())
-        });
-        self.profile = Some(profile);
-        ran
+        }
+        Ok(())
     }
 }
 
