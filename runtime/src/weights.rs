@@ -39,9 +39,14 @@ pub trait WeightStore: Send + Sync {
     /// Rows `ids` (in range) of table `decl`, one after another, as `bytes` lays them out: what a
     /// host gather reads every step. This default builds the whole table.
     fn rows(&self, decl: &WeightDecl, ids: &[usize]) -> Result<Vec<u8>> {
-        let bytes = self.bytes(decl)?;
-        Ok(gather_rows(&bytes, decl.ty.shape[0], ids))
+        rows_of_whole_table(self, decl, ids)
     }
+}
+
+/// Rows `ids` of table `decl`, from all of its bytes.
+fn rows_of_whole_table(store: &(impl WeightStore + ?Sized), decl: &WeightDecl, ids: &[usize]) -> Result<Vec<u8>> {
+    let bytes = store.bytes(decl)?;
+    Ok(gather_rows(&bytes, decl.ty.shape[0], ids))
 }
 
 /// Rows `ids` of a table of `rows` rows laid out in `bytes`, one after another.
@@ -92,8 +97,7 @@ impl WeightStore for Checkpoint {
     /// for non-finite numbers, which took longer than the rest of a decode step.
     fn rows(&self, decl: &WeightDecl, ids: &[usize]) -> Result<Vec<u8>> {
         if decl.layout != SourceLayout::Stored {
-            let bytes = self.bytes(decl)?;
-            return Ok(gather_rows(&bytes, decl.ty.shape[0], ids));
+            return rows_of_whole_table(self, decl, ids);
         }
         let t = source_tensor(self, decl)?;
         let rows = gather_rows(t.bytes, decl.ty.shape[0], ids);
