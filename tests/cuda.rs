@@ -3,7 +3,7 @@
 
 use crate::common::{
     assert_matches_golden, golden_cases, golden_dir, greedy_generate, long_context_generate, run_transformed,
-    target_generate, Backend,
+    target_generate, Backend, WeightTable,
 };
 use g4c_codegen::cuda::{assemble, compile_ptx, emit_entry, CudaProgram};
 use g4c_frontend::{Model, Shapes};
@@ -13,12 +13,23 @@ use g4c_passes::{plan_module, Pass, Pipeline, PipelineOptions};
 use g4c_runtime::backend::cuda::{ptx_isa_version, CudaDevice, Device, DeviceProgram, Emulator};
 use g4c_runtime::generate::Generation;
 
+/// The checkpoint in `dir`, its module for `shapes` after `target`'s pipeline, and its kernel plan.
+fn planned(
+    dir: &std::path::Path,
+    target: &'static Target,
+    shapes: Shapes,
+    quantize_group: Option<usize>,
+) -> (Model, g4c_ir::Module, KernelPlan) {
+    let model = Model::open(dir).unwrap();
+    let mut m = model.module(&shapes).unwrap();
+    Pipeline::new(target, &PipelineOptions { quantize_group }).run_all(&mut m).unwrap();
+    let plan = plan_module(&m, target).unwrap();
+    (model, m, plan)
+}
+
 fn tiny_plan(target: &str, prefill_len: usize) -> KernelPlan {
-    let target = Target::by_name(target).unwrap();
-    let model = Model::open(&golden_dir("tiny").join("published")).unwrap();
-    let mut m = model.module(&Shapes { batch: 1, prefill_len, context: 24 }).unwrap();
-    Pipeline::new(target, &PipelineOptions { quantize_group: Some(8) }).run_all(&mut m).unwrap();
-    plan_module(&m, target).unwrap()
+    let (dir, shapes) = (golden_dir("tiny").join("published"), Shapes { batch: 1, prefill_len, context: 24 });
+    planned(&dir, Target::by_name(target).unwrap(), shapes, Some(8)).2
 }
 
 /// Each launch of `entry`, its calls and the symbol of its kernel in `program`.
@@ -407,6 +418,7 @@ fn cuda_kernels_on_a_gpu_match_the_goldens() {
                     assert_kernels_agree(
                         target,
                         &golden_dir("tiny").join("published"),
+                        TINY_CHECKED,
                         &["prefill", "decode"],
                         on_the_gpu,
                     );
@@ -416,7 +428,7 @@ fn cuda_kernels_on_a_gpu_match_the_goldens() {
             if let Some(dir) = std::env::var_os("G4C_E2B_DIR") {
                 threads.spawn(move || {
                     check(format!("cuda {target}, every E2B decode kernel on random inputs"), &|| {
-                        assert_kernels_agree(target, dir.as_ref(), &["decode"], on_the_gpu);
+                        assert_kernels_agree(target, dir.as_ref(), E2B_CHECKED, &["decode"], on_the_gpu);
                     });
                 });
             }
@@ -446,15 +458,6 @@ fn cuda_kernels_on_a_gpu_match_the_goldens() {
     });
     let failed = failed.into_inner().unwrap();
     assert!(failed.is_empty(), "on the GPU, {} cases failed: {failed:?}", failed.len());
-}
-
-/// A weight store of raw little-endian bytes, for hand-written IR.
-struct RawWeights(Vec<(&'static str, Vec<u8>)>);
-
-impl g4c_runtime::weights::WeightStore for RawWeights {
-    fn bytes(&self, decl: &g4c_runtime::WeightDecl) -> g4c_runtime::Result<std::borrow::Cow<'_, [u8]>> {
-        Ok(std::borrow::Cow::Borrowed(&self.0.iter().find(|(n, _)| *n == decl.source).expect("a weight").1))
-    }
 }
 
 /// A 4-bit matvec whose depth, 2304 = 9 × 256, is more steps of its warps' loads than are in flight
@@ -495,10 +498,11 @@ module @deep_w4 {
         seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
         (seed >> 33) as u32
     };
-    let q: Vec<u8> = (0..40 * 2304 / 2).map(|_| next() as u8).collect();
-    let s: Vec<u8> = (0..40 * 72).flat_map(|_| (0.01 + (next() % 100) as f32 * 1e-4).to_le_bytes()).collect();
-    let x: Vec<u8> = (0..2304).flat_map(|_| ((next() % 2001) as f32 / 1000.0 - 1.0).to_le_bytes()).collect();
-    let store: Arc<dyn g4c_runtime::weights::WeightStore> = Arc::new(RawWeights(vec![("q", q), ("s", s), ("x", x)]));
+    let nibbles: Vec<u8> = (0..40 * 2304 / 2).map(|_| next() as u8).collect();
+    let q = g4c_runtime::Tensor::from_bytes(g4c_ir::TensorType::new(g4c_ir::DType::I4, [40, 2304]), &nibbles).unwrap();
+    let s = g4c_runtime::Tensor::f32([40, 72], (0..40 * 72).map(|_| 0.01 + (next() % 100) as f32 * 1e-4).collect());
+    let x = g4c_runtime::Tensor::f32([1, 2304], (0..2304).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect());
+    let store: Arc<dyn g4c_runtime::WeightStore> = Arc::new(WeightTable(vec![("q", q), ("s", s), ("x", x)]));
     let target = Target::by_name("h200").unwrap();
     let plan = Arc::new(plan_module(&module, target).unwrap());
     let kinds: Vec<&str> = plan.entries[0].calls.iter().map(|c| c.kind.name()).collect();
@@ -520,26 +524,26 @@ module @deep_w4 {
     }
 }
 
-/// Every launch of `entries` of `target`'s plan of the checkpoint in `dir` (tiny: quantized to 4
-/// bits; 16-token prefill, context 24; else its own quantization, prefill 128, context 4096), on
-/// random inputs, on `device` (made from the plan's programs) against the interpreter, kernel by
-/// kernel; fails listing every launch that disagrees, else returns how many ran (at least one).
+/// The tiny model as the kernel checks plan it: a 16-token prefill, context 24, quantized to 4 bits
+/// in groups of 8.
+const TINY_CHECKED: (Shapes, Option<usize>) = (Shapes { batch: 1, prefill_len: 16, context: 24 }, Some(8));
+
+/// E2B as the kernel checks plan it: a 128-token prefill, context 4096, its own quantization.
+const E2B_CHECKED: (Shapes, Option<usize>) = (Shapes { batch: 1, prefill_len: 128, context: 4096 }, None);
+
+/// Every launch of `entries` of `target`'s plan of the checkpoint in `dir` (for `shapes`, quantized
+/// in groups of `quantize_group` if given), on random inputs, on `device` (made from the plan's
+/// programs) against the interpreter, kernel by kernel; fails listing every launch that disagrees,
+/// else returns how many ran (at least one).
 fn assert_kernels_agree(
     target: &'static str,
     dir: &std::path::Path,
+    (shapes, quantize_group): (Shapes, Option<usize>),
     entries: &[&str],
     device: impl FnOnce(&[DeviceProgram]) -> Box<dyn Device>,
 ) -> usize {
     let t = Target::by_name(target).unwrap();
-    let model = Model::open(dir).unwrap();
-    let tiny = model.config.vocab_size <= 512;
-    let (shapes, quantize_group) = match tiny {
-        true => (Shapes { batch: 1, prefill_len: 16, context: 24 }, Some(8)),
-        false => (Shapes { batch: 1, prefill_len: 128, context: 4096 }, None),
-    };
-    let mut m = model.module(&shapes).unwrap();
-    Pipeline::new(t, &PipelineOptions { quantize_group }).run_all(&mut m).unwrap();
-    let plan = plan_module(&m, t).unwrap();
+    let (model, m, plan) = planned(dir, t, shapes, quantize_group);
     let programs = g4c_driver::cuda_programs(&plan, t, true).unwrap().programs;
     let programs: Vec<DeviceProgram> = programs.into_iter().filter(|p| entries.contains(&p.entry.as_str())).collect();
     let mut device = device(&programs);
@@ -566,7 +570,7 @@ fn every_kernel_on_the_host_computes_what_the_interpreter_does_on_random_inputs(
     for target in ["t4g", "h200"] {
         let emulator = |programs: &[DeviceProgram]| Box::new(Emulator::new(programs).unwrap()) as Box<dyn Device>;
         let dir = golden_dir("tiny").join("published");
-        let launches = assert_kernels_agree(target, &dir, &["prefill", "decode"], emulator);
+        let launches = assert_kernels_agree(target, &dir, TINY_CHECKED, &["prefill", "decode"], emulator);
         assert!(launches > 40, "{target}: {launches} launches");
     }
 }

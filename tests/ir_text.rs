@@ -1,11 +1,11 @@
 //! The IR text form: print → parse → print is identical (tiny and E2B entry points), parsing gives back
 //! the same module, hand-written IR runs, and malformed text is rejected with a position.
 
-use crate::common::golden_dir;
+use crate::common::{golden_dir, WeightTable};
 use g4c_frontend::synth::Preset;
 use g4c_frontend::{Model, Shapes};
-use g4c_ir::{parse_module, print_module, verify_module, DType, Module, TensorType, WeightDecl};
-use g4c_runtime::{Interpreter, Tensor, WeightStore};
+use g4c_ir::{parse_module, print_module, verify_module, DType, Module, TensorType};
+use g4c_runtime::{Interpreter, Tensor};
 
 fn assert_round_trips(m: &Module) {
     let text = print_module(m);
@@ -51,15 +51,6 @@ fn e2b_entry_points_round_trip() {
     assert_eq!(named("h.l34"), TensorType::new(DType::F32, [1, 1, 1536]));
 }
 
-/// A weight store for hand-written IR: every weight is a constant from a table.
-struct Table(Vec<(&'static str, Tensor)>);
-
-impl WeightStore for Table {
-    fn load(&self, decl: &WeightDecl) -> g4c_runtime::Result<Tensor> {
-        Ok(self.0.iter().find(|(n, _)| *n == decl.source).expect("weight in table").1.clone())
-    }
-}
-
 #[test]
 fn hand_written_ir_parses_verifies_and_runs() {
     // Writes two tokens into a 3-slot ring and scales a weight by the stored positions.
@@ -87,7 +78,7 @@ module @ring {
 "#;
     let m = parse_module(text).unwrap();
     verify_module(&m).unwrap();
-    let store = Table(vec![("w", Tensor::f32([3], vec![1.0, 10.0, 100.0]))]);
+    let store = WeightTable(vec![("w", Tensor::f32([3], vec![1.0, 10.0, 100.0]))]);
     let mut interp = Interpreter::new(std::sync::Arc::new(m), std::sync::Arc::new(store));
     let out =
         interp.call("step", vec![Tensor::i32([1, 2], vec![4, 5]), Tensor::i32([1, 3], vec![-1, -1, -1])]).unwrap();

@@ -144,7 +144,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         // A CUDA artifact's kernels are compiled ahead: every start loads them the same way.
         let (cold_compile, warm_load) = match backend {
             BackendKind::Pjrt => session.compile_times(&module)?,
-            _ => (ready.total_seconds - ready.weights_seconds, ready.total_seconds - ready.weights_seconds),
+            _ => {
+                let load = ready.total_seconds - ready.weights_seconds;
+                (load, load)
+            }
         };
         let startup = Startup { cold_compile, warm_load, weights: ready.weights_seconds };
         ui().note(&format!("prompt length {prompt_len}: {} timed runs", args.reps));

@@ -307,3 +307,12 @@ pub fn fuzz_config() -> proptest::test_runner::Config {
     let cases = std::env::var("G4C_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
     proptest::test_runner::Config { cases, failure_persistence: None, ..Default::default() }
 }
+
+/// A weight store for hand-written IR: every weight is a constant from a table, by source name.
+pub struct WeightTable(pub Vec<(&'static str, g4c_runtime::Tensor)>);
+
+impl g4c_runtime::WeightStore for WeightTable {
+    fn load(&self, decl: &g4c_runtime::WeightDecl) -> g4c_runtime::Result<g4c_runtime::Tensor> {
+        Ok(self.0.iter().find(|(n, _)| *n == decl.source).expect("weight in table").1.clone())
+    }
+}

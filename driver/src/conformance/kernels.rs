@@ -142,7 +142,8 @@ pub fn check_kernels(
                     let want = interp.call(&call.kernel, args)?.remove(0);
                     let bytes = device.download(buffers[&call.output].0, want.ty.byte_size() as usize)?;
                     let got = Tensor::from_bytes(k.ty(k.results[0].value).clone(), &bytes).map_err(|e| anyhow!(e))?;
-                    Ok(outputs(&[vec![want.clone()]], &[got], tolerance(&want), false))
+                    let tolerance = tolerance(&want);
+                    Ok(outputs(&[vec![want]], &[got], tolerance, false))
                 })();
                 match outcome {
                     Ok(Ok(())) => {}
