@@ -465,6 +465,23 @@ impl<'k> Emitter<'k> {
         c: &str,
         acc: &str,
     ) -> Result<(), CudaError> {
+        let (li, ri) = self.dot_operands_at(lhs, rhs, dims, idx, c);
+        let a = self.value(lhs, &li)?;
+        let b = self.value(rhs, &ri)?;
+        self.line(format!("{acc} += {a} * {b};"));
+        Ok(())
+    }
+
+    /// The indices of the operands' elements that a `dot_general`'s output element at `idx`
+    /// multiplies at linear position `c` of the contracted axes.
+    pub(crate) fn dot_operands_at(
+        &self,
+        lhs: ValueId,
+        rhs: ValueId,
+        dims: &DotDims,
+        idx: &[String],
+        c: &str,
+    ) -> (Index, Index) {
         let (lt, rt) = (self.ty(lhs), self.ty(rhs));
         let depth: Vec<usize> = dims.lhs_contract.iter().map(|&d| lt.shape[d]).collect();
         let nb = dims.lhs_batch.len();
@@ -485,10 +502,7 @@ impl<'k> Emitter<'k> {
         };
         let li = side(lt.rank(), &dims.lhs_batch, &dims.lhs_contract, &lhs_free, nb);
         let ri = side(rt.rank(), &dims.rhs_batch, &dims.rhs_contract, &rhs_free, nb + lhs_free.len());
-        let a = self.value(lhs, &li)?;
-        let b = self.value(rhs, &ri)?;
-        self.line(format!("{acc} += {a} * {b};"));
-        Ok(())
+        (li, ri)
     }
 
     /// One step of a reduction of `input` over `axes` for the output element at `idx`: combines

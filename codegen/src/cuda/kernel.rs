@@ -11,9 +11,10 @@ use super::elemental::{
     linear, reduce_combine, reduce_init, rounded, storage_type, store, unlinear, value_type, write_lines, Emitter,
     Index,
 };
+use super::loops::{batched_loop, LOADS_IN_FLIGHT};
 use super::CudaError;
 use g4c_ir::plan::{KernelCall, KernelKind, ReduceSplit, SlotSplit, Tile};
-use g4c_ir::{DType, Function, Op, ReduceKind, ValueId};
+use g4c_ir::{DType, DotDims, Function, Op, ReduceKind, ValueId};
 use g4c_passes::{
     attention_arrays, attention_of, chunk_axis_of, footprint, matvec_of, prelude_launch, prelude_of, reduction_of,
     split_footprint, Attention, Matvec,
@@ -205,6 +206,8 @@ fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32)
     };
     let dtype = em.k.ty(r.reduction).dtype;
     em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
+    // Whether the block's threads stage the left-hand side's elements before its warps multiply.
+    let mut staged_lhs = false;
     let (first, stride) = match split {
         ReduceSplit::WarpPerOutput => {
             em.line(format!("const int i = block * {warps} + warp;"));
@@ -225,6 +228,7 @@ fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32)
                     let chunks = cols / 32;
                     em.line(format!("const int q = block / {rows}, row = (q / {chunks}) * {rows} + block % {rows};"));
                     em.line(format!("const int i = row * {cols} + (q % {chunks}) * 32 + lane;"));
+                    staged_lhs = true;
                 }
                 None => em.line("const int i = block * 32 + lane;"),
             }
@@ -232,15 +236,21 @@ fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32)
         }
     };
     em.line(format!("{} acc = {};", value_type(dtype), reduce_init(kind, dtype)));
-    em.open(format!("if (i < {})", r.outputs));
-    em.open(format!("for (int c = {first}; c < {}; c += {stride})", r.extent));
-    match &op {
-        Op::Reduce { input, kind, axes } => em.reduce_step(*input, *kind, axes, &idx, "c", "acc")?,
-        Op::DotGeneral { lhs, rhs, dims } => em.dot_step(*lhs, *rhs, dims, &idx, "c", "acc")?,
-        _ => return Err(unsupported()),
+    match (&op, staged_lhs) {
+        (Op::DotGeneral { lhs, rhs, dims }, true) => {
+            staged_dot(em, (*lhs, *rhs, dims), &idx, r.outputs, r.extent, warps * 32)?
+        }
+        _ => {
+            em.open(format!("if (i < {})", r.outputs));
+            let range = (first, r.extent.to_string(), stride.to_string());
+            batched_loop(em, "c", (range.0, &range.1, &range.2), &mut |em| match &op {
+                Op::Reduce { input, kind, axes } => em.reduce_step(*input, *kind, axes, &idx, "c", "acc"),
+                Op::DotGeneral { lhs, rhs, dims } => em.dot_step(*lhs, *rhs, dims, &idx, "c", "acc"),
+                _ => Err(unsupported()),
+            })?;
+            em.close();
+        }
     }
-    em.close();
-    em.close();
     match split {
         ReduceSplit::WarpPerOutput => {
             // Every lane of every warp shuffles, in or out of range: the warp's control flow stays
@@ -265,6 +275,44 @@ fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32)
         }
     }
     store_root(em, &[(r.reduction, "acc".into())], root)?;
+    em.close();
+    Ok(())
+}
+
+/// The products of a block whose threads' outputs share one row of the left-hand side (a head's
+/// probabilities), its warps splitting the `extent` contracted elements: per `threads` of them,
+/// the block computes that row's elements into `part` (a thread each), then each warp multiplies
+/// its elements of the chunk by the right-hand side's. So each element of the row is computed
+/// once per block, not once per warp and iteration, and the warps' loop reads shared memory and
+/// the right-hand side alone, whose loads `batched_loop` can then issue together (computing a
+/// softmax's probability in the loop, a division's slow path kept every iteration waiting for
+/// its load). Each warp takes the same elements in the same order as without the staging.
+fn staged_dot(
+    em: &mut Emitter,
+    (lhs, rhs, dims): (ValueId, ValueId, &DotDims),
+    idx: &Index,
+    outputs: usize,
+    extent: usize,
+    threads: u32,
+) -> Result<(), CudaError> {
+    em.open(format!("for (int chunk = 0; chunk < {extent}; chunk += {threads})"));
+    em.line("const int cs = chunk + threadIdx.x;");
+    em.open(format!("if (i < {outputs} && cs < {extent})"));
+    let (li, _) = em.dot_operands_at(lhs, rhs, dims, idx, "cs");
+    let a = em.value(lhs, &li)?;
+    em.line(format!("part[threadIdx.x] = {a};"));
+    em.close();
+    em.line("__syncthreads();");
+    em.open(format!("if (i < {outputs})"));
+    let end = format!("min(chunk + {threads}, {extent})");
+    batched_loop(em, "c", ("chunk + warp", &end, &(threads / 32).to_string()), &mut |em| {
+        let (_, ri) = em.dot_operands_at(lhs, rhs, dims, idx, "c");
+        let b = em.value(rhs, &ri)?;
+        em.line(format!("acc += part[c - chunk] * {b};"));
+        Ok(())
+    })?;
+    em.close();
+    em.line("__syncthreads();");
     em.close();
     Ok(())
 }
@@ -316,11 +364,12 @@ fn attention(em: &mut Emitter, s: &SlotSplit, a: &Attention, root: ValueId, warp
     em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
 
     // The queries, staged.
-    em.open(format!("for (int e = threadIdx.x; e < {}; e += blockDim.x)", heads * depth));
-    em.line(format!("const int r = e / {depth}, kk = e % {depth};"));
-    activation_at(em, &a.scores, "q", "r", "kk")?;
-    em.line(format!("act[r * {depth} + kk] = q;"));
-    em.close();
+    batched_loop(em, "e", ("threadIdx.x", &(heads * depth).to_string(), "blockDim.x"), &mut |em| {
+        em.line(format!("const int r = e / {depth}, kk = e % {depth};"));
+        activation_at(em, &a.scores, "q", "r", "kk")?;
+        em.line(format!("act[r * {depth} + kk] = q;"));
+        Ok(())
+    })?;
     em.line("__syncthreads();");
 
     // Scores: a warp per slot, lanes along the key row; padding slots read no key.
@@ -330,11 +379,15 @@ fn attention(em: &mut Emitter, s: &SlotSplit, a: &Attention, root: ValueId, warp
     em.line(format!("float acc[{heads}];"));
     em.line("#pragma unroll");
     em.line(format!("for (int r = 0; r < {heads}; ++r) acc[r] = 0.f;"));
-    em.open(format!("for (int kk = lane; j < {cols} && kk < {depth}; kk += 32)"));
-    let key_at: Index = std::iter::repeat_n("0".to_string(), key_rank - 2).chain(["j".into(), "kk".into()]).collect();
-    let key = em.value(keys, &key_at)?;
-    em.line("#pragma unroll");
-    em.line(format!("for (int r = 0; r < {heads}; ++r) acc[r] += act[r * {depth} + kk] * {key};"));
+    em.open(format!("if (j < {cols})"));
+    batched_loop(em, "kk", ("lane", &depth.to_string(), "32"), &mut |em| {
+        let key_at: Index =
+            std::iter::repeat_n("0".to_string(), key_rank - 2).chain(["j".into(), "kk".into()]).collect();
+        let key = em.value(keys, &key_at)?;
+        em.line("#pragma unroll");
+        em.line(format!("for (int r = 0; r < {heads}; ++r) acc[r] += act[r * {depth} + kk] * {key};"));
+        Ok(())
+    })?;
     em.close();
     em.line("#pragma unroll");
     em.line(format!("for (int r = 0; r < {heads}; ++r) acc[r] = warp_sum(acc[r]);"));
@@ -396,11 +449,12 @@ fn attention(em: &mut Emitter, s: &SlotSplit, a: &Attention, root: ValueId, warp
     em.line(format!("float acc[{heads}];"));
     em.line("#pragma unroll");
     em.line(format!("for (int r = 0; r < {heads}; ++r) acc[r] = 0.f;"));
-    em.open(format!("for (int jj = 0; jj < {slots}; ++jj)"));
-    for r in 0..heads {
-        em.dot_step(lhs, rhs, dims, &weighted_at(&r.to_string(), "f"), "jj", &format!("acc[{r}]"))?;
-    }
-    em.close();
+    batched_loop(em, "jj", ("0", &slots.to_string(), "1"), &mut |em| {
+        for r in 0..heads {
+            em.dot_step(lhs, rhs, dims, &weighted_at(&r.to_string(), "f"), "jj", &format!("acc[{r}]"))?;
+        }
+        Ok(())
+    })?;
     let weighted_dtype = weighted.dtype;
     for r in 0..heads {
         em.line(format!("act[{} + f] = {};", r * features, rounded(weighted_dtype, &format!("acc[{r}]"))));
@@ -461,9 +515,9 @@ fn prelude(em: &mut Emitter, call: &KernelCall) -> Result<String, CudaError> {
         writeln!(shared, "  __shared__ {acc} {part}[{warps}];").unwrap();
         em.open(format!("for (int po = 0; po < {}; ++po)", r.outputs));
         em.line(format!("{acc} pacc = {};", reduce_init(kind, dtype)));
-        em.open(format!("for (int pc = threadIdx.x; pc < {}; pc += blockDim.x)", r.extent));
-        em.reduce_step(input, kind, &axes, &unlinear("po", &shape), "pc", "pacc")?;
-        em.close();
+        batched_loop(em, "pc", ("threadIdx.x", &r.extent.to_string(), "blockDim.x"), &mut |em| {
+            em.reduce_step(input, kind, &axes, &unlinear("po", &shape), "pc", "pacc")
+        })?;
         em.line(format!("pacc = warp_{}(pacc);", kind.name()));
         em.line(format!("if ((threadIdx.x & 31) == 0) {part}[threadIdx.x >> 5] = pacc;"));
         em.line("__syncthreads();");
@@ -502,8 +556,10 @@ impl WarpPerOutput<'_> {
         em.open(format!("for (int p0 = 0; p0 < {outputs}; p0 += {warps})"));
         em.line("const int po = p0 + (threadIdx.x >> 5);");
         em.line(format!("{} pacc = {};", value_type(dtype), reduce_init(kind, dtype)));
-        em.open(format!("for (int pc = threadIdx.x & 31; po < {outputs} && pc < {extent}; pc += 32)"));
-        em.reduce_step(input, kind, &axes, &index("po"), "pc", "pacc")?;
+        em.open(format!("if (po < {outputs})"));
+        batched_loop(em, "pc", ("threadIdx.x & 31", &extent.to_string(), "32"), &mut |em| {
+            em.reduce_step(input, kind, &axes, &index("po"), "pc", "pacc")
+        })?;
         em.close();
         em.line(format!("pacc = warp_{}(pacc);", kind.name()));
         em.line(format!("if ((threadIdx.x & 31) == 0 && po < {outputs}) {array}[po] = {};", rounded(dtype, "pacc")));
@@ -579,11 +635,12 @@ fn matvec(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<()
     em.line("#pragma unroll");
     em.line(format!("for (int j = 0; j < {products}; ++j) for (int r = 0; r < {rows}; ++r) acc[j][r] = 0.f;"));
     em.open(format!("for (int k0 = 0; k0 < {depth}; k0 += {kt})"));
-    em.open(format!("for (int e = threadIdx.x; e < {}; e += blockDim.x)", rows * kt));
-    em.line(format!("const int r = e / {kt}, kk = k0 + e % {kt};"));
-    activation_at(em, m, "a", "r", "kk")?;
-    em.line("act[e] = a;");
-    em.close();
+    batched_loop(em, "e", ("threadIdx.x", &(rows * kt).to_string(), "blockDim.x"), &mut |em| {
+        em.line(format!("const int r = e / {kt}, kk = k0 + e % {kt};"));
+        activation_at(em, m, "a", "r", "kk")?;
+        em.line("act[e] = a;");
+        Ok(())
+    })?;
     em.line("__syncthreads();");
     em.open(format!("if (n < {n_total})"));
     let packed: Option<Vec<PackedWeight>> =
@@ -591,17 +648,21 @@ fn matvec(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<()
     match packed {
         Some(weights) => packed_products(em, &weights, rows, kt, depth)?,
         None => {
-            em.open(format!("for (int kk = lane; kk < {kt} && k0 + kk < {depth}; kk += 32)"));
-            for (j, &(_, w)) in m.dots.iter().enumerate() {
-                // `[1.., N, K]`: leading dimensions of size 1.
-                let rank = em.k.ty(w).rank();
-                let at: Vec<String> =
-                    std::iter::repeat_n("0".to_string(), rank - 2).chain(["n".into(), "(k0 + kk)".into()]).collect();
-                let w = em.value(w, &at)?;
-                em.line("#pragma unroll");
-                em.line(format!("for (int r = 0; r < {rows}; ++r) acc[{j}][r] += act[r * {kt} + kk] * {w};"));
-            }
-            em.close();
+            // The tile's `k` values, or those left of the depth.
+            let end = format!("min({kt}, {depth} - k0)");
+            batched_loop(em, "kk", ("lane", &end, "32"), &mut |em| {
+                for (j, &(_, w)) in m.dots.iter().enumerate() {
+                    // `[1.., N, K]`: leading dimensions of size 1.
+                    let rank = em.k.ty(w).rank();
+                    let at: Vec<String> = std::iter::repeat_n("0".to_string(), rank - 2)
+                        .chain(["n".into(), "(k0 + kk)".into()])
+                        .collect();
+                    let w = em.value(w, &at)?;
+                    em.line("#pragma unroll");
+                    em.line(format!("for (int r = 0; r < {rows}; ++r) acc[{j}][r] += act[r * {kt} + kk] * {w};"));
+                }
+                Ok(())
+            })?;
         }
     }
     em.close();
@@ -648,36 +709,39 @@ fn gemm(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<(), 
     em.line(format!("for (int j = 0; j < {products}; ++j) for (int f = 0; f < 4; ++f) for (int r = 0; r < 4; ++r) acc[j][f][r] = 0.f;"));
     em.open(format!("for (int k0 = 0; k0 < {depth}; k0 += {bk})"));
     // Stage the activations, then each product's weights, as 16-bit words; zeros past the edges.
-    em.open(format!("for (int e = threadIdx.x; e < {}; e += blockDim.x)", bm * bk));
-    em.line(format!("const int r = m0 + e / {bk}, kk = k0 + e % {bk};"));
-    activation_at(em, m, "a", "r", "kk")?;
-    em.line(format!("as_[e / {bk} * {stride} + e % {bk}] = {to_word}(a);"));
-    em.close();
+    batched_loop(em, "e", ("threadIdx.x", &(bm * bk).to_string(), "blockDim.x"), &mut |em| {
+        em.line(format!("const int r = m0 + e / {bk}, kk = k0 + e % {bk};"));
+        activation_at(em, m, "a", "r", "kk")?;
+        em.line(format!("as_[e / {bk} * {stride} + e % {bk}] = {to_word}(a);"));
+        Ok(())
+    })?;
     for (j, &(_, w)) in m.dots.iter().enumerate() {
         let staged = j * bn * stride as usize;
         if let Some(p) = PackedWeight::of(em.k, w) {
             // A packed 4-bit weight: a thread stages 8 values from one word and one scale.
             let words = bk / 8;
-            em.open(format!("for (int e = threadIdx.x; e < {}; e += blockDim.x)", bn * words));
-            em.line(format!("const int n = n0 + e / {words}, kk = k0 + e % {words} * 8;"));
-            em.line(format!("u16* const dst = ws_ + {staged} + e / {words} * {stride} + e % {words} * 8;"));
-            em.open(format!("if (n < {cols} && kk < {depth})"));
-            let value = packed_values(em, &p, "n", "kk", depth)?;
-            em.line(format!("for (int i = 0; i < 8; ++i) dst[i] = {to_word}({value});"));
-            em.close();
-            em.line("else for (int i = 0; i < 8; ++i) dst[i] = 0;");
-            em.close();
+            batched_loop(em, "e", ("threadIdx.x", &(bn * words).to_string(), "blockDim.x"), &mut |em| {
+                em.line(format!("const int n = n0 + e / {words}, kk = k0 + e % {words} * 8;"));
+                em.line(format!("u16* const dst = ws_ + {staged} + e / {words} * {stride} + e % {words} * 8;"));
+                em.open(format!("if (n < {cols} && kk < {depth})"));
+                let value = packed_values(em, &p, "n", "kk", depth)?;
+                em.line(format!("for (int i = 0; i < 8; ++i) dst[i] = {to_word}({value});"));
+                em.close();
+                em.line("else for (int i = 0; i < 8; ++i) dst[i] = 0;");
+                Ok(())
+            })?;
             continue;
         }
-        em.open(format!("for (int e = threadIdx.x; e < {}; e += blockDim.x)", bn * bk));
-        em.line(format!("const int n = n0 + e / {bk}, kk = k0 + e % {bk};"));
-        em.line("float b = 0.f;");
-        em.open(format!("if (n < {cols} && kk < {depth})"));
-        let x = em.value(w, &["n".into(), "kk".into()])?;
-        em.line(format!("b = {x};"));
-        em.close();
-        em.line(format!("ws_[{staged} + e / {bk} * {stride} + e % {bk}] = {to_word}(b);"));
-        em.close();
+        batched_loop(em, "e", ("threadIdx.x", &(bn * bk).to_string(), "blockDim.x"), &mut |em| {
+            em.line(format!("const int n = n0 + e / {bk}, kk = k0 + e % {bk};"));
+            em.line("float b = 0.f;");
+            em.open(format!("if (n < {cols} && kk < {depth})"));
+            let x = em.value(w, &["n".into(), "kk".into()])?;
+            em.line(format!("b = {x};"));
+            em.close();
+            em.line(format!("ws_[{staged} + e / {bk} * {stride} + e % {bk}] = {to_word}(b);"));
+            Ok(())
+        })?;
     }
     em.line("__syncthreads();");
     let (mk, regs_a, regs_b) = (mma.k as usize, mma.k as usize / 4, mma.k as usize / 8);
@@ -784,16 +848,11 @@ fn packed_values(em: &mut Emitter, w: &PackedWeight, n: &str, k: &str, depth: us
     Ok(packed_value(w, &word, &scale))
 }
 
-/// How many 256-value steps of `k` a warp of a packed matvec loads before it multiplies any. Each
-/// step is one 128-byte load per weight; one at a time, the few warps an SM holds cannot keep
-/// enough bytes in flight to cover DRAM latency (on the H200, 4-bit matvecs moved 0.2–0.4 TB/s
-/// where the 16-bit logits matvec moved 3.6).
-const PACKED_STEPS_IN_FLIGHT: u32 = 8;
-
 /// The products of a matvec over packed weights: lane `l` takes `k` values `8l .. 8l + 8` of each
 /// 256, one word and one scale per weight, and its 8 staged activations per row in two 128-bit
 /// shared-memory loads (a quarter-warp's loads then touch every bank once). The words and scales of
-/// `PACKED_STEPS_IN_FLIGHT` steps are loaded first, then multiplied.
+/// `LOADS_IN_FLIGHT` steps are loaded first, then multiplied: two loops, so that the loads come
+/// first as written rather than as the compiler would schedule one.
 fn packed_products(
     em: &mut Emitter,
     weights: &[PackedWeight],
@@ -801,7 +860,7 @@ fn packed_products(
     kt: u32,
     depth: usize,
 ) -> Result<(), CudaError> {
-    let (steps, products) = (PACKED_STEPS_IN_FLIGHT.min(kt.div_ceil(256)), weights.len());
+    let (steps, products) = (LOADS_IN_FLIGHT.min(kt.div_ceil(256)), weights.len());
     em.open(format!("for (int kb = lane * 8; kb < {kt} && k0 + kb < {depth}; kb += {})", 256 * steps));
     em.line(format!("unsigned words[{steps}][{products}] = {{}};"));
     em.line(format!("float scales[{steps}][{products}] = {{}};"));

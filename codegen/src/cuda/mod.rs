@@ -6,6 +6,7 @@
 
 mod elemental;
 mod kernel;
+mod loops;
 mod nvrtc;
 mod ptxas;
 

@@ -59,8 +59,12 @@ __device__ __forceinline__ void mma_bf16_k16(float* d, const unsigned* a, const 
 }
 #endif
 #endif
-__device__ __forceinline__ float fmax_nan(float a, float b) { return (isnan(a) || isnan(b)) ? __int_as_float(0x7fc00000) : fmaxf(a, b); }
-__device__ __forceinline__ float fmin_nan(float a, float b) { return (isnan(a) || isnan(b)) ? __int_as_float(0x7fc00000) : fminf(a, b); }
+// IEEE max and min: NaN if either operand is (fmaxf and fminf return the other one). Without a
+// branch: written as `isnan(a) || isnan(b) ? NaN : ...`, the compiler skips loading `b` once a
+// running maximum is NaN, so an unrolled reduction waits for each load before issuing the next.
+__device__ __forceinline__ unsigned nan_bits(float a) { return (__float_as_uint(a) & 0x7fffffffu) > 0x7f800000u ? 0x7fc00000u : 0u; }
+__device__ __forceinline__ float fmax_nan(float a, float b) { return __uint_as_float(__float_as_uint(fmaxf(a, b)) | nan_bits(a) | nan_bits(b)); }
+__device__ __forceinline__ float fmin_nan(float a, float b) { return __uint_as_float(__float_as_uint(fminf(a, b)) | nan_bits(a) | nan_bits(b)); }
 __device__ __forceinline__ float sgn(float a) { return (a == 0.f || isnan(a)) ? a : copysignf(1.f, a); }
 __device__ __forceinline__ int isgn(int a) { return (a > 0) - (a < 0); }
 // A reduction's combining step, per accumulator type (float's max and min propagate NaN).

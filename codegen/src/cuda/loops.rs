@@ -1,0 +1,50 @@
+//! Loops whose iterations read memory, emitted so that a thread has several reads in flight.
+//!
+//! A GPU issues a warp's instructions in order: in a plain loop whose body loads a value and then
+//! uses it, each iteration waits out a whole memory latency (about a microsecond from HBM, less
+//! from L2) before the next one's load is issued. On the H200, a 12288-deep matvec staging its
+//! input 48 elements per thread, or a sliding layer's weighted sum walking 80 slots per warp,
+//! took tens of microseconds that way for a few hundred kilobytes. `batched_loop` runs
+//! `LOADS_IN_FLIGHT` iterations per trip, unrolled and unguarded, so the compiler issues their
+//! loads together.
+
+use super::elemental::Emitter;
+use super::CudaError;
+
+/// Iterations of a loop reading memory that a thread issues before it waits for any of them.
+pub(crate) const LOADS_IN_FLIGHT: u32 = 8;
+
+/// A loop of `var` over `first`, `first + stride`, … below `end` (C expressions; `stride` a
+/// constant, `end` evaluated per test), its statements emitted by `body`. Whole trips of
+/// `LOADS_IN_FLIGHT` values run unrolled with no test between them, so nothing stops the compiler
+/// from issuing their loads together (a guarded body becomes a branch, which it does not move
+/// loads across); the fewer values left after them run guarded. The values run in the same
+/// order as in a plain loop, so a reduction in the body combines its elements in the same order.
+///
+/// What is inside a body still counts: a division's or a sine's slow path is a branch too.
+pub(crate) fn batched_loop(
+    em: &mut Emitter,
+    var: &str,
+    (first, end, stride): (&str, &str, &str),
+    body: &mut dyn FnMut(&mut Emitter) -> Result<(), CudaError>,
+) -> Result<(), CudaError> {
+    let (n, trip) = (LOADS_IN_FLIGHT, format!("{var}_trip"));
+    em.open("");
+    em.line(format!("int {trip} = {first};"));
+    em.open(format!("for (; {trip} + {} * {stride} < {end}; {trip} += {n} * {stride})", n - 1));
+    em.line("#pragma unroll");
+    em.open(format!("for (int {var}_u = 0; {var}_u < {n}; ++{var}_u)"));
+    em.line(format!("const int {var} = {trip} + {var}_u * {stride};"));
+    body(em)?;
+    em.close();
+    em.close();
+    em.line("#pragma unroll");
+    em.open(format!("for (int {var}_u = 0; {var}_u < {}; ++{var}_u)", n - 1));
+    em.line(format!("const int {var} = {trip} + {var}_u * {stride};"));
+    em.open(format!("if ({var} < {end})"));
+    body(em)?;
+    em.close();
+    em.close();
+    em.close();
+    Ok(())
+}
