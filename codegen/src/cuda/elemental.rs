@@ -34,6 +34,9 @@ pub(crate) struct Emitter<'k> {
     next: usize,
     /// A prefix making constant names unique in a translation unit.
     prefix: String,
+    /// The GPU computes in bf16 (sm_80 and later), so packed 4-bit weights may be dequantized
+    /// in bf16 pairs.
+    pub bf16_math: bool,
 }
 
 /// The C type an element of `dtype` is computed in.
@@ -218,6 +221,7 @@ impl<'k> Emitter<'k> {
             shared: HashMap::new(),
             next: 0,
             prefix: prefix.to_string(),
+            bf16_math: false,
         }
     }
 
@@ -468,7 +472,7 @@ impl<'k> Emitter<'k> {
         let (li, ri) = self.dot_operands_at(lhs, rhs, dims, idx, c);
         let a = self.value(lhs, &li)?;
         let b = self.value(rhs, &ri)?;
-        self.line(format!("{acc} += {a} * {b};"));
+        self.line(format!("{acc} = fmaf({a}, {b}, {acc});"));
         Ok(())
     }
 

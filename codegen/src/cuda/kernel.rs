@@ -35,10 +35,17 @@ pub(crate) struct KernelCode {
     pub weights: Vec<String>,
 }
 
-pub(crate) fn kernel_code(k: &Function, call: &KernelCall, name: &str) -> Result<KernelCode, CudaError> {
+/// `bf16_math`: the GPU computes in bf16 (sm_80 and later).
+pub(crate) fn kernel_code(
+    k: &Function,
+    call: &KernelCall,
+    name: &str,
+    bf16_math: bool,
+) -> Result<KernelCode, CudaError> {
     let root = k.results[0].value;
     let root_op = k.body.iter().find(|i| i.result == root).map(|i| &i.op);
     let mut em = Emitter::new(k, name);
+    em.bf16_math = bf16_math;
     let mut in_place = None;
     // After the template's arrays, which are 16-byte aligned, so none is padded.
     let prelude_arrays = match call.launch.prelude {
@@ -308,7 +315,7 @@ fn staged_dot(
     batched_loop(em, "c", ("chunk + warp", &end, &(threads / 32).to_string()), &mut |em| {
         let (_, ri) = em.dot_operands_at(lhs, rhs, dims, idx, "c");
         let b = em.value(rhs, &ri)?;
-        em.line(format!("acc += part[c - chunk] * {b};"));
+        em.line(format!("acc = fmaf(part[c - chunk], {b}, acc);"));
         Ok(())
     })?;
     em.close();
@@ -385,7 +392,7 @@ fn attention(em: &mut Emitter, s: &SlotSplit, a: &Attention, root: ValueId, warp
             std::iter::repeat_n("0".to_string(), key_rank - 2).chain(["j".into(), "kk".into()]).collect();
         let key = em.value(keys, &key_at)?;
         em.line("#pragma unroll");
-        em.line(format!("for (int r = 0; r < {heads}; ++r) acc[r] += act[r * {depth} + kk] * {key};"));
+        em.line(format!("for (int r = 0; r < {heads}; ++r) acc[r] = fmaf(act[r * {depth} + kk], {key}, acc[r]);"));
         Ok(())
     })?;
     em.close();
@@ -659,7 +666,9 @@ fn matvec(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<()
                         .collect();
                     let w = em.value(w, &at)?;
                     em.line("#pragma unroll");
-                    em.line(format!("for (int r = 0; r < {rows}; ++r) acc[{j}][r] += act[r * {kt} + kk] * {w};"));
+                    em.line(format!(
+                        "for (int r = 0; r < {rows}; ++r) acc[{j}][r] = fmaf(act[r * {kt} + kk], {w}, acc[{j}][r]);"
+                    ));
                 }
                 Ok(())
             })?;
@@ -834,8 +843,16 @@ fn packed_loads(
 }
 
 /// Value `i` (a C variable) of the 8 in `word`, dequantized exactly as `dequantize` does:
-/// `(float)q · scale`, rounded to the weight's type.
-fn packed_value(w: &PackedWeight, word: &str, scale: &str) -> String {
+/// `(float)q · scale`, rounded to the weight's type. Where the GPU has bf16 arithmetic, a bf16
+/// weight of bf16 scales is dequantized 8 values at a time, two per instruction, into an array
+/// declared here (`dequant8_bf16`, the same values); otherwise value by value.
+fn packed_value(em: &mut Emitter, w: &PackedWeight, word: &str, scale: &str) -> String {
+    if em.bf16_math && w.dtype == DType::BF16 && em.k.ty(w.scale).dtype == DType::BF16 {
+        let values = em.fresh("dq");
+        em.line(format!("float {values}[8];"));
+        em.line(format!("dequant8_bf16({word}, {scale}, {values});"));
+        return format!("{values}[i]");
+    }
     rounded(w.dtype, &format!("(float)nib({word}, i) * {scale}"))
 }
 
@@ -845,7 +862,7 @@ fn packed_values(em: &mut Emitter, w: &PackedWeight, n: &str, k: &str, depth: us
     let (word, scale) = packed_loads(em, w, n, k, depth)?;
     let word = em.var("unsigned", "q", &word);
     let scale = em.var("float", "s", &scale);
-    Ok(packed_value(w, &word, &scale))
+    Ok(packed_value(em, w, &word, &scale))
 }
 
 /// The products of a matvec over packed weights: lane `l` takes `k` values `8l .. 8l + 8` of each
@@ -882,12 +899,17 @@ fn packed_products(
     em.line(format!("float staged[{rows}][8];"));
     em.line("#pragma unroll");
     em.line(format!("for (int r = 0; r < {rows}; ++r) ld8(act + r * {kt} + kk, staged[r]);"));
+    let values: Vec<String> = weights
+        .iter()
+        .enumerate()
+        .map(|(j, w)| packed_value(em, w, &format!("words[u][{j}]"), &format!("scales[u][{j}]")))
+        .collect();
     em.line("#pragma unroll");
     em.open("for (int i = 0; i < 8; ++i)");
-    for (j, w) in weights.iter().enumerate() {
-        let value = em.var("float", "w", &packed_value(w, &format!("words[u][{j}]"), &format!("scales[u][{j}]")));
+    for (j, value) in values.iter().enumerate() {
+        let value = em.var("float", "w", value);
         em.line("#pragma unroll");
-        em.line(format!("for (int r = 0; r < {rows}; ++r) acc[{j}][r] += staged[r][i] * {value};"));
+        em.line(format!("for (int r = 0; r < {rows}; ++r) acc[{j}][r] = fmaf(staged[r][i], {value}, acc[{j}][r]);"));
     }
     em.close();
     em.close();

@@ -14,6 +14,7 @@ pub use nvrtc::{compile_ptx, nvrtc_version};
 pub use ptxas::{assemble, find_ptxas, Cubin, KernelResources};
 
 use g4c_ir::plan::{EntryPlan, KernelPlan};
+use g4c_ir::{DType, Target};
 use std::collections::HashMap;
 
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +60,8 @@ const PRELUDE: &str = include_str!("prelude.cu");
 /// one's (the same layer shapes) is emitted once.
 pub fn emit_entry(plan: &KernelPlan, entry: &EntryPlan) -> Result<CudaProgram, CudaError> {
     let mut source = format!("// g4c kernels of @{} for {}\n{PRELUDE}\n", entry.entry, plan.target);
+    let target = Target::by_name(plan.target).map_err(CudaError::Unsupported)?;
+    let bf16_math = target.computes_natively(DType::BF16);
     let mut seen: HashMap<String, String> = HashMap::new();
     let mut kernels = Vec::new();
     for calls in entry.launches() {
@@ -67,7 +70,7 @@ pub fn emit_entry(plan: &KernelPlan, entry: &EntryPlan) -> Result<CudaProgram, C
             .enumerate()
             .map(|(n, call)| {
                 let k = plan.kernels.function(&call.kernel).expect("a plan's kernels are in its module");
-                kernel::kernel_code(k, call, &format!("{}_{n}", kernel::NAME))
+                kernel::kernel_code(k, call, &format!("{}_{n}", kernel::NAME), bf16_math)
                     .map_err(|e| CudaError::Kernel { kernel: call.kernel.clone(), message: e.to_string() })
             })
             .collect::<Result<Vec<_>, _>>()?;

@@ -27,6 +27,41 @@ __device__ __forceinline__ int ld_i4(const u8* p, int i) {
 __device__ __forceinline__ unsigned ld_word(const u8* p, int w) { return ((const unsigned*)p)[w]; }
 // Value i of a word, sign-extended.
 __device__ __forceinline__ int nib(unsigned word, int i) { return ((int)(word << (28 - 4 * i))) >> 28; }
+// Fused multiply-add of two bf16 pairs, each half rounded once to nearest even: sm_80's
+// fma.rn.bf16x2. The host's stand-in rounds fmaf's f32 result, which is the same for the operands
+// g4c passes it (a product of a 4-bit integer and a bf16 value is exact in f32, and so is its sum
+// with -0 or with the integer 136).
+#if !defined(G4C_HOST_EMULATION) && __CUDA_ARCH__ >= 800
+__device__ __forceinline__ unsigned fma_bf16x2(unsigned a, unsigned b, unsigned c) {
+  unsigned d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+#else
+__device__ __forceinline__ unsigned fma_bf16x2(unsigned a, unsigned b, unsigned c) {
+  const u16 lo = f2b(fmaf(b2f((u16)a), b2f((u16)b), b2f((u16)c)));
+  const u16 hi = f2b(fmaf(b2f((u16)(a >> 16)), b2f((u16)(b >> 16)), b2f((u16)(c >> 16))));
+  return lo | ((unsigned)hi << 16);
+}
+#endif
+// The 8 values of a packed word times a bf16 scale `s`, each rounded to bf16, into v[0..8]: what
+// rbf16((float)nib(word, i) * s) computes, two values per instruction and without converting
+// integers. Each nibble, offset to q + 8, is put in the low mantissa bits of the bf16 128
+// (giving 128 + q + 8 exactly); subtracting 136 leaves q; one bf16 multiply rounds q·s once.
+// Nibbles j and j + 4 share a pair, so a shift and a mask free each pair.
+__device__ __forceinline__ void dequant8_bf16(unsigned word, float s, float* v) {
+  const unsigned x = word ^ 0x88888888u;
+  const unsigned s2 = (__float_as_uint(s) >> 16) * 0x10001u;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const unsigned biased = ((x >> (4 * j)) & 0x000f000fu) | 0x43004300u;
+    const unsigned q = fma_bf16x2(biased, 0x3f803f80u, 0xc308c308u);
+    // -0 as the addend keeps the sign of a zero product, as the f32 product has it.
+    const unsigned w = fma_bf16x2(q, s2, 0x80008000u);
+    v[j] = __uint_as_float(w << 16);
+    v[j + 4] = __uint_as_float(w & 0xffff0000u);
+  }
+}
 // Eight consecutive floats of 16-byte-aligned shared memory, in two 128-bit loads.
 #ifndef G4C_HOST_EMULATION
 __device__ __forceinline__ void ld8(const float* p, float* v) {
