@@ -843,14 +843,20 @@ fn packed_loads(
 }
 
 /// Value `i` (a C variable) of the 8 in `word`, dequantized exactly as `dequantize` does:
-/// `(float)q · scale`, rounded to the weight's type. Where the GPU has bf16 arithmetic, a bf16
-/// weight of bf16 scales is dequantized 8 values at a time, two per instruction, into an array
-/// declared here (`dequant8_bf16`, the same values); otherwise value by value.
+/// `(float)q · scale`, rounded to the weight's type. An f16 weight, and where the GPU has bf16
+/// arithmetic a bf16 weight of bf16 scales, is dequantized 8 values at a time, two per
+/// instruction, into an array declared here (`dequant8_f16`, `dequant8_bf16`: the same values);
+/// any other value by value.
 fn packed_value(em: &mut Emitter, w: &PackedWeight, word: &str, scale: &str) -> String {
-    if em.bf16_math && w.dtype == DType::BF16 && em.k.ty(w.scale).dtype == DType::BF16 {
+    let pairs = match w.dtype {
+        DType::F16 => Some("dequant8_f16"),
+        DType::BF16 if em.bf16_math && em.k.ty(w.scale).dtype == DType::BF16 => Some("dequant8_bf16"),
+        _ => None,
+    };
+    if let Some(dequantize) = pairs {
         let values = em.fresh("dq");
         em.line(format!("float {values}[8];"));
-        em.line(format!("dequant8_bf16({word}, {scale}, {values});"));
+        em.line(format!("{dequantize}({word}, {scale}, {values});"));
         return format!("{values}[i]");
     }
     rounded(w.dtype, &format!("(float)nib({word}, i) * {scale}"))

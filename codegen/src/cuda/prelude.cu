@@ -44,6 +44,21 @@ __device__ __forceinline__ unsigned fma_bf16x2(unsigned a, unsigned b, unsigned 
   return lo | ((unsigned)hi << 16);
 }
 #endif
+// The same for f16 pairs (fma.rn.f16x2, sm_53 and later); its stand-in is exact for the same
+// operands (a 4-bit integer times an f16 value, or the integer 1032).
+#ifndef G4C_HOST_EMULATION
+__device__ __forceinline__ unsigned fma_f16x2(unsigned a, unsigned b, unsigned c) {
+  unsigned d;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+#else
+__device__ __forceinline__ unsigned fma_f16x2(unsigned a, unsigned b, unsigned c) {
+  const u16 lo = f2h(fmaf(h2f((u16)a), h2f((u16)b), h2f((u16)c)));
+  const u16 hi = f2h(fmaf(h2f((u16)(a >> 16)), h2f((u16)(b >> 16)), h2f((u16)(c >> 16))));
+  return lo | ((unsigned)hi << 16);
+}
+#endif
 // The 8 values of a packed word times a bf16 scale `s`, each rounded to bf16, into v[0..8]: what
 // rbf16((float)nib(word, i) * s) computes, two values per instruction and without converting
 // integers. Each nibble, offset to q + 8, is put in the low mantissa bits of the bf16 128
@@ -60,6 +75,29 @@ __device__ __forceinline__ void dequant8_bf16(unsigned word, float s, float* v) 
     const unsigned w = fma_bf16x2(q, s2, 0x80008000u);
     v[j] = __uint_as_float(w << 16);
     v[j + 4] = __uint_as_float(w & 0xffff0000u);
+  }
+}
+// The same rounded to f16, what rf16((float)nib(word, i) * s) computes, in f16 pairs (1024 in
+// place of 128; its mantissa has 10 bits). Turing converts integers and floats at a quarter of
+// its multiply rate, two conversions a weight where this has none. The pairs multiply by `s` in
+// f16, so a scale f16 cannot hold exactly (a bf16 or f32 scale below f16's range, say) takes
+// the value-by-value path.
+__device__ __forceinline__ void dequant8_f16(unsigned word, float s, float* v) {
+  const u16 sh = f2h(s);
+  if (h2f(sh) != s) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = rf16((float)nib(word, i) * s);
+    return;
+  }
+  const unsigned x = word ^ 0x88888888u;
+  const unsigned s2 = (unsigned)sh * 0x10001u;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const unsigned biased = ((x >> (4 * j)) & 0x000f000fu) | 0x64006400u;
+    const unsigned q = fma_f16x2(biased, 0x3c003c00u, 0xe408e408u);
+    const unsigned w = fma_f16x2(q, s2, 0x80008000u);
+    v[j] = h2f((u16)w);
+    v[j + 4] = h2f((u16)(w >> 16));
   }
 }
 // Eight consecutive floats of 16-byte-aligned shared memory, in two 128-bit loads.
