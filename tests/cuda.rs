@@ -546,7 +546,10 @@ module @deep_w4 {
             g4c_ir::DType::F32 => 1e-5 * scale,
             _ => 2f32.powi(-7) * b.abs().max(1e-3 * scale),
         };
-        assert!((a - b).abs() <= tolerance, "{t} of {scale_type} scales: output {i}: {a} where the interpreter computes {b}");
+        assert!(
+            (a - b).abs() <= tolerance,
+            "{t} of {scale_type} scales: output {i}: {a} where the interpreter computes {b}"
+        );
     }
 }
 

@@ -192,23 +192,38 @@ fn independent_kernels_run_side_by_side() {
 }
 
 /// A decode step's queries are normed and rotated (RoPE) where the scores' matvec stages them,
-/// once per block, with their norm's statistics in its prelude: no kernel of their own.
+/// once per block, with their norm's statistics in its prelude: no kernel of their own. The
+/// rotation's cosines and sines are computed once per step, each table by a kernel of its own,
+/// which every layer's scores (and keys) read.
 #[test]
 fn queries_are_normed_and_rotated_in_the_scores_matvec() {
     use g4c_ir::{Op, UnaryOp};
     let plan = tiny_plan(Target::by_name("t4g").unwrap()).unwrap();
     let decode = plan.entry("decode").unwrap();
-    let computes = |c: &&g4c_ir::plan::KernelCall, u: UnaryOp| {
+    let computes = |c: &g4c_ir::plan::KernelCall, u: UnaryOp| {
         let f = plan.kernels.function(&c.kernel).unwrap();
         f.body.iter().any(|i| matches!(i.op, Op::Unary { op, .. } if op == u))
     };
+    let cosines: Vec<_> = decode.calls.iter().filter(|c| computes(c, UnaryOp::Cos)).collect();
+    let sines: Vec<_> = decode.calls.iter().filter(|c| computes(c, UnaryOp::Sin)).collect();
+    // One table per RoPE (the sliding and the full layers'), a kernel each.
+    for trig in [&cosines, &sines] {
+        assert!((1..=2).contains(&trig.len()), "{:?}", trig.iter().map(|c| &c.kernel).collect::<Vec<_>>());
+        assert!(trig.iter().all(|c| c.kind == KernelKind::Loop), "elementwise kernels");
+    }
+    assert!(cosines.iter().all(|c| !computes(c, UnaryOp::Sin)), "a table per kernel");
+    let reads = |c: &g4c_ir::plan::KernelCall, tables: &[&g4c_ir::plan::KernelCall]| {
+        tables.iter().any(|t| c.inputs.contains(&t.output))
+    };
     // The scores: a matvec over a cache, the queries rotated as it stages them.
-    let scores: Vec<_> =
-        decode.calls.iter().filter(|c| c.kind == KernelKind::Matvec && computes(c, UnaryOp::Cos)).collect();
+    let scores: Vec<_> = decode
+        .calls
+        .iter()
+        .filter(|c| c.kind == KernelKind::Matvec && reads(c, &cosines) && reads(c, &sines))
+        .collect();
     let layers = decode.calls.iter().filter(|c| c.kind == KernelKind::Dot).count();
     assert!(layers > 0 && scores.len() == layers, "{} scores matvecs for {layers} layers", scores.len());
     for c in scores {
-        assert!(computes(&c, UnaryOp::Sin), "{}: both halves of the queries' RoPE inside", c.kernel);
         assert!(c.launch.prelude.is_some_and(|p| p.reductions >= 1), "{}: the queries' norm statistics", c.kernel);
     }
 }

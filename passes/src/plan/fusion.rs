@@ -17,8 +17,9 @@
 //!   only, so that they are computed once, inside its kernel, as its epilogue;
 //! - other elementwise ops and index maps are computed wherever they are read (a norm's scaling
 //!   inside the next matrix product's prologue), unless that recomputes more than
-//!   `RECOMPUTE_LIMIT` arithmetic ops per element (the residual stream is then materialized, not
-//!   recomputed through every layer), or `RECOMPUTE_LIMIT_IN_ATTENTION` inside a product of two
+//!   `RECOMPUTE_LIMIT` arithmetic ops per element, a sine or cosine counting `TRIG_COST` (the
+//!   residual stream is then materialized, not recomputed through every layer; so are RoPE's
+//!   tables, computed once per step), or `RECOMPUTE_LIMIT_IN_ATTENTION` inside a product of two
 //!   activations (a query's norm and RoPE would be recomputed for every cache slot), unless the
 //!   product is a matvec, which stages its activation once per block (a decode step's queries
 //!   against the key cache), or reads each activation element once per warp (the probabilities of
@@ -30,7 +31,7 @@
 use super::attention::attention_at;
 use super::kind::{lhs_warp_uniform, matvec_shaped};
 use g4c_ir::plan::MATVEC_MAX_ROWS;
-use g4c_ir::{DotDims, Function, Op, ValueId};
+use g4c_ir::{DotDims, Function, Op, UnaryOp, ValueId};
 use std::collections::{BTreeSet, HashMap};
 
 /// Arithmetic ops a value may take to be recomputed at each of its reads.
@@ -75,9 +76,17 @@ fn reads_once(op: &Op, pos: usize) -> bool {
         || matches!(op, Op::Transpose { .. } | Op::Slice { .. } | Op::Concat { .. } | Op::Reduce { .. })
 }
 
+/// What a sine or cosine costs against an arithmetic op: a range reduction and a polynomial, tens
+/// of instructions, behind a branch to a slow path (which also keeps a kernel's loads from being
+/// issued ahead of it). RoPE's are computed once per step (from the positions alone) and read by
+/// every layer's queries and keys: recomputed, every block of every attention kernel took its
+/// own sines and cosines of every element it staged.
+const TRIG_COST: usize = 16;
+
 /// Ops that cost arithmetic per element (index maps and conversions cost none).
 fn arithmetic(op: &Op) -> usize {
     match op {
+        Op::Unary { op: UnaryOp::Sin | UnaryOp::Cos, .. } => TRIG_COST,
         Op::Unary { .. } | Op::Binary { .. } | Op::Compare { .. } | Op::Select { .. } | Op::Dequantize { .. } => 1,
         _ => 0,
     }
