@@ -46,7 +46,7 @@ fn launch_symbols<'p>(entry: &'p EntryPlan, program: &'p CudaProgram) -> Vec<(&'
 
 /// For t4g (sm_75), a100 (sm_80) and h200 (sm_90): NVRTC compiles every kernel, and ptxas finds in
 /// each exactly the static shared memory the plan's footprint says, no spills, and no more
-/// registers than the launch's budget.
+/// registers than the launch's budget; on sm_90 every kernel waits for the one before it.
 #[test]
 fn every_kernel_compiles_and_ptxas_agrees_with_the_fit_proof() {
     for (target, sm) in [("t4g", (7, 5)), ("a100", (8, 0)), ("h200", (9, 0))] {
@@ -57,6 +57,11 @@ fn every_kernel_compiles_and_ptxas_agrees_with_the_fit_proof() {
             assert!(ptx_isa_version(&ptx).is_some(), "{target}: PTX without a .version");
             let cubin = assemble(&ptx, sm).unwrap_or_else(|e| panic!("{target}: {e}"));
             assert_eq!(cubin.kernels.len(), program.functions, "{target} @{}", entry.entry);
+            // On sm_90 every kernel waits for the one before it, which programmatic dependent
+            // launch (`G4C_CUDA_PDL`) relies on; the instruction does not exist before sm_90.
+            let waits = ptx.split(".entry ").skip(1).filter(|k| k.contains("griddepcontrol.wait")).count();
+            let want = if sm >= (9, 0) { program.functions } else { 0 };
+            assert_eq!(waits, want, "{target} @{}: kernels waiting for the kernel before them", entry.entry);
             for (calls, symbol) in launch_symbols(entry, &program) {
                 let used = cubin.kernels[symbol];
                 let what = format!("{target} {} ({symbol})", calls[0].kernel);

@@ -136,7 +136,8 @@ pub(crate) fn kernel_code(
 }
 
 /// The CUDA C of one launch, named `NAME`: each call's device function (`{NAME}_{n}`), then the
-/// kernel, whose blocks run the calls' one after the other, each call's block index from 0.
+/// kernel, whose blocks run the calls' one after the other, each call's block index from 0, once
+/// the kernel before it has finished (`await_previous_kernel`, for programmatic dependent launch).
 pub(crate) fn launch_code(calls: &[KernelCall], parts: &[KernelCode]) -> String {
     let mut code: String = parts.iter().map(|p| p.code.as_str()).collect();
     let mut params = Vec::new();
@@ -161,6 +162,7 @@ pub(crate) fn launch_code(calls: &[KernelCall], parts: &[KernelCode]) -> String 
         params.join(", ")
     )
     .unwrap();
+    code.push_str("  let_next_kernel_start();\n  await_previous_kernel();\n");
     let last = branches.len() - 1;
     for (n, (end, call)) in branches.iter().enumerate() {
         let line = match (n, n == last) {

@@ -132,6 +132,18 @@ __device__ __forceinline__ void mma_bf16_k16(float* d, const unsigned* a, const 
 }
 #endif
 #endif
+// Programmatic dependent launch (sm_90): launched with it, a kernel's blocks may be scheduled while
+// the kernel before it still runs. Every g4c kernel lets the next one be scheduled as it starts,
+// and then waits for the one before it to finish and its writes to be visible, before it reads
+// or writes anything: what the launch saves is the gap between the two. Launched without it, or
+// compiled for an older GPU, both are nothing.
+#if !defined(G4C_HOST_EMULATION) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void let_next_kernel_start() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void await_previous_kernel() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+#else
+__device__ __forceinline__ void let_next_kernel_start() {}
+__device__ __forceinline__ void await_previous_kernel() {}
+#endif
 // IEEE max and min: NaN if either operand is (fmaxf and fminf return the other one). Without a
 // branch: written as `isnan(a) || isnan(b) ? NaN : ...`, the compiler skips loading `b` once a
 // running maximum is NaN, so an unrolled reduction waits for each load before issuing the next.

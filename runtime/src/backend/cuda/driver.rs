@@ -79,6 +79,9 @@ pub struct CudaDevice {
     graphs: HashMap<String, (u64, Graph)>,
     /// Set by `G4C_CUDA_PROFILE`: kernels are launched and timed one by one instead.
     profile: Option<Profile>,
+    /// `G4C_CUDA_PDL`: kernels launched with programmatic dependent launch (sm_90), each
+    /// scheduled while the one before it runs and waiting for it inside (`await_previous_kernel`).
+    programmatic: bool,
 }
 
 /// What `G4C_CUDA_PROFILE` collects: each kernel's launches and GPU time, printed to stderr when
@@ -170,6 +173,13 @@ impl CudaDevice {
                 opened: Instant::now(),
             }),
         };
+        let programmatic = match std::env::var("G4C_CUDA_PDL").as_deref() {
+            Ok("") | Ok("0") | Err(_) => false,
+            Ok(_) => {
+                programmatic_launch_problem(programs, sm).map_or(Ok(()), invalid)?;
+                true
+            }
+        };
         Ok(CudaDevice {
             context,
             stream,
@@ -177,6 +187,7 @@ impl CudaDevice {
             functions: HashMap::new(),
             buffers: Vec::new(),
             graphs: HashMap::new(),
+            programmatic,
             profile,
         })
     }
@@ -198,6 +209,25 @@ impl CudaDevice {
         self.functions.insert(key, f.clone());
         Ok(f)
     }
+}
+
+/// Why `programs` cannot be launched with programmatic dependent launch on a GPU of compute
+/// capability `sm`, if they cannot: it needs sm_90, and every kernel must wait for the one before
+/// it (which g4c's kernels do only when compiled for sm_90 or later; a t4g artifact's do not, and
+/// launched so they would read what the kernel before them is still writing).
+fn programmatic_launch_problem(programs: &[DeviceProgram], sm: (u32, u32)) -> Option<String> {
+    if sm < (9, 0) {
+        return Some(format!(
+            "G4C_CUDA_PDL: programmatic dependent launch needs compute capability 9.0 or later; this GPU's is {}.{}",
+            sm.0, sm.1
+        ));
+    }
+    let waiting = |ptx: &str| ptx.split(".entry ").skip(1).all(|kernel| kernel.contains("griddepcontrol.wait"));
+    let unready = programs.iter().find(|p| !p.ptx.as_deref().is_some_and(waiting))?;
+    Some(format!(
+        "G4C_CUDA_PDL: @{}'s kernels do not wait for the kernel before them (they were compiled for a GPU older than sm_90); unset G4C_CUDA_PDL",
+        unready.entry
+    ))
 }
 
 /// The PTX ISA version a PTX text declares (`.version 8.8` → `(8, 8)`): a driver JITs it only if
@@ -223,6 +253,32 @@ impl CudaDevice {
         let mut pointers: Vec<sys::CUdeviceptr> = launch.args.iter().map(|&b| self.buffers[b].0).collect();
         let mut params: Vec<*mut std::ffi::c_void> =
             pointers.iter_mut().map(|p| p as *mut sys::CUdeviceptr as *mut std::ffi::c_void).collect();
+        let failed = |e| driver_error(&format!("launching {}", launch.symbol), e);
+        if self.programmatic {
+            // SAFETY: a zeroed attribute is a valid bit pattern (a C struct of integers); its id
+            // and the union member that id reads are set below.
+            let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attribute.value.programmaticStreamSerializationAllowed = 1;
+            let config = sys::CUlaunchConfig {
+                gridDimX: launch.grid,
+                gridDimY: 1,
+                gridDimZ: 1,
+                blockDimX: launch.block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: 0,
+                hStream: self.stream.cu_stream(),
+                attrs: &mut attribute,
+                numAttrs: 1,
+            };
+            // SAFETY: as below; the configuration and its one attribute outlive the call.
+            return unsafe {
+                sys::cuLaunchKernelEx(&config, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut())
+            }
+            .result()
+            .map_err(failed);
+        }
         // SAFETY: every parameter of g4c's kernels is a pointer, passed by address as the driver
         // API requires (the values are copied into the launch or graph node); shared memory is static.
         unsafe {
@@ -235,7 +291,7 @@ impl CudaDevice {
                 &mut params,
             )
         }
-        .map_err(|e| driver_error(&format!("launching {}", launch.symbol), e))
+        .map_err(failed)
     }
 
     /// Records `sequence`'s launches on the stream into a graph, without running them.
@@ -378,7 +434,7 @@ impl Drop for CudaDevice {
 
 #[cfg(test)]
 mod tests {
-    use super::ptx_isa_supported;
+    use super::{programmatic_launch_problem, ptx_isa_supported, DeviceProgram};
 
     #[test]
     fn ptx_isa_needs_the_cuda_release_that_introduced_it() {
@@ -388,5 +444,23 @@ mod tests {
         assert!(ptx_isa_supported((8, 4), 12040));
         assert!(ptx_isa_supported((9, 0), 13000) && !ptx_isa_supported((9, 0), 12090));
         assert!(!ptx_isa_supported((9, 9), i32::MAX), "an ISA not in the table is refused");
+    }
+
+    #[test]
+    fn programmatic_launch_needs_sm_90_and_kernels_that_wait() {
+        let program = |ptx: &str| DeviceProgram {
+            entry: "decode".into(),
+            source: String::new(),
+            ptx: Some(ptx.into()),
+            cubin: None,
+            kernels: Vec::new(),
+        };
+        let waiting = program(".entry a(\n griddepcontrol.wait;\n}\n.entry b(\n griddepcontrol.wait;\n}");
+        assert_eq!(programmatic_launch_problem(std::slice::from_ref(&waiting), (9, 0)), None);
+        let refused = programmatic_launch_problem(std::slice::from_ref(&waiting), (8, 0)).unwrap();
+        assert!(refused.contains("9.0") && refused.contains("8.0"), "{refused}");
+        let one_not = program(".entry a(\n griddepcontrol.wait;\n}\n.entry b(\n ret;\n}");
+        let refused = programmatic_launch_problem(&[waiting, one_not], (9, 0)).unwrap();
+        assert!(refused.contains("@decode") && refused.contains("older than sm_90"), "{refused}");
     }
 }
