@@ -169,8 +169,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // Before the bandwidth probe, whose buffer would count.
     let peak = super::peak_memory();
     let traffic = roofline.unwrap_or_default();
-    let (bandwidth, bandwidth_source) = match source.target.bandwidth_bytes_per_s {
-        Some(b) if !on_host => (b as f64, "datasheet"),
+    // On a GPU, its own bandwidth: a t4g artifact may run on an H200.
+    let gpu = matches!(backend, BackendKind::Cuda).then(g4c_runtime::backend::cuda::cuda_memory_bandwidth).flatten();
+    let (bandwidth, bandwidth_source) = match (gpu, source.target.bandwidth_bytes_per_s) {
+        (Some(b), _) => (b, "GPU 0's memory clock × bus width"),
+        (None, Some(b)) if !on_host => (b as f64, "datasheet"),
         _ => {
             ui().note("measuring host memory bandwidth");
             (read_bandwidth(1 << 30, 5), "measured (1 GiB read, all cores)")

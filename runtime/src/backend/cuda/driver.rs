@@ -29,6 +29,20 @@ pub fn cuda_driver_problem() -> Option<String> {
     }
 }
 
+/// GPU 0's peak memory bandwidth in bytes per second, from its memory clock and bus width (two
+/// transfers per clock, as NVIDIA's bandwidth figures count them), when a driver and a GPU are
+/// there and report both.
+pub fn cuda_memory_bandwidth() -> Option<f64> {
+    if cuda_driver_problem().is_some() {
+        return None;
+    }
+    let context = CudaContext::new(0).ok()?;
+    let attribute = |a| context.attribute(a).ok().filter(|&v| v > 0);
+    let clock_khz = attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)?;
+    let bus_bits = attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)?;
+    Some(2.0 * clock_khz as f64 * 1e3 * bus_bits as f64 / 8.0)
+}
+
 /// The compute capability of GPU 0, when a driver and a GPU are there.
 pub fn cuda_device_capability() -> Option<(u32, u32)> {
     if cuda_driver_problem().is_some() {

@@ -11,6 +11,8 @@ mod emulator;
 mod executor;
 
 pub use device::{launch_bindings, launch_of, Buffer, Device, DeviceProgram, KernelBinding, Launch, LaunchSequence};
-pub use driver::{cuda_device_capability, cuda_driver_problem, ptx_isa_supported, ptx_isa_version, CudaDevice};
+pub use driver::{
+    cuda_device_capability, cuda_driver_problem, cuda_memory_bandwidth, ptx_isa_supported, ptx_isa_version, CudaDevice,
+};
 pub use emulator::Emulator;
 pub use executor::DeviceExecutor;
