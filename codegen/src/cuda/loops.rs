@@ -18,7 +18,7 @@ pub(crate) const LOADS_IN_FLIGHT: u32 = 8;
 /// constant, `end` evaluated per test), its statements emitted by `body`. Whole trips of
 /// `LOADS_IN_FLIGHT` values run unrolled with no test between them, so nothing stops the compiler
 /// from issuing their loads together (a guarded body becomes a branch, which it does not move
-/// loads across); the fewer values left after them run guarded. The values run in the same
+/// loads across); the fewer values left after them run one by one. The values run in the same
 /// order as in a plain loop, so a reduction in the body combines its elements in the same order.
 ///
 /// What is inside a body still counts: a division's or a sine's slow path is a branch too.
@@ -38,12 +38,11 @@ pub(crate) fn batched_loop(
     body(em)?;
     em.close();
     em.close();
-    em.line("#pragma unroll");
-    em.open(format!("for (int {var}_u = 0; {var}_u < {}; ++{var}_u)", n - 1));
-    em.line(format!("const int {var} = {trip} + {var}_u * {stride};"));
-    em.open(format!("if ({var} < {end})"));
+    // The rest one at a time: guarded, unrolled bodies would each be a branch all the same (the
+    // compiler does not predicate bodies this large), for seven times the code.
+    em.open(format!("for (; {trip} < {end}; {trip} += {stride})"));
+    em.line(format!("const int {var} = {trip};"));
     body(em)?;
-    em.close();
     em.close();
     em.close();
     Ok(())
