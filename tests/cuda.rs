@@ -59,9 +59,9 @@ fn every_kernel_compiles_and_ptxas_agrees_with_the_fit_proof() {
             assert_eq!(cubin.kernels.len(), program.functions, "{target} @{}", entry.entry);
             // On sm_90 every kernel waits for the one before it, which programmatic dependent
             // launch (`G4C_CUDA_PDL`) relies on; the instruction does not exist before sm_90.
-            let waits = ptx.split(".entry ").skip(1).filter(|k| k.contains("griddepcontrol.wait")).count();
+            let (kernels, waiting) = g4c_runtime::backend::cuda::ptx_kernels_waiting(&ptx);
             let want = if sm >= (9, 0) { program.functions } else { 0 };
-            assert_eq!(waits, want, "{target} @{}: kernels waiting for the kernel before them", entry.entry);
+            assert_eq!((kernels, waiting), (program.functions, want), "{target} @{}: kernels, waiting", entry.entry);
             for (calls, symbol) in launch_symbols(entry, &program) {
                 let used = cubin.kernels[symbol];
                 let what = format!("{target} {} ({symbol})", calls[0].kernel);
@@ -607,4 +607,55 @@ fn every_kernel_on_the_host_computes_what_the_interpreter_does_on_random_inputs(
         let launches = assert_kernels_agree(target, &dir, TINY_CHECKED, &["prefill", "decode"], emulator);
         assert!(launches > 40, "{target}: {launches} launches");
     }
+}
+
+/// `dequant8_bf16` and `dequant8_f16` (the prelude every kernel includes, with the emulator's
+/// stand-ins for the pair instructions) against `rbf16` and `rf16` of `(float)q · s`, bit for bit
+/// (any NaN matching any NaN; the sign of zero counts): every 4-bit value in every slot of a word,
+/// times every bf16 scale, and for f16 every f16 scale too (the pair path) and every bf16 one
+/// (most of which f16 cannot hold: the value-by-value path).
+#[test]
+fn packed_dequantization_in_pairs_is_bit_for_bit_the_value_by_value_one() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap();
+    let check = r#"
+#include <cstdio>
+static bool same(float a, float b) { return (a != a && b != b) || __float_as_uint(a) == __float_as_uint(b); }
+int main() {
+  // Each value 0..15 in each slot (with the other slots counting the other way), and two mixes.
+  unsigned words[18] = {0x76543210u, 0xfedcba98u};
+  for (unsigned n = 0; n < 16; ++n) { unsigned w = 0; for (int i = 0; i < 8; ++i) w |= ((n + 3 * i) & 15u) << (4 * i); words[2 + n] = w; }
+  long failures = 0;
+  for (unsigned bits = 0; bits < 65536; ++bits) {
+    const float bf = b2f((u16)bits), hf = h2f((u16)bits);
+    for (unsigned w : words) {
+      float v[8];
+      dequant8_bf16(w, bf, v);
+      for (int i = 0; i < 8; ++i) failures += !same(v[i], rbf16((float)nib(w, i) * bf));
+      for (float s : {hf, bf}) {
+        dequant8_f16(w, s, v);
+        for (int i = 0; i < 8; ++i) failures += !same(v[i], rf16((float)nib(w, i) * s));
+      }
+    }
+  }
+  printf("%ld\n", failures);
+  return failures != 0;
+}
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("emulator.h"), read("runtime/src/backend/cuda/emulator.h")).unwrap();
+    let source = dir.path().join("check.cpp");
+    let prelude = read("codegen/src/cuda/prelude.cu");
+    std::fs::write(&source, format!("#include \"emulator.h\"\n{prelude}\n{check}")).unwrap();
+    let binary = dir.path().join("check");
+    let built = std::process::Command::new("c++")
+        .args(["-std=c++20", "-O1", "-w", "-o"])
+        .arg(&binary)
+        .arg(&source)
+        .output()
+        .unwrap();
+    assert!(built.status.success(), "c++: {}", String::from_utf8_lossy(&built.stderr));
+    let ran = std::process::Command::new(&binary).output().unwrap();
+    let failures = String::from_utf8_lossy(&ran.stdout);
+    assert!(ran.status.success(), "{} values differ from the value-by-value dequantization", failures.trim());
 }

@@ -14,12 +14,12 @@ use super::CudaError;
 /// Iterations of a loop reading memory that a thread issues before it waits for any of them.
 pub(crate) const LOADS_IN_FLIGHT: u32 = 8;
 
-/// A loop of `var` over `first`, `first + stride`, … below `end` (C expressions; `stride` a
-/// constant, `end` evaluated per test), its statements emitted by `body`. Whole trips of
-/// `LOADS_IN_FLIGHT` values run unrolled with no test between them, so nothing stops the compiler
-/// from issuing their loads together (a guarded body becomes a branch, which it does not move
-/// loads across); the fewer values left after them run one by one. The values run in the same
-/// order as in a plain loop, so a reduction in the body combines its elements in the same order.
+/// A loop of `var` over `first`, `first + stride`, … below `end` (C expressions, evaluated once),
+/// its statements emitted by `body`. Whole trips of `LOADS_IN_FLIGHT` values run unrolled with no
+/// test between them, so nothing stops the compiler from issuing their loads together (a guarded
+/// body becomes a branch, which it does not move loads across); the fewer values left after them
+/// run one by one. The values run in the same order as in a plain loop, so a reduction in the
+/// body combines its elements in the same order.
 ///
 /// What is inside a body still counts: a division's or a sine's slow path is a branch too.
 pub(crate) fn batched_loop(
@@ -28,19 +28,22 @@ pub(crate) fn batched_loop(
     (first, end, stride): (&str, &str, &str),
     body: &mut dyn FnMut(&mut Emitter) -> Result<(), CudaError>,
 ) -> Result<(), CudaError> {
-    let (n, trip) = (LOADS_IN_FLIGHT, format!("{var}_trip"));
-    em.open("");
+    let n = LOADS_IN_FLIGHT;
+    let (trip, last, step) = (format!("{var}_trip"), format!("{var}_end"), format!("{var}_stride"));
+    em.open(format!("/* {var}: {n} at a time */"));
+    // Signed, so that a trip's test cannot turn into an unsigned comparison (`blockDim.x`).
+    em.line(format!("const int {last} = (int)({end}), {step} = (int)({stride});"));
     em.line(format!("int {trip} = {first};"));
-    em.open(format!("for (; {trip} + {} * {stride} < {end}; {trip} += {n} * {stride})", n - 1));
+    em.open(format!("for (; {trip} + {} * {step} < {last}; {trip} += {n} * {step})", n - 1));
     em.line("#pragma unroll");
     em.open(format!("for (int {var}_u = 0; {var}_u < {n}; ++{var}_u)"));
-    em.line(format!("const int {var} = {trip} + {var}_u * {stride};"));
+    em.line(format!("const int {var} = {trip} + {var}_u * {step};"));
     body(em)?;
     em.close();
     em.close();
     // The rest one at a time: guarded, unrolled bodies would each be a branch all the same (the
     // compiler does not predicate bodies this large), for seven times the code.
-    em.open(format!("for (; {trip} < {end}; {trip} += {stride})"));
+    em.open(format!("for (; {trip} < {last}; {trip} += {step})"));
     em.line(format!("const int {var} = {trip};"));
     body(em)?;
     em.close();

@@ -27,61 +27,60 @@ __device__ __forceinline__ int ld_i4(const u8* p, int i) {
 __device__ __forceinline__ unsigned ld_word(const u8* p, int w) { return ((const unsigned*)p)[w]; }
 // Value i of a word, sign-extended.
 __device__ __forceinline__ int nib(unsigned word, int i) { return ((int)(word << (28 - 4 * i))) >> 28; }
-// Fused multiply-add of two bf16 pairs, each half rounded once to nearest even: sm_80's
-// fma.rn.bf16x2. The host's stand-in rounds fmaf's f32 result, which is the same for the operands
-// g4c passes it (a product of a 4-bit integer and a bf16 value is exact in f32, and so is its sum
-// with -0 or with the integer 136).
-#if !defined(G4C_HOST_EMULATION) && __CUDA_ARCH__ >= 800
+// Fused multiply-adds of two bf16 or f16 pairs, each half rounded once to nearest even: sm_80's
+// fma.rn.bf16x2 and sm_53's fma.rn.f16x2. The host's stand-in rounds fmaf's f32 result, which is
+// the same for the operands g4c passes them (a product of a 4-bit integer and a 16-bit float is
+// exact in f32, and so is its sum with -0 or with the integer 136 or 1032).
+#ifdef G4C_HOST_EMULATION
+template <float (*widen)(u16), u16 (*narrow)(float)> unsigned fma_pairs(unsigned a, unsigned b, unsigned c) {
+  const u16 lo = narrow(fmaf(widen((u16)a), widen((u16)b), widen((u16)c)));
+  const u16 hi = narrow(fmaf(widen((u16)(a >> 16)), widen((u16)(b >> 16)), widen((u16)(c >> 16))));
+  return lo | ((unsigned)hi << 16);
+}
+__device__ __forceinline__ unsigned fma_bf16x2(unsigned a, unsigned b, unsigned c) { return fma_pairs<b2f, f2b>(a, b, c); }
+__device__ __forceinline__ unsigned fma_f16x2(unsigned a, unsigned b, unsigned c) { return fma_pairs<h2f, f2h>(a, b, c); }
+#else
+#if __CUDA_ARCH__ >= 800
 __device__ __forceinline__ unsigned fma_bf16x2(unsigned a, unsigned b, unsigned c) {
   unsigned d;
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
   return d;
 }
-#else
-__device__ __forceinline__ unsigned fma_bf16x2(unsigned a, unsigned b, unsigned c) {
-  const u16 lo = f2b(fmaf(b2f((u16)a), b2f((u16)b), b2f((u16)c)));
-  const u16 hi = f2b(fmaf(b2f((u16)(a >> 16)), b2f((u16)(b >> 16)), b2f((u16)(c >> 16))));
-  return lo | ((unsigned)hi << 16);
-}
 #endif
-// The same for f16 pairs (fma.rn.f16x2, sm_53 and later); its stand-in is exact for the same
-// operands (a 4-bit integer times an f16 value, or the integer 1032).
-#ifndef G4C_HOST_EMULATION
 __device__ __forceinline__ unsigned fma_f16x2(unsigned a, unsigned b, unsigned c) {
   unsigned d;
   asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
   return d;
 }
-#else
-__device__ __forceinline__ unsigned fma_f16x2(unsigned a, unsigned b, unsigned c) {
-  const u16 lo = f2h(fmaf(h2f((u16)a), h2f((u16)b), h2f((u16)c)));
-  const u16 hi = f2h(fmaf(h2f((u16)(a >> 16)), h2f((u16)(b >> 16)), h2f((u16)(c >> 16))));
-  return lo | ((unsigned)hi << 16);
-}
 #endif
-// The 8 values of a packed word times a bf16 scale `s`, each rounded to bf16, into v[0..8]: what
-// rbf16((float)nib(word, i) * s) computes, two values per instruction and without converting
-// integers. Each nibble, offset to q + 8, is put in the low mantissa bits of the bf16 128
-// (giving 128 + q + 8 exactly); subtracting 136 leaves q; one bf16 multiply rounds q·s once.
-// Nibbles j and j + 4 share a pair, so a shift and a mask free each pair.
-__device__ __forceinline__ void dequant8_bf16(unsigned word, float s, float* v) {
+// The 8 values of a packed word times a 16-bit `scale`, each rounded once to the scale's type, into
+// v[0..8], two values per instruction and without converting integers: each nibble, offset to
+// q + 8, is put in the low mantissa bits of `zero` (128 in bf16, 1024 in f16: their last mantissa
+// bit is worth 1), `minus_zero` (-136, -1032) leaves q exactly, and one multiply by the scale in
+// the 16-bit type rounds q·s once, as rounding the f32 product does. -0 as the addend keeps the
+// sign of a zero product. Nibbles j and j + 4 share a pair, so a shift and a mask free each pair.
+template <unsigned (*fma2)(unsigned, unsigned, unsigned), float (*widen)(u16)>
+__device__ __forceinline__ void dequant8_pairs(unsigned word, u16 scale, unsigned zero, unsigned one, unsigned minus_zero,
+                                               float* v) {
   const unsigned x = word ^ 0x88888888u;
-  const unsigned s2 = (__float_as_uint(s) >> 16) * 0x10001u;
+  const unsigned s2 = (unsigned)scale * 0x10001u;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const unsigned biased = ((x >> (4 * j)) & 0x000f000fu) | 0x43004300u;
-    const unsigned q = fma_bf16x2(biased, 0x3f803f80u, 0xc308c308u);
-    // -0 as the addend keeps the sign of a zero product, as the f32 product has it.
-    const unsigned w = fma_bf16x2(q, s2, 0x80008000u);
-    v[j] = __uint_as_float(w << 16);
-    v[j + 4] = __uint_as_float(w & 0xffff0000u);
+    const unsigned q = fma2(((x >> (4 * j)) & 0x000f000fu) | zero, one, minus_zero);
+    const unsigned w = fma2(q, s2, 0x80008000u);
+    v[j] = widen((u16)w);
+    v[j + 4] = widen((u16)(w >> 16));
   }
 }
-// The same rounded to f16, what rf16((float)nib(word, i) * s) computes, in f16 pairs (1024 in
-// place of 128; its mantissa has 10 bits). Turing converts integers and floats at a quarter of
-// its multiply rate, two conversions a weight where this has none. The pairs multiply by `s` in
-// f16, so a scale f16 cannot hold exactly (a bf16 or f32 scale below f16's range, say) takes
-// the value-by-value path.
+// rbf16((float)nib(word, i) * s) for a bf16 value `s` (GPUs with bf16 arithmetic, sm_80 on).
+#if defined(G4C_HOST_EMULATION) || __CUDA_ARCH__ >= 800
+__device__ __forceinline__ void dequant8_bf16(unsigned word, float s, float* v) {
+  dequant8_pairs<fma_bf16x2, b2f>(word, (u16)(__float_as_uint(s) >> 16), 0x43004300u, 0x3f803f80u, 0xc308c308u, v);
+}
+#endif
+// rf16((float)nib(word, i) * s). Turing converts integers and floats at a quarter of its multiply
+// rate, two conversions a weight value by value. The pairs multiply by `s` in f16, so a scale f16
+// cannot hold exactly (a bf16 or f32 scale outside f16's range, say) is taken value by value.
 __device__ __forceinline__ void dequant8_f16(unsigned word, float s, float* v) {
   const u16 sh = f2h(s);
   if (h2f(sh) != s) {
@@ -89,16 +88,7 @@ __device__ __forceinline__ void dequant8_f16(unsigned word, float s, float* v) {
     for (int i = 0; i < 8; ++i) v[i] = rf16((float)nib(word, i) * s);
     return;
   }
-  const unsigned x = word ^ 0x88888888u;
-  const unsigned s2 = (unsigned)sh * 0x10001u;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const unsigned biased = ((x >> (4 * j)) & 0x000f000fu) | 0x64006400u;
-    const unsigned q = fma_f16x2(biased, 0x3c003c00u, 0xe408e408u);
-    const unsigned w = fma_f16x2(q, s2, 0x80008000u);
-    v[j] = h2f((u16)w);
-    v[j + 4] = h2f((u16)(w >> 16));
-  }
+  dequant8_pairs<fma_f16x2, h2f>(word, sh, 0x64006400u, 0x3c003c00u, 0xe408e408u, v);
 }
 // Eight consecutive floats of 16-byte-aligned shared memory, in two 128-bit loads.
 #ifndef G4C_HOST_EMULATION
@@ -144,12 +134,20 @@ __device__ __forceinline__ void await_previous_kernel() { asm volatile("griddepc
 __device__ __forceinline__ void let_next_kernel_start() {}
 __device__ __forceinline__ void await_previous_kernel() {}
 #endif
-// IEEE max and min: NaN if either operand is (fmaxf and fminf return the other one). Without a
-// branch: written as `isnan(a) || isnan(b) ? NaN : ...`, the compiler skips loading `b` once a
-// running maximum is NaN, so an unrolled reduction waits for each load before issuing the next.
-__device__ __forceinline__ unsigned nan_bits(float a) { return (__float_as_uint(a) & 0x7fffffffu) > 0x7f800000u ? 0x7fc00000u : 0u; }
-__device__ __forceinline__ float fmax_nan(float a, float b) { return __uint_as_float(__float_as_uint(fmaxf(a, b)) | nan_bits(a) | nan_bits(b)); }
-__device__ __forceinline__ float fmin_nan(float a, float b) { return __uint_as_float(__float_as_uint(fminf(a, b)) | nan_bits(a) | nan_bits(b)); }
+// IEEE max and min: the canonical NaN if either operand is NaN (fmaxf and fminf return the other
+// one), as the interpreter's. Without a branch: written as `isnan(a) || isnan(b) ? NaN : ...`,
+// the compiler skips loading `b` once a running maximum is NaN, so an unrolled reduction waits
+// for each load before issuing the next.
+__device__ __forceinline__ unsigned nan_mask(float a, float b) {
+  const unsigned nan_a = (__float_as_uint(a) & 0x7fffffffu) > 0x7f800000u;
+  const unsigned nan_b = (__float_as_uint(b) & 0x7fffffffu) > 0x7f800000u;
+  return 0u - (nan_a | nan_b);
+}
+__device__ __forceinline__ float nan_or(float x, unsigned mask) {
+  return __uint_as_float((__float_as_uint(x) & ~mask) | (0x7fc00000u & mask));
+}
+__device__ __forceinline__ float fmax_nan(float a, float b) { return nan_or(fmaxf(a, b), nan_mask(a, b)); }
+__device__ __forceinline__ float fmin_nan(float a, float b) { return nan_or(fminf(a, b), nan_mask(a, b)); }
 __device__ __forceinline__ float sgn(float a) { return (a == 0.f || isnan(a)) ? a : copysignf(1.f, a); }
 __device__ __forceinline__ int isgn(int a) { return (a > 0) - (a < 0); }
 // A reduction's combining step, per accumulator type (float's max and min propagate NaN).

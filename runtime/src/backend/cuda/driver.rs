@@ -236,12 +236,23 @@ fn programmatic_launch_problem(programs: &[DeviceProgram], sm: (u32, u32)) -> Op
             sm.0, sm.1
         ));
     }
-    let waiting = |ptx: &str| ptx.split(".entry ").skip(1).all(|kernel| kernel.contains("griddepcontrol.wait"));
-    let unready = programs.iter().find(|p| !p.ptx.as_deref().is_some_and(waiting))?;
+    let ready = |p: &&DeviceProgram| {
+        let symbols: HashSet<&str> = p.kernels.iter().map(|k| k.symbol.as_str()).collect();
+        let (kernels, waiting) = p.ptx.as_deref().map_or((0, 0), ptx_kernels_waiting);
+        kernels > 0 && waiting == kernels && kernels == symbols.len()
+    };
+    let unready = programs.iter().find(|p| !ready(p))?;
     Some(format!(
         "G4C_CUDA_PDL: @{}'s kernels do not wait for the kernel before them (they were compiled for a GPU older than sm_90); unset G4C_CUDA_PDL",
         unready.entry
     ))
+}
+
+/// How many kernels (`.entry`) a PTX text defines, and how many of them wait for the kernel before
+/// them (`griddepcontrol.wait`, for programmatic dependent launch).
+pub fn ptx_kernels_waiting(ptx: &str) -> (usize, usize) {
+    let kernels: Vec<&str> = ptx.split(".entry").skip(1).filter(|k| k.starts_with(char::is_whitespace)).collect();
+    (kernels.len(), kernels.iter().filter(|k| k.contains("griddepcontrol.wait")).count())
 }
 
 /// The PTX ISA version a PTX text declares (`.version 8.8` → `(8, 8)`): a driver JITs it only if
@@ -449,6 +460,7 @@ impl Drop for CudaDevice {
 #[cfg(test)]
 mod tests {
     use super::{programmatic_launch_problem, ptx_isa_supported, DeviceProgram};
+    use crate::backend::cuda::KernelBinding;
 
     #[test]
     fn ptx_isa_needs_the_cuda_release_that_introduced_it() {
@@ -467,14 +479,18 @@ mod tests {
             source: String::new(),
             ptx: Some(ptx.into()),
             cubin: None,
-            kernels: Vec::new(),
+            kernels: ["a", "b", "a"].map(|s| KernelBinding { symbol: s.into(), weights: vec![] }).to_vec(),
         };
-        let waiting = program(".entry a(\n griddepcontrol.wait;\n}\n.entry b(\n griddepcontrol.wait;\n}");
+        let waiting = program(".entry a(\n griddepcontrol.wait;\n}\n.entry\tb(\n griddepcontrol.wait;\n}");
         assert_eq!(programmatic_launch_problem(std::slice::from_ref(&waiting), (9, 0)), None);
         let refused = programmatic_launch_problem(std::slice::from_ref(&waiting), (8, 0)).unwrap();
         assert!(refused.contains("9.0") && refused.contains("8.0"), "{refused}");
-        let one_not = program(".entry a(\n griddepcontrol.wait;\n}\n.entry b(\n ret;\n}");
-        let refused = programmatic_launch_problem(&[waiting, one_not], (9, 0)).unwrap();
-        assert!(refused.contains("@decode") && refused.contains("older than sm_90"), "{refused}");
+        // A kernel that does not wait, one the PTX lacks, or no kernels found at all.
+        for ptx in
+            [".entry a(\n griddepcontrol.wait;\n}\n.entry b(\n ret;\n}", ".entry a(\n griddepcontrol.wait;\n}", ""]
+        {
+            let refused = programmatic_launch_problem(&[waiting.clone(), program(ptx)], (9, 0)).unwrap();
+            assert!(refused.contains("@decode") && refused.contains("older than sm_90"), "{refused}");
+        }
     }
 }

@@ -12,7 +12,8 @@ mod executor;
 
 pub use device::{launch_bindings, launch_of, Buffer, Device, DeviceProgram, KernelBinding, Launch, LaunchSequence};
 pub use driver::{
-    cuda_device_capability, cuda_driver_problem, cuda_memory_bandwidth, ptx_isa_supported, ptx_isa_version, CudaDevice,
+    cuda_device_capability, cuda_driver_problem, cuda_memory_bandwidth, ptx_isa_supported, ptx_isa_version,
+    ptx_kernels_waiting, CudaDevice,
 };
 pub use emulator::Emulator;
 pub use executor::DeviceExecutor;
