@@ -1,4 +1,4 @@
-//! Paths from the environment. An empty variable counts as unset (`G4C_CACHE_DIR=""` must not mean
+//! Paths and switches from the environment. An empty variable counts as unset (`G4C_CACHE_DIR=""` must not mean
 //! the working directory, nor `G4C_PJRT_PLUGIN=""` a plugin named "").
 
 use std::path::PathBuf;
@@ -6,6 +6,11 @@ use std::path::PathBuf;
 /// `$name` as a path, if it is set and not empty.
 pub fn path_var(name: &str) -> Option<PathBuf> {
     std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from)
+}
+
+/// Whether switch `$name` is on: set, and neither empty nor `0`.
+pub fn flag_var(name: &str) -> bool {
+    std::env::var_os(name).is_some_and(|v| !v.is_empty() && v != "0")
 }
 
 /// A file inside the project's Python environment (`.venv/lib/python3.*/site-packages/<relative>`,

@@ -33,10 +33,7 @@ pub fn cuda_driver_problem() -> Option<String> {
 /// transfers per clock, as NVIDIA's bandwidth figures count them), when a driver and a GPU are
 /// there and report both.
 pub fn cuda_memory_bandwidth() -> Option<f64> {
-    if cuda_driver_problem().is_some() {
-        return None;
-    }
-    let context = CudaContext::new(0).ok()?;
+    let context = gpu_zero()?;
     let attribute = |a| context.attribute(a).ok().filter(|&v| v > 0);
     let clock_khz = attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)?;
     let bus_bits = attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)?;
@@ -45,11 +42,17 @@ pub fn cuda_memory_bandwidth() -> Option<f64> {
 
 /// The compute capability of GPU 0, when a driver and a GPU are there.
 pub fn cuda_device_capability() -> Option<(u32, u32)> {
+    let cc = gpu_zero()?.compute_capability().ok()?;
+    Some((cc.0 as u32, cc.1 as u32))
+}
+
+/// A context on GPU 0, when a driver and a GPU are there (cudarc's `CudaContext::new` panics
+/// without a driver: asked first).
+fn gpu_zero() -> Option<Arc<CudaContext>> {
     if cuda_driver_problem().is_some() {
         return None;
     }
-    let cc = CudaContext::new(0).ok()?.compute_capability().ok()?;
-    Some((cc.0 as u32, cc.1 as u32))
+    CudaContext::new(0).ok()
 }
 
 /// Whether a driver of version `driver` (`cuDriverGetVersion`: 12090 for 12.9) can JIT PTX ISA
@@ -178,22 +181,16 @@ impl CudaDevice {
             let module = context.load_module(image).map_err(|e| fail(&format!("loading @{}", p.entry), e))?;
             modules.insert(p.entry.clone(), module);
         }
-        let profile = match std::env::var("G4C_CUDA_PROFILE").as_deref() {
-            Ok("") | Ok("0") | Err(_) => None,
-            Ok(_) => Some(Profile {
-                kernels: BTreeMap::new(),
-                traced: HashSet::new(),
-                events: Vec::new(),
-                opened: Instant::now(),
-            }),
-        };
-        let programmatic = match std::env::var("G4C_CUDA_PDL").as_deref() {
-            Ok("") | Ok("0") | Err(_) => false,
-            Ok(_) => {
-                programmatic_launch_problem(programs, sm).map_or(Ok(()), invalid)?;
-                true
-            }
-        };
+        let profile = g4c_util::env::flag_var("G4C_CUDA_PROFILE").then(|| Profile {
+            kernels: BTreeMap::new(),
+            traced: HashSet::new(),
+            events: Vec::new(),
+            opened: Instant::now(),
+        });
+        let programmatic = g4c_util::env::flag_var("G4C_CUDA_PDL");
+        if let Some(problem) = programmatic.then(|| programmatic_launch_problem(programs, sm)).flatten() {
+            return invalid(problem);
+        }
         Ok(CudaDevice {
             context,
             stream,
