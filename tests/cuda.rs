@@ -420,13 +420,9 @@ fn cuda_kernels_on_a_gpu_match_the_goldens() {
             // Every launch on random inputs against the interpreter, kernel by kernel.
             threads.spawn(move || {
                 check(format!("cuda {target}, every kernel on random inputs"), &|| {
-                    assert_kernels_agree(
-                        target,
-                        &golden_dir("tiny").join("published"),
-                        TINY_CHECKED,
-                        &["prefill", "decode"],
-                        on_the_gpu,
-                    );
+                    let dir = golden_dir("tiny").join("published");
+                    assert_kernels_agree(target, &dir, TINY_CHECKED, &["prefill", "decode"], on_the_gpu);
+                    assert_kernels_agree(target, &dir, TINY_LONG_CHECKED, &["decode"], on_the_gpu);
                 });
             });
             // E2B's decode kernels too, when a checkpoint is named (`scripts/device-check` does).
@@ -562,6 +558,10 @@ module @deep_w4 {
 /// in groups of 8.
 const TINY_CHECKED: (Shapes, Option<usize>) = (Shapes { batch: 1, prefill_len: 16, context: 24 }, Some(8));
 
+/// The tiny model with 1100-slot caches, whose decode attention `split-attention` splits into 18
+/// chunks; the random slot positions (counting up from below 64) leave all but the first unseen.
+const TINY_LONG_CHECKED: (Shapes, Option<usize>) = (Shapes { batch: 1, prefill_len: 2, context: 1100 }, Some(8));
+
 /// E2B as the kernel checks plan it: a 128-token prefill, context 4096, its own quantization.
 const E2B_CHECKED: (Shapes, Option<usize>) = (Shapes { batch: 1, prefill_len: 128, context: 4096 }, None);
 
@@ -606,6 +606,7 @@ fn every_kernel_on_the_host_computes_what_the_interpreter_does_on_random_inputs(
         let dir = golden_dir("tiny").join("published");
         let launches = assert_kernels_agree(target, &dir, TINY_CHECKED, &["prefill", "decode"], emulator);
         assert!(launches > 40, "{target}: {launches} launches");
+        assert_kernels_agree(target, &dir, TINY_LONG_CHECKED, &["decode"], emulator);
     }
 }
 

@@ -71,7 +71,7 @@ fn split_attention_preserves_the_tiny_model() {
 
 /// Chunks whose every slot is masked: with `-inf` scores (a mask written so, or one rounded to a
 /// narrow type) a chunk's maximum would be `-inf` and its exponentials `exp(-inf - -inf)`, NaN, had
-/// `split-attention` not clamped it; with Gemma's `-1e30` they weigh nothing either. The split
+/// `split-attention` not floored it; with Gemma's `-1e30` they weigh nothing either. The split
 /// softmax equals the unsplit one within f32 rounding, here with only 3 of 1100 slots visible.
 #[test]
 fn split_attention_leaves_masked_chunks_out() {
@@ -123,6 +123,11 @@ fn split_attention_leaves_masked_chunks_out() {
         for (a, b) in got.iter().zip(&want) {
             assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0), "masked with {masked}: {got:?} where unsplit {want:?}");
         }
+        // A row that sees no slot (a padding row) gives 0, where unsplit it averages every value
+        // (or, masked with `-inf`, is NaN): its chunks' maxima are floored, so nothing counts.
+        let mut inputs = inputs;
+        inputs[2] = Tensor::f32([1, 2, 1100], vec![masked; 2 * 1100]);
+        assert_eq!(run(&split, &inputs), vec![0.0; 2 * 8], "masked with {masked}, nothing visible");
     }
 }
 

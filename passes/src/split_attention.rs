@@ -12,8 +12,15 @@
 //! `l_c`), which a second kernel combines.
 //!
 //! The slots are padded to whole chunks: scores with `-inf` (their `e` is 0, whatever the chunk's
-//! maximum: a chunk of padding alone cannot occur), values with 0. A row whose every real slot is
-//! masked (a padding row) then still averages its `N` values, as the unsplit softmax does.
+//! maximum: a chunk of padding alone cannot occur), values with 0.
+//!
+//! A chunk's maximum is clamped from below at `MAX_FLOOR`, under any real score and far above a
+//! masked one (the frontend masks with `-1e30`). A chunk whose every slot is masked (at a short
+//! context, most chunks of a long cache) then has `e_c = 0`, `l_c = 0` and `A_c = 0` exactly, and
+//! `w_c = 0`: nothing it holds counts, so its block need not read its keys or values (the attention
+//! kernel reads neither). Unclamped it would have `e_c = 1` and `A_c` the sum of its values, which
+//! `w_c = 0` also drops, but only after they were read. A row that sees no slot at all (a padding
+//! row) gets 0, where the unsplit softmax averages its `N` values (or, masked with `-inf`, is NaN).
 //!
 //! Sliding-window caches (a few hundred slots) are left whole: the scores' matvec and the weighted
 //! sum already spread them over enough blocks, and a split would not save a launch. So are products
@@ -40,6 +47,12 @@ const MIN_SLOTS: usize = 1024;
 const MIN_CHUNK: usize = 64;
 /// Shared memory a chunk's block keeps free for its prelude.
 const PRELUDE_ROOM: u64 = 4096;
+/// The least a chunk's maximum is taken to be: far below any score of a real slot (a dot product
+/// of normalized queries and keys), and so far above the frontend's masked score (`-1e30`) that a
+/// masked score's exponential from it, `exp(-1e30 + 1e20)`, is 0. A finite floor also keeps a
+/// chunk of `-inf` scores (a mask written so, or rounded to a narrow type) from `exp(-inf - -inf)`,
+/// NaN.
+const MAX_FLOOR: f32 = -1e20;
 
 impl Pass for SplitAttention {
     fn name(&self) -> &'static str {
@@ -240,10 +253,9 @@ fn split(f: &mut Function, s: &Softmax, result: ValueId) -> Vec<Instr> {
     let scores = out.pad(s.scores, rank - 1, padded, f64::NEG_INFINITY, "scores");
     let scores = out.chunked(scores, rank - 1, chunk, "scores");
     let max = out.reduce(ReduceKind::Max, scores, rank, "max");
-    // A chunk of scores all `-inf` (a mask written so) would have `exp(-inf - -inf)`, NaN: its
-    // maximum is clamped to the lowest finite float, so its exponentials are 0.
-    let lowest = out.push(Op::Constant { literal: Literal::Splat(f32::MIN as f64) }, Some(out.ty(max)), "max.lowest");
-    let max = out.binary(BinaryOp::Max, max, lowest, "max.finite");
+    // A chunk whose every slot is masked: its exponentials 0, not `exp(0)` (see `MAX_FLOOR`).
+    let floor = out.push(Op::Constant { literal: Literal::Splat(MAX_FLOOR as f64) }, Some(out.ty(max)), "max.floor");
+    let max = out.binary(BinaryOp::Max, max, floor, "max.floored");
     let max_b = out.broadcast_skipping(max, scores, &[rank]);
     let shifted = out.binary(BinaryOp::Sub, scores, max_b, "shifted");
     let e = out.exp(shifted, "exp");
@@ -306,6 +318,14 @@ fn split(f: &mut Function, s: &Softmax, result: ValueId) -> Vec<Instr> {
     let numerator = out.reduce(ReduceKind::Sum, scaled, chunk_at, "numerator");
     let scaled_sum = out.binary(BinaryOp::Mul, sum, scale, "scaled_sum");
     let denominator = out.reduce(ReduceKind::Sum, scaled_sum, chunk_at, "denominator");
+    // At least 1 for a row that sees a slot (its top chunk's sum holds `exp(0)`); 0 for one that
+    // sees none, whose numerator is 0 too: 0, not NaN.
+    let least = out.push(
+        Op::Constant { literal: Literal::Splat(f32::MIN_POSITIVE as f64) },
+        Some(out.ty(denominator)),
+        "denominator.least",
+    );
+    let denominator = out.binary(BinaryOp::Max, denominator, least, "denominator.positive");
     let denominator_b = out.broadcast_skipping(denominator, numerator, &[last - 1]);
     let out_ty = out.ty(result);
     let divide = Op::Binary { op: BinaryOp::Div, lhs: numerator, rhs: denominator_b };

@@ -328,23 +328,29 @@ fn staged_dot(
 
 /// The shared arrays of an attention chunk's block, as `attention_arrays` sizes them (so the fit
 /// proof counts them): `act` (the staged queries, then the chunk's weighted sums), `sc` (scores),
-/// `ex` (their exponentials, then the probabilities), `mx` and `sm` (each head's maximum and sum).
+/// `ex` (their exponentials, then the probabilities), `mx` and `sm` (each head's maximum and sum),
+/// `flag` (some slot visible; some probability not 0) and `live` (each slot visible).
 fn attention_shared_arrays(s: &SlotSplit) -> String {
     let a = attention_arrays(s);
     format!(
         "  __shared__ __align__(16) float act[{}];\n  __shared__ float sc[{}];\n  __shared__ float ex[{}];\n  \
-         __shared__ float mx[{}];\n  __shared__ float sm[{}];\n",
-        a.staged, a.scores, a.exps, a.per_head, a.per_head
+         __shared__ float mx[{}];\n  __shared__ float sm[{}];\n  __shared__ int flag[{}];\n  \
+         __shared__ bool live[{}];\n",
+        a.staged, a.scores, a.exps, a.per_head, a.per_head, a.flags, a.live
     )
 }
 
 /// A decode step's attention over one chunk of cache slots per block, for every query head
-/// (`split-attention`). The block stages the queries (their prologue computed once per block);
-/// each warp takes slots of the chunk, reading a key row once for all heads, and lane 0 stores
+/// (`split-attention`). The block marks the slots some head sees in `live` (all, where the scores
+/// have no mask the template recognizes); where none is, it stages no query, and reads no key
+/// (a masked score does not depend on it). Else the block stages the queries (their prologue
+/// computed once per block); each warp takes live slots of the chunk, reading a key row once for
+/// all heads, and lane 0 stores
 /// the scores (masked, padded) into `sc`; a warp per head takes their maximum into `mx`; the
 /// block the exponentials into `ex`; a warp per head their sum into `sm`; the block rounds the
 /// exponentials to the values' type in `ex`; each thread the weighted sums of one feature for
-/// every head, reading each value row once, into `act`; then the block
+/// every head, reading each value row once, into `act` (0s without reading a value where every
+/// probability is 0: a chunk of masked slots, whose maximum `split-attention` floors); then the block
 /// stores the chunk's results (weighted sums, maximum and sum per head) from there. The arrays
 /// hold the block's chunk only (`share_chunk`), so the elemental emitter reads them at any
 /// element of it.
@@ -372,23 +378,49 @@ fn attention(em: &mut Emitter, s: &SlotSplit, a: &Attention, root: ValueId, warp
     };
     em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
 
+    // The slots some head sees (padding slots none), and whether the chunk has any.
+    let (cols, key_rank) = (a.scores.cols, em.k.ty(keys).rank());
+    em.line("if (threadIdx.x == 0) flag[0] = flag[1] = 0;");
+    em.line("__syncthreads();");
+    em.open(format!("for (int jj = threadIdx.x; jj < {slots}; jj += blockDim.x)"));
+    em.line(format!("const int j = block * {slots} + jj;"));
+    em.line(format!("bool seen = j < {cols};"));
+    if let Some(visible) = a.visible {
+        em.open("if (seen)");
+        let heads_seeing: Vec<String> = (0..heads)
+            .map(|r| {
+                em.value(
+                    visible,
+                    &unlinear(&r.to_string(), &heads_shape).into_iter().chain(["j".into()]).collect::<Vec<_>>(),
+                )
+            })
+            .collect::<Result<_, _>>()?;
+        em.line(format!("seen = {};", heads_seeing.join(" || ")));
+        em.close();
+    }
+    em.line("live[jj] = seen;");
+    em.line("if (seen) flag[0] = 1;");
+    em.close();
+    em.line("__syncthreads();");
+
     // The queries, staged.
+    em.open("if (flag[0])");
     batched_loop(em, "e", ("threadIdx.x", &(heads * depth).to_string(), "blockDim.x"), &mut |em| {
         em.line(format!("const int r = e / {depth}, kk = e % {depth};"));
         activation_at(em, &a.scores, "q", "r", "kk")?;
         em.line(format!("act[r * {depth} + kk] = q;"));
         Ok(())
     })?;
+    em.close();
     em.line("__syncthreads();");
 
-    // Scores: a warp per slot, lanes along the key row; padding slots read no key.
-    let (cols, key_rank) = (a.scores.cols, em.k.ty(keys).rank());
+    // Scores: a warp per slot, lanes along the key row; slots no head sees read no key.
     em.open(format!("for (int jj = warp; jj < {slots}; jj += {warps})"));
     em.line(format!("const int j = block * {slots} + jj;"));
     em.line(format!("float acc[{heads}];"));
     em.line("#pragma unroll");
     em.line(format!("for (int r = 0; r < {heads}; ++r) acc[r] = 0.f;"));
-    em.open(format!("if (j < {cols})"));
+    em.open("if (live[jj])");
     batched_loop(em, "kk", ("lane", &depth.to_string(), "32"), &mut |em| {
         let key_at: Index =
             std::iter::repeat_n("0".to_string(), key_rank - 2).chain(["j".into(), "kk".into()]).collect();
@@ -432,16 +464,17 @@ fn attention(em: &mut Emitter, s: &SlotSplit, a: &Attention, root: ValueId, warp
 
     // The probabilities as the weighted sums read them (the exponentials rounded to the values'
     // type), in place of the exponentials, which nothing reads after their sum: each thread
-    // rewrites the elements it reads.
+    // rewrites the elements it reads. And whether any is not 0.
     let (lhs, rhs, dims) = (a.probs, a.values, &a.dims);
+    em.open(format!("for (int e = threadIdx.x; e < {}; e += blockDim.x)", heads * slots));
     if lhs != a.exp {
-        em.open(format!("for (int e = threadIdx.x; e < {}; e += blockDim.x)", heads * slots));
         let x = em.value(lhs, &at(&format!("(e / {slots})"), Some(&format!("(e % {slots})"))))?;
         em.line(format!("ex[e] = {x};"));
-        em.close();
-        em.line("__syncthreads();");
-        em.share_chunk(lhs, "ex", rank - 2);
     }
+    em.line("if (ex[e] != 0.f) flag[1] = 1;");
+    em.close();
+    em.line("__syncthreads();");
+    em.share_chunk(lhs, "ex", rank - 2);
 
     // The weighted sums: a thread per feature, each value row read once for every head.
     let weighted = em.k.ty(a.weighted).clone();
@@ -458,12 +491,15 @@ fn attention(em: &mut Emitter, s: &SlotSplit, a: &Attention, root: ValueId, warp
     em.line(format!("float acc[{heads}];"));
     em.line("#pragma unroll");
     em.line(format!("for (int r = 0; r < {heads}; ++r) acc[r] = 0.f;"));
+    // Every product of a zero probability is 0 (the values are finite: a cache's slots start 0).
+    em.open("if (flag[1])");
     batched_loop(em, "jj", ("0", &slots.to_string(), "1"), &mut |em| {
         for r in 0..heads {
             em.dot_step(lhs, rhs, dims, &weighted_at(&r.to_string(), "f"), "jj", &format!("acc[{r}]"))?;
         }
         Ok(())
     })?;
+    em.close();
     let weighted_dtype = weighted.dtype;
     for r in 0..heads {
         em.line(format!("act[{} + f] = {};", r * features, rounded(weighted_dtype, &format!("acc[{r}]"))));

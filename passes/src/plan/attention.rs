@@ -20,6 +20,9 @@ pub struct Attention {
     pub scores: Matvec,
     /// The scores in chunks, `S`.
     pub chunked: ValueId,
+    /// The mask the scores are selected by, `[heads.., N]` as they are before padding: where it is
+    /// false a score is a constant, whatever the product, so that slot's key need not be read.
+    pub visible: Option<ValueId>,
     /// The maximum of each chunk's scores, as reduced (before any clamp).
     pub max: ValueId,
     pub exp: ValueId,
@@ -77,7 +80,8 @@ pub(crate) fn attention_at(f: &Function, def: &HashMap<ValueId, usize>, root: Va
     if !laid_out {
         return None;
     }
-    let scores = scores_matvec(f, &op, *chunked)?;
+    let (scores, unpadded) = scores_matvec(f, &op, *chunked)?;
+    let visible = mask_of(f, &op, unpadded, scores.dots[0].0);
     let ct = f.ty(*chunked);
     let (chunks, slots) = (ct.shape[rank - 2], ct.shape[rank - 1]);
     let heads = ct.numel() / (chunks * slots);
@@ -85,6 +89,7 @@ pub(crate) fn attention_at(f: &Function, def: &HashMap<ValueId, usize>, root: Va
     (heads == scores.rows).then(|| Attention {
         scores,
         chunked: *chunked,
+        visible,
         max,
         exp,
         sum,
@@ -169,10 +174,15 @@ fn unflatten(mut lin: usize, shape: &[usize]) -> Vec<usize> {
     idx
 }
 
-/// The product of queries and keys the scores in chunks are computed from: `chunked` the scores
-/// `[.., N]` padded or not along their last axis with constants, that axis split into chunks, and
-/// the scores reading the product index for index (the mask and other operands aside).
-fn scores_matvec<'f>(f: &'f Function, op: &dyn Fn(ValueId) -> Option<&'f Op>, chunked: ValueId) -> Option<Matvec> {
+/// The product of queries and keys the scores in chunks are computed from, and the scores before
+/// padding: `chunked` the scores `[.., N]` padded or not along their last axis with constants, that
+/// axis split into chunks, and the scores reading the product index for index (the mask and other
+/// operands aside).
+fn scores_matvec<'f>(
+    f: &'f Function,
+    op: &dyn Fn(ValueId) -> Option<&'f Op>,
+    chunked: ValueId,
+) -> Option<(Matvec, ValueId)> {
     let Op::Reshape { x } = op(chunked)? else { return None };
     let last = f.ty(*x).rank() - 1;
     let scores = match op(*x)? {
@@ -187,7 +197,43 @@ fn scores_matvec<'f>(f: &'f Function, op: &dyn Fn(ValueId) -> Option<&'f Op>, ch
         && ct.shape[..last] == padded.shape[..last]
         && ct.shape[last] * ct.shape[last + 1] == padded.shape[last];
     let m = scores_product(f, op, scores)?;
-    (split_last && keeps_index_to(f, m.dots[0].0, scores)).then_some(m)
+    (split_last && keeps_index_to(f, m.dots[0].0, scores)).then_some((m, scores))
+}
+
+/// The condition of `select(visible, x, c)` with `c` a constant, `x` computed from `product` and
+/// `visible` not, when `scores` is that select through ops of one operand (conversions): where
+/// `visible` is false, the score is the same whatever the product.
+fn mask_of<'f>(
+    f: &'f Function,
+    op: &dyn Fn(ValueId) -> Option<&'f Op>,
+    scores: ValueId,
+    product: ValueId,
+) -> Option<ValueId> {
+    let mut v = scores;
+    let (cond, on_false) = loop {
+        match op(v)? {
+            Op::Convert { x } | Op::Unary { x, .. } => v = *x,
+            Op::Select { cond, on_false, .. } => break (*cond, *on_false),
+            _ => return None,
+        }
+    };
+    let shaped = f.ty(cond).shape == f.ty(scores).shape && f.ty(v).shape == f.ty(scores).shape;
+    let constant = matches!(op(on_false), Some(Op::Constant { .. }));
+    (shaped && constant && !reads(op, cond, product)).then_some(cond)
+}
+
+/// Whether `v` is computed from `from`.
+fn reads<'f>(op: &dyn Fn(ValueId) -> Option<&'f Op>, v: ValueId, from: ValueId) -> bool {
+    let (mut stack, mut seen) = (vec![v], std::collections::BTreeSet::new());
+    while let Some(v) = stack.pop() {
+        if v == from {
+            return true;
+        }
+        if seen.insert(v) {
+            stack.extend(op(v).map(Op::operands).unwrap_or_default());
+        }
+    }
+    false
 }
 
 /// The one product of queries and keys that `scores` is computed from through ops other than

@@ -72,17 +72,30 @@ pub struct AttentionArrays {
     pub exps: u64,
     /// Each head's maximum, and each head's sum (two arrays).
     pub per_head: u64,
+    /// Two flags (ints): whether some slot of the chunk is visible, whether some probability is
+    /// not 0.
+    pub flags: u64,
+    /// Whether each slot is visible to some head (a byte each).
+    pub live: u64,
 }
 
 pub fn attention_arrays(split: &SlotSplit) -> AttentionArrays {
     let (heads, slots, depth) = (split.heads as u64, split.slots as u64, split.depth as u64);
-    AttentionArrays { staged: heads * depth, scores: heads * slots, exps: heads * slots, per_head: heads }
+    AttentionArrays {
+        staged: heads * depth,
+        scores: heads * slots,
+        exps: heads * slots,
+        per_head: heads,
+        flags: 2,
+        live: slots,
+    }
 }
 
-/// Shared memory of an attention chunk's block: its arrays (`attention_arrays`), 4-byte floats.
+/// Shared memory of an attention chunk's block: its arrays (`attention_arrays`), 4-byte floats and
+/// ints, then the bytes of `live`.
 pub fn attention_footprint(split: &SlotSplit) -> u64 {
     let a = attention_arrays(split);
-    (a.staged + a.scores + a.exps + 2 * a.per_head) * 4
+    (a.staged + a.scores + a.exps + 2 * a.per_head + a.flags) * 4 + a.live
 }
 
 /// The tensor-core shape a GEMM of `operand`s uses on `gpu`: its `m16n8` shape of the largest `k`.
