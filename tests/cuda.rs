@@ -461,23 +461,26 @@ fn cuda_kernels_on_a_gpu_match_the_goldens() {
     assert!(failed.is_empty(), "on the GPU, {} cases failed: {failed:?}", failed.len());
 }
 
-/// A 4-bit matvec whose depth, 2304 = 9 × 256, is more steps of its warps' loads than are in flight
-/// at once (8): a full batch of 8, then one step more with 7 skipped; on the host emulator against
-/// the interpreter, for h200: f32 weights (dequantized value by value), bf16 and f16 ones (in
-/// pairs), and f16 weights of bf16 scales as t4g has them, here scales of about 1e-7 that f16 can
-/// not hold (value by value again). The tiny models' matvecs are one step deep.
+/// A 4-bit matvec of 40 columns (5 blocks of 8, on h200) whose depth, 2304, is 288 words: more
+/// than the block's 256 threads, so 32 of them take a second word in the same trip (and the rest
+/// skip it); on the host emulator against the interpreter, for h200: f32 weights (dequantized value
+/// by value), bf16 and f16 ones (in pairs), and f16 weights of bf16 scales as t4g has them, here
+/// scales of about 1e-7 that f16 can not hold (value by value again). And one 12544 deep, more
+/// than a block stages at once (12288 activations in 48 KB): two steps, the second of 32 words.
+/// The tiny models' matvecs are one word per thread or less.
 #[test]
-fn a_packed_matvec_deeper_than_its_loads_in_flight_computes_what_the_module_does() {
+fn a_packed_matvec_deeper_than_its_block_computes_what_the_module_does() {
     for (weight, scale, magnitude) in
         [("f32", "f32", 0.01), ("bf16", "bf16", 0.01), ("f16", "f16", 0.01), ("f16", "bf16", 1e-7)]
     {
-        assert_deep_packed_matvec_agrees(weight, scale, magnitude);
+        assert_deep_packed_matvec_agrees(weight, scale, magnitude, 2304);
     }
+    assert_deep_packed_matvec_agrees("bf16", "bf16", 0.01, 12544);
 }
 
-/// A packed matvec 9 steps of 256 deep whose weight is of type `t` and its scales (from
+/// A packed matvec `depth` deep (in groups of 32) whose weight is of type `t` and its scales (from
 /// `magnitude` to twice that) of type `scale_type`, on the host emulator against the interpreter.
-fn assert_deep_packed_matvec_agrees(t: &str, scale_type: &str, magnitude: f32) {
+fn assert_deep_packed_matvec_agrees(t: &str, scale_type: &str, magnitude: f32, depth: usize) {
     use g4c_runtime::backend::cuda::{DeviceExecutor, Emulator};
     use g4c_runtime::{Executor, StepInputs, StepOutput};
     use std::sync::Arc;
@@ -506,6 +509,8 @@ module @deep_w4 {
   }
 }
 "#
+    .replace("2304", &depth.to_string())
+    .replace("72]", &format!("{}]", depth / 32))
     .replace("T[", &format!("{t}["))
     .replace("S[", &format!("{scale_type}["));
     let module = Arc::new(g4c_ir::parse_module(&text).unwrap());
@@ -515,20 +520,23 @@ module @deep_w4 {
         seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
         (seed >> 33) as u32
     };
-    let nibbles: Vec<u8> = (0..40 * 2304 / 2).map(|_| next() as u8).collect();
-    let q = g4c_runtime::Tensor::from_bytes(g4c_ir::TensorType::new(g4c_ir::DType::I4, [40, 2304]), &nibbles).unwrap();
-    let s = (0..40 * 72).map(|_| magnitude * (1.0 + (next() % 100) as f32 * 0.01)).collect();
-    let s = g4c_runtime::Tensor::f32([40, 72], s);
+    let nibbles: Vec<u8> = (0..40 * depth / 2).map(|_| next() as u8).collect();
+    let q = g4c_runtime::Tensor::from_bytes(g4c_ir::TensorType::new(g4c_ir::DType::I4, [40, depth]), &nibbles).unwrap();
+    let s = (0..40 * depth / 32).map(|_| magnitude * (1.0 + (next() % 100) as f32 * 0.01)).collect();
+    let s = g4c_runtime::Tensor::f32([40, depth / 32], s);
     let s_dtype: g4c_ir::DType = scale_type.parse().unwrap();
     let bytes = g4c_runtime::tensor::convert_float_bytes(g4c_ir::DType::F32, s_dtype, &s.to_bytes()).unwrap();
-    let s = g4c_runtime::Tensor::from_bytes(g4c_ir::TensorType::new(s_dtype, [40, 72]), &bytes).unwrap();
+    let s = g4c_runtime::Tensor::from_bytes(g4c_ir::TensorType::new(s_dtype, [40, depth / 32]), &bytes).unwrap();
     let dtype: g4c_ir::DType = t.parse().unwrap();
-    let x = g4c_runtime::Tensor::f32([1, 2304], (0..2304).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect());
+    let x = g4c_runtime::Tensor::f32([1, depth], (0..depth).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect());
     let store: Arc<dyn g4c_runtime::WeightStore> = Arc::new(WeightTable(vec![("q", q), ("s", s), ("x", x)]));
     let target = Target::by_name("h200").unwrap();
     let plan = Arc::new(plan_module(&module, target).unwrap());
     let kinds: Vec<&str> = plan.entries[0].calls.iter().map(|c| c.kind.name()).collect();
     assert!(kinds.contains(&"matvec_w4"), "{kinds:?}");
+    let tile = plan.entries[0].calls.iter().find_map(|c| c.launch.tile).unwrap();
+    assert!(tile.packed, "{tile:?}");
+    assert_eq!((tile.k as usize) < depth, depth > 12288, "{tile:?}");
     let programs = g4c_driver::cuda_programs(&plan, target, false).unwrap().programs;
     let mut device =
         DeviceExecutor::new(module.clone(), plan, &programs, store.clone(), Emulator::new(&programs).unwrap()).unwrap();

@@ -85,6 +85,10 @@ pub struct Tile {
     pub mma: Option<MmaShape>,
     /// Weights multiplied with the same activation in one kernel (GELU(gate)·up: 2).
     pub products: u32,
+    /// A matvec of 4-bit weights packed 8 to a word: the block's threads split the contraction
+    /// among them a word at a time, each reading a word of every column of the block, rather than
+    /// a warp per column reading the whole contraction (see `g4c_codegen`'s `packed_matvec`).
+    pub packed: bool,
 }
 
 /// The block of an attention kernel: `slots` consecutive cache slots for `heads` query heads of up
@@ -248,7 +252,8 @@ pub fn print_plan(plan: &KernelPlan, bodies: bool) -> String {
                 .tile
                 .map(|t| {
                     let mma = t.mma.map(|m| format!(" mma {}", m.name())).unwrap_or_default();
-                    format!(" tile {}x{}x{}/{}{mma}", t.rows, t.cols, t.k, t.stages)
+                    let packed = if t.packed { " packed" } else { "" };
+                    format!(" tile {}x{}x{}/{}{mma}{packed}", t.rows, t.cols, t.k, t.stages)
                 })
                 .unwrap_or_default();
             match l.split {

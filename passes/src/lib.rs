@@ -28,7 +28,7 @@ pub use pass::{pass_by_name, Pass, PassError, PassTiming, Pipeline, PipelineOpti
 pub use plan::{
     attention_arrays, attention_footprint, attention_of, chunk_axis_of, elements_written, footprint, matvec_of,
     plan_module, prelude_footprint, prelude_launch, prelude_of, reduction_of, split_footprint, Attention,
-    AttentionArrays, Footprint, Matvec, PlanError, PreludeReduction, Reduction,
+    AttentionArrays, Footprint, Matvec, PackedWeight, PlanError, PreludeReduction, Reduction,
 };
 pub use quantize::Quantize;
 pub use report::compile_report;

@@ -11,13 +11,13 @@ use super::elemental::{
     linear, reduce_combine, reduce_init, rounded, storage_type, store, unlinear, value_type, write_lines, Emitter,
     Index,
 };
-use super::loops::{batched_loop, LOADS_IN_FLIGHT};
+use super::loops::batched_loop;
 use super::CudaError;
 use g4c_ir::plan::{KernelCall, KernelKind, ReduceSplit, SlotSplit, Tile};
 use g4c_ir::{DType, DotDims, Function, Op, ReduceKind, ValueId};
 use g4c_passes::{
     attention_arrays, attention_of, chunk_axis_of, footprint, matvec_of, prelude_launch, prelude_of, reduction_of,
-    split_footprint, Attention, Matvec,
+    split_footprint, Attention, Matvec, PackedWeight,
 };
 use std::fmt::Write;
 
@@ -75,10 +75,11 @@ pub(crate) fn kernel_code(
             gemm(&mut em, &tile, &m, root)?;
         }
         (_, Some(tile), Some(m)) => {
-            let smem = footprint(&tile).staged_activations / 4;
-            // 16-byte aligned for the 128-bit loads of packed products.
-            writeln!(shared, "  __shared__ __align__(16) float act[{smem}];").unwrap();
-            matvec(&mut em, &tile, &m, root)?;
+            // 16-byte aligned for the 128-bit loads of packed products; a packed matvec's partial
+            // sums after the activations.
+            let floats = footprint(&tile).smem_bytes / 4;
+            writeln!(shared, "  __shared__ __align__(16) float act[{floats}];").unwrap();
+            matvec(&mut em, (&tile, call.launch.block / 32), &m, root)?;
         }
         (_, Some(_), None) => return Err(CudaError::Unsupported(format!("{}: a tile but no matvec", k.name))),
         (_, None, _) => match call.launch.split {
@@ -670,8 +671,14 @@ fn scatter(
 
 /// The tiled matvec: per `k` step the block stages `rows × k` activations (the prologue computed
 /// once per block), each warp multiplies them by its column of every weight (lanes striding `k`),
-/// then reduces across lanes; lane 0 applies the epilogue to the products and stores.
-fn matvec(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<(), CudaError> {
+/// then reduces across lanes; lane 0 applies the epilogue to the products and stores. A packed
+/// 4-bit one is `packed_matvec`.
+fn matvec(em: &mut Emitter, (tile, warps): (&Tile, u32), m: &Matvec, root: ValueId) -> Result<(), CudaError> {
+    if tile.packed {
+        let unsupported = || CudaError::Unsupported(format!("{}: a packed tile of weights not packed", em.k.name));
+        let weights = PackedWeight::all_of(em.k, m).ok_or_else(unsupported)?;
+        return packed_matvec(em, (tile, warps), m, &weights, root);
+    }
     let (rows, kt, cols) = (tile.rows, tile.k, tile.cols);
     let (n_total, depth, products) = (m.cols, m.depth, m.dots.len());
     em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
@@ -680,38 +687,24 @@ fn matvec(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<()
     em.line("#pragma unroll");
     em.line(format!("for (int j = 0; j < {products}; ++j) for (int r = 0; r < {rows}; ++r) acc[j][r] = 0.f;"));
     em.open(format!("for (int k0 = 0; k0 < {depth}; k0 += {kt})"));
-    batched_loop(em, "e", ("threadIdx.x", &(rows * kt).to_string(), "blockDim.x"), &mut |em| {
-        em.line(format!("const int r = e / {kt}, kk = k0 + e % {kt};"));
-        activation_at(em, m, "a", "r", "kk")?;
-        em.line("act[e] = a;");
+    stage_activations(em, m, rows, kt)?;
+    em.open(format!("if (n < {n_total})"));
+    // The tile's `k` values, or those left of the depth.
+    let end = format!("min({kt}, {depth} - k0)");
+    batched_loop(em, "kk", ("lane", &end, "32"), &mut |em| {
+        for (j, &(_, w)) in m.dots.iter().enumerate() {
+            // `[1.., N, K]`: leading dimensions of size 1.
+            let rank = em.k.ty(w).rank();
+            let at: Vec<String> =
+                std::iter::repeat_n("0".to_string(), rank - 2).chain(["n".into(), "(k0 + kk)".into()]).collect();
+            let w = em.value(w, &at)?;
+            em.line("#pragma unroll");
+            em.line(format!(
+                "for (int r = 0; r < {rows}; ++r) acc[{j}][r] = fmaf(act[r * {kt} + kk], {w}, acc[{j}][r]);"
+            ));
+        }
         Ok(())
     })?;
-    em.line("__syncthreads();");
-    em.open(format!("if (n < {n_total})"));
-    let packed: Option<Vec<PackedWeight>> =
-        m.dots.iter().map(|&(_, w)| PackedWeight::of(em.k, w)).collect::<Option<_>>();
-    match packed {
-        Some(weights) => packed_products(em, &weights, rows, kt, depth)?,
-        None => {
-            // The tile's `k` values, or those left of the depth.
-            let end = format!("min({kt}, {depth} - k0)");
-            batched_loop(em, "kk", ("lane", &end, "32"), &mut |em| {
-                for (j, &(_, w)) in m.dots.iter().enumerate() {
-                    // `[1.., N, K]`: leading dimensions of size 1.
-                    let rank = em.k.ty(w).rank();
-                    let at: Vec<String> = std::iter::repeat_n("0".to_string(), rank - 2)
-                        .chain(["n".into(), "(k0 + kk)".into()])
-                        .collect();
-                    let w = em.value(w, &at)?;
-                    em.line("#pragma unroll");
-                    em.line(format!(
-                        "for (int r = 0; r < {rows}; ++r) acc[{j}][r] = fmaf(act[r * {kt} + kk], {w}, acc[{j}][r]);"
-                    ));
-                }
-                Ok(())
-            })?;
-        }
-    }
     em.close();
     em.line("__syncthreads();");
     em.close();
@@ -725,6 +718,130 @@ fn matvec(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<()
     em.line(format!("const int i = r * {n_total} + n;"));
     let sums: Vec<(ValueId, String)> =
         m.dots.iter().enumerate().map(|(j, &(dot, _))| (dot, format!("acc[{j}][r]"))).collect();
+    store_root(em, &sums, root)?;
+    em.close();
+    em.close();
+    Ok(())
+}
+
+/// Stages the `rows × kt` activations of the step from `k0` into `act` (the prologue computed
+/// once per block), then meets the block's barrier.
+fn stage_activations(em: &mut Emitter, m: &Matvec, rows: u32, kt: u32) -> Result<(), CudaError> {
+    batched_loop(em, "e", ("threadIdx.x", &(rows * kt).to_string(), "blockDim.x"), &mut |em| {
+        em.line(format!("const int r = e / {kt}, kk = k0 + e % {kt};"));
+        activation_at(em, m, "a", "r", "kk")?;
+        em.line("act[e] = a;");
+        Ok(())
+    })?;
+    em.line("__syncthreads();");
+    Ok(())
+}
+
+/// Word loads a thread of a packed matvec issues before it waits for any: 16 KB in flight per
+/// block of 256 threads.
+const WORDS_IN_FLIGHT: u32 = 16;
+
+/// The 4-bit matvec, its weights packed 8 values to a word: per `k` step the block stages `rows ×
+/// k` activations as `matvec` does; then its threads split the step's words among them, thread `t`
+/// taking words `t`, `t + 256`, …, and multiply each word's 8 activations per row (read from shared
+/// memory once, in two 128-bit loads) by that word of every column of the block and every product.
+/// So a thread has `cols × products` independent word loads per word it takes (and takes several
+/// at once, up to `WORDS_IN_FLIGHT` loads), every column is spread over all 256 threads however deep
+/// the contraction, and shared memory is read once per `cols × products` words. A warp per column
+/// read its column's words 8 at a time per lane, 8 KB in flight per block, and 4 bytes of shared
+/// memory per weight: the 4-bit matvecs stayed under 10% of the H200's bandwidth. Each thread's
+/// sums are combined over its warp, then over the warps through `part` (in `act`); thread `o` applies the
+/// epilogue to output `o` of the block (row `o % rows` of column `o / rows`). Columns past the
+/// last are read as the last one, and not stored: no branch around the loads.
+fn packed_matvec(
+    em: &mut Emitter,
+    (tile, warps): (&Tile, u32),
+    m: &Matvec,
+    weights: &[PackedWeight],
+    root: ValueId,
+) -> Result<(), CudaError> {
+    let (rows, kt, cols) = (tile.rows, tile.k, tile.cols);
+    let (n_total, depth, products) = (m.cols, m.depth, weights.len() as u32);
+    let (sums, steps) = (products * cols * rows, (WORDS_IN_FLIGHT / (cols * products)).max(1));
+    em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
+    em.line(format!("float acc[{products}][{cols}][{rows}] = {{}};"));
+    em.open(format!("for (int k0 = 0; k0 < {depth}; k0 += {kt})"));
+    stage_activations(em, m, rows, kt)?;
+    em.line(format!("const int words = min({kt}, {depth} - k0) >> 3;"));
+    em.open(format!("for (int wd0 = threadIdx.x; wd0 < words; wd0 += {steps} * blockDim.x)"));
+    em.line(format!("unsigned q[{steps}][{products}][{cols}];"));
+    em.line(format!("float s[{steps}][{products}][{cols}];"));
+    // The words and scales of `steps` words of every column first, then the products: two loops,
+    // so that the loads come first as written rather than as the compiler would schedule one.
+    let each_word = |em: &mut Emitter| {
+        em.line("#pragma unroll");
+        em.open(format!("for (int u = 0; u < {steps}; ++u)"));
+        em.line("const int wd = wd0 + u * blockDim.x;");
+        em.open("if (wd < words)");
+    };
+    let each_column = |em: &mut Emitter| {
+        em.line("#pragma unroll");
+        em.open(format!("for (int c = 0; c < {cols}; ++c)"));
+    };
+    each_word(em);
+    each_column(em);
+    em.line(format!("const int n = min(block * {cols} + c, {});", n_total - 1));
+    for (j, w) in weights.iter().enumerate() {
+        let (word, scale) = packed_loads(em, w, "n", "(k0 + 8 * wd)", depth)?;
+        em.line(format!("q[u][{j}][c] = {word};"));
+        em.line(format!("s[u][{j}][c] = {scale};"));
+    }
+    em.close();
+    em.close();
+    em.close();
+    each_word(em);
+    em.line(format!("float a[{rows}][8];"));
+    em.line("#pragma unroll");
+    em.line(format!("for (int r = 0; r < {rows}; ++r) ld8(act + r * {kt} + 8 * wd, a[r]);"));
+    each_column(em);
+    let values: Vec<String> = weights
+        .iter()
+        .enumerate()
+        .map(|(j, w)| packed_value(em, w, &format!("q[u][{j}][c]"), &format!("s[u][{j}][c]")))
+        .collect();
+    em.line("#pragma unroll");
+    em.open("for (int i = 0; i < 8; ++i)");
+    for (j, value) in values.iter().enumerate() {
+        let value = em.var("float", "v", value);
+        em.line("#pragma unroll");
+        em.line(format!("for (int r = 0; r < {rows}; ++r) acc[{j}][c][r] = fmaf(a[r][i], {value}, acc[{j}][c][r]);"));
+    }
+    em.close();
+    em.close();
+    em.close();
+    em.close();
+    em.close();
+    em.line("__syncthreads();");
+    em.close();
+    // Over the warp, then over the warps, through the activations' array (the last step's
+    // barrier is behind).
+    em.line("float* const part = act;");
+    for (var, n) in [("j", products), ("c", cols), ("r", rows)] {
+        em.line("#pragma unroll");
+        em.open(format!("for (int {var} = 0; {var} < {n}; ++{var})"));
+    }
+    em.line("const float sum = warp_sum(acc[j][c][r]);");
+    em.line(format!("if (lane == 0) part[warp * {sums} + (j * {cols} + c) * {rows} + r] = sum;"));
+    em.close();
+    em.close();
+    em.close();
+    em.line("__syncthreads();");
+    em.open(format!("if (threadIdx.x < {})", cols * rows));
+    em.line(format!("const int c = threadIdx.x / {rows}, r = threadIdx.x % {rows}, n = block * {cols} + c;"));
+    em.open(format!("if (n < {n_total})"));
+    em.line(format!("float sum[{products}];"));
+    em.open(format!("for (int j = 0; j < {products}; ++j)"));
+    em.line("sum[j] = 0.f;");
+    em.line(format!("for (int w = 0; w < {}; ++w) sum[j] += part[w * {sums} + (j * {cols} + c) * {rows} + r];", warps));
+    em.close();
+    em.line(format!("const int i = r * {n_total} + n;"));
+    let sums: Vec<(ValueId, String)> =
+        m.dots.iter().enumerate().map(|(j, &(dot, _))| (dot, format!("sum[{j}]"))).collect();
     store_root(em, &sums, root)?;
     em.close();
     em.close();
@@ -838,33 +955,6 @@ fn gemm(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<(), 
     Ok(())
 }
 
-/// A matvec weight that is `dequantize(q, scale)` of a 4-bit weight `q` `[N, K]` whose rows and
-/// scale groups span whole 32-bit words (8 values): each lane then reads 8 consecutive values with one 32-bit
-/// load and one scale, where reading value by value costs a byte load, a scale load and the
-/// unpacking per value (and a warp's load moves 16 bytes, not 128).
-struct PackedWeight {
-    q: String,
-    scale: ValueId,
-    group: usize,
-    dtype: DType,
-}
-
-impl PackedWeight {
-    fn of(k: &Function, w: ValueId) -> Option<PackedWeight> {
-        let def = |v: ValueId| k.body.iter().find(|i| i.result == v).map(|i| &i.op);
-        let Some(&Op::Dequantize { q, scale, group }) = def(w) else { return None };
-        let Some(Op::Weight { name }) = def(q) else { return None };
-        let (qt, wt) = (k.ty(q), k.ty(w));
-        let whole_words = wt.rank() == 2 && wt.shape[1] % 8 == 0 && group % 8 == 0;
-        (qt.dtype == DType::I4 && qt.shape == wt.shape && whole_words).then(|| PackedWeight {
-            q: name.clone(),
-            scale,
-            group,
-            dtype: wt.dtype,
-        })
-    }
-}
-
 /// The loads of packed weight `w`'s word holding its 8 values from `(n, k)` on (`k` a multiple of
 /// 8) and of their scale: two C expressions.
 fn packed_loads(
@@ -907,57 +997,4 @@ fn packed_values(em: &mut Emitter, w: &PackedWeight, n: &str, k: &str, depth: us
     let word = em.var("unsigned", "q", &word);
     let scale = em.var("float", "s", &scale);
     Ok(packed_value(em, w, &word, &scale))
-}
-
-/// The products of a matvec over packed weights: lane `l` takes `k` values `8l .. 8l + 8` of each
-/// 256, one word and one scale per weight, and its 8 staged activations per row in two 128-bit
-/// shared-memory loads (a quarter-warp's loads then touch every bank once). The words and scales of
-/// `LOADS_IN_FLIGHT` steps are loaded first, then multiplied: two loops, so that the loads come
-/// first as written rather than as the compiler would schedule one.
-fn packed_products(
-    em: &mut Emitter,
-    weights: &[PackedWeight],
-    rows: u32,
-    kt: u32,
-    depth: usize,
-) -> Result<(), CudaError> {
-    let (steps, products) = (LOADS_IN_FLIGHT.min(kt.div_ceil(256)), weights.len());
-    em.open(format!("for (int kb = lane * 8; kb < {kt} && k0 + kb < {depth}; kb += {})", 256 * steps));
-    em.line(format!("unsigned words[{steps}][{products}] = {{}};"));
-    em.line(format!("float scales[{steps}][{products}] = {{}};"));
-    let step = |em: &mut Emitter| {
-        em.line("#pragma unroll");
-        em.open(format!("for (int u = 0; u < {steps}; ++u)"));
-        em.line("const int kk = kb + 256 * u;");
-        em.open(format!("if (kk < {kt} && k0 + kk < {depth})"));
-    };
-    step(em);
-    for (j, w) in weights.iter().enumerate() {
-        let (word, scale) = packed_loads(em, w, "n", "(k0 + kk)", depth)?;
-        em.line(format!("words[u][{j}] = {word};"));
-        em.line(format!("scales[u][{j}] = {scale};"));
-    }
-    em.close();
-    em.close();
-    step(em);
-    em.line(format!("float staged[{rows}][8];"));
-    em.line("#pragma unroll");
-    em.line(format!("for (int r = 0; r < {rows}; ++r) ld8(act + r * {kt} + kk, staged[r]);"));
-    let values: Vec<String> = weights
-        .iter()
-        .enumerate()
-        .map(|(j, w)| packed_value(em, w, &format!("words[u][{j}]"), &format!("scales[u][{j}]")))
-        .collect();
-    em.line("#pragma unroll");
-    em.open("for (int i = 0; i < 8; ++i)");
-    for (j, value) in values.iter().enumerate() {
-        let value = em.var("float", "w", value);
-        em.line("#pragma unroll");
-        em.line(format!("for (int r = 0; r < {rows}; ++r) acc[{j}][r] = fmaf(staged[r][i], {value}, acc[{j}][r]);"));
-    }
-    em.close();
-    em.close();
-    em.close();
-    em.close();
-    Ok(())
 }

@@ -78,6 +78,42 @@ pub struct Matvec {
     pub depth: usize,
 }
 
+/// A matvec weight that is `dequantize(q, scale)` of a 4-bit weight `q` `[N, K]` whose rows and
+/// scale groups span whole 32-bit words (8 values): a thread then reads 8 consecutive values with
+/// one 32-bit load and one scale, where reading value by value costs a byte load, a scale load and
+/// the unpacking per value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PackedWeight {
+    /// The 4-bit weight's name.
+    pub q: String,
+    pub scale: ValueId,
+    /// Values per scale.
+    pub group: usize,
+    /// The dequantized values' type.
+    pub dtype: DType,
+}
+
+impl PackedWeight {
+    pub fn of(k: &Function, w: ValueId) -> Option<PackedWeight> {
+        let def = |v: ValueId| k.body.iter().find(|i| i.result == v).map(|i| &i.op);
+        let Some(&Op::Dequantize { q, scale, group }) = def(w) else { return None };
+        let Some(Op::Weight { name }) = def(q) else { return None };
+        let (qt, wt) = (k.ty(q), k.ty(w));
+        let whole_words = wt.rank() == 2 && wt.shape[1] % 8 == 0 && group % 8 == 0;
+        (qt.dtype == DType::I4 && qt.shape == wt.shape && whole_words).then(|| PackedWeight {
+            q: name.clone(),
+            scale,
+            group,
+            dtype: wt.dtype,
+        })
+    }
+
+    /// Every weight of matvec `m`, when all are packed.
+    pub fn all_of(k: &Function, m: &Matvec) -> Option<Vec<PackedWeight>> {
+        m.dots.iter().map(|&(_, w)| PackedWeight::of(k, w)).collect()
+    }
+}
+
 /// The matvec of a kernel, when the template applies: no batch dimensions but of size 1 (so the
 /// product is laid out as `[rows, N]`), one activation contracted on its last dimension, matrices
 /// `[1.., N, K]` of one shape contracted on their last, and every path from a product to the root

@@ -4,7 +4,7 @@
 //! with, so the proof and the code cannot disagree.
 
 use super::attention::attention_of;
-use super::kind::{matvec_of, reduction_of};
+use super::kind::{matvec_of, reduction_of, PackedWeight};
 use super::prelude::{prelude_footprint, prelude_launch, prelude_of};
 use g4c_ir::plan::{KernelKind, Launch, ReduceSplit, SlotSplit, Tile};
 use g4c_ir::{DType, Function, GpuLimits, MmaShape, Op};
@@ -18,6 +18,9 @@ const MATVEC_COLS: u32 = WARPS as u32;
 /// A matvec warp's 32 lanes each read one weight (or, packed 4-bit, one word of 8) per step: the
 /// contraction is staged in multiples of this.
 const MATVEC_K_STEP: u32 = 32;
+/// The most sums a thread of a packed matvec keeps (`products × cols × rows`): its columns are as
+/// many as this allows, up to `MATVEC_COLS`.
+const PACKED_SUMS: u32 = 16;
 
 /// A GEMM block's output tile: rows (tokens) and columns (output features); 8 warps of 16 × 32.
 const GEMM_ROWS: u32 = 64;
@@ -39,12 +42,16 @@ pub struct Footprint {
     pub staged_weights: u64,
     /// Elements from one staged GEMM row to the next.
     pub row_stride: u64,
+    /// A packed matvec's partial sums, a float per warp and sum of a thread: in the staged
+    /// activations' array, which they outlive.
+    pub partials: u64,
     pub smem_bytes: u64,
 }
 
 /// Shared memory of a tile. A matvec: `stages` copies of `rows × k` f32 activations; the weights
-/// are read once per block and never staged. A GEMM: `stages` copies of its `rows` activation rows
-/// and `products × cols` weight rows of `k` 16-bit elements, each row padded.
+/// are read once per block and never staged (a packed one's warps' partial sums go in the same
+/// array after the last step, which is at least as large as them). A GEMM: `stages` copies of its `rows` activation rows and `products × cols` weight rows of `k` 16-bit
+/// elements, each row padded.
 pub fn footprint(tile: &Tile) -> Footprint {
     let (rows, cols, k, stages) = (tile.rows as u64, tile.cols as u64, tile.k as u64, tile.stages as u64);
     if tile.mma.is_some() {
@@ -54,11 +61,22 @@ pub fn footprint(tile: &Tile) -> Footprint {
             staged_activations: activations,
             staged_weights: weights,
             row_stride,
+            partials: 0,
             smem_bytes: (activations + weights) * stages,
         };
     }
     let staged = rows * k * 4;
-    Footprint { staged_activations: staged, staged_weights: 0, row_stride: k, smem_bytes: staged * stages }
+    let partials = match tile.packed {
+        true => WARPS as u64 * tile.products as u64 * cols * rows * 4,
+        false => 0,
+    };
+    Footprint {
+        staged_activations: staged,
+        staged_weights: 0,
+        row_stride: k,
+        partials,
+        smem_bytes: (staged * stages).max(partials),
+    }
 }
 
 /// The shared arrays of an attention chunk's block, in floats.
@@ -141,6 +159,7 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
             stages: 1,
             mma: Some(mma),
             products: m.dots.len() as u32,
+            packed: false,
         };
         return Launch {
             grid: (m.rows as u32).div_ceil(GEMM_ROWS) * (m.cols as u32).div_ceil(GEMM_COLS),
@@ -155,19 +174,18 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
     }
     let matvec = matches!(kind, KernelKind::MatvecW4 | KernelKind::Matvec).then(|| matvec_of(k)).flatten();
     if let Some(m) = matvec {
-        let rows = m.rows as u32;
+        let (rows, products) = (m.rows as u32, m.dots.len() as u32);
+        let packed = kind == KernelKind::MatvecW4 && PackedWeight::all_of(k, &m).is_some();
+        let cols = match packed {
+            true => (PACKED_SUMS / (rows * products)).clamp(1, MATVEC_COLS),
+            false => MATVEC_COLS,
+        };
         let whole = (m.depth as u32).div_ceil(MATVEC_K_STEP) * MATVEC_K_STEP;
         let fitting = (gpu.smem_per_block.saturating_sub(prelude_bytes) / (rows * 4) / MATVEC_K_STEP) * MATVEC_K_STEP;
-        let tile = Tile {
-            rows,
-            cols: MATVEC_COLS,
-            k: whole.min(fitting).max(MATVEC_K_STEP),
-            stages: 1,
-            mma: None,
-            products: m.dots.len() as u32,
-        };
+        let k = whole.min(fitting).max(MATVEC_K_STEP);
+        let tile = Tile { rows, cols, k, stages: 1, mma: None, products, packed };
         return Launch {
-            grid: (m.cols as u32).div_ceil(MATVEC_COLS),
+            grid: (m.cols as u32).div_ceil(cols),
             block: BLOCK,
             smem_bytes: footprint(&tile).smem_bytes as u32 + prelude_bytes,
             registers,
