@@ -341,3 +341,23 @@ fn a_reduction_of_a_cache_stays_before_the_cache_is_written() {
     // Nor does the write run side by side with the reduction reading the old cache.
     assert_eq!(decode.launches().count(), 3, "{}", print_plan(&plan, false));
 }
+
+/// A decode step's traffic counts, of each attention chunk kernel's key and value caches, the
+/// chunks up to the step's position, which are all the kernel reads: on t4g the tiny model's
+/// 1100-slot cache is 18 chunks of 64, so at position 10 one chunk of each, at 1099 all of them.
+#[test]
+fn plan_traffic_counts_the_attention_chunks_up_to_the_position() {
+    use g4c_runtime::bench::PlanTraffic;
+    let t4g = Target::by_name("t4g").unwrap();
+    let model = Model::open(&golden_dir("tiny").join("published")).unwrap();
+    let mut m = model.module(&Shapes { batch: 1, prefill_len: 2, context: 1100 }).unwrap();
+    Pipeline::new(t4g, &w4a16(8)).run_all(&mut m).unwrap();
+    let plan = plan_module(&m, t4g).unwrap();
+    let calls = plan.entry("decode").unwrap().calls.iter().filter(|c| c.kind == KernelKind::Attention).count();
+    assert!(calls > 0, "no attention kernel");
+    let kv = |position| PlanTraffic::of(&plan, &m, position).unwrap().kv_bytes;
+    // A key or a value cache: 1100 slots of 64 f16 features.
+    let cache = 1100 * 64 * 2;
+    assert_eq!(kv(None) - kv(Some(10)), calls as u64 * 2 * (cache - cache / 18));
+    assert_eq!(kv(Some(1099)), kv(None));
+}

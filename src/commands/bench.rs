@@ -126,6 +126,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
     }
     let context = source.context(args.context, 4096)?;
+    // The runs' decode steps' mean position, which bounds what a CUDA plan's attention reads.
+    let decode_position = lengths.iter().map(|&l| l + args.gen.saturating_sub(1) / 2).sum::<usize>() / lengths.len();
 
     let mut rows = vec![];
     let mut roofline = None;
@@ -158,7 +160,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         if roofline.is_none() {
             roofline = match backend {
                 BackendKind::Cuda => {
-                    PlanTraffic::of(&g4c_driver::kernel_plan(&module, source.target)?, &module).map(StepBytes::of_plan)
+                    let plan = g4c_driver::kernel_plan(&module, source.target)?;
+                    PlanTraffic::of(&plan, &module, Some(decode_position)).map(StepBytes::of_plan)
                 }
                 _ => DecodeTraffic::of(&module).map(StepBytes::of_module),
             };
@@ -179,7 +182,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
             (read_bandwidth(1 << 30, 5), "measured (1 GiB read, all cores)")
         }
     };
-    let report = Report { args: &args, backend, source, rows, traffic, bandwidth, bandwidth_source, peak };
+    // A kernel plan's attention reads what the position reaches; XLA's reads every slot.
+    let position = matches!(backend, BackendKind::Cuda).then_some(decode_position);
+    let report = Report { args: &args, backend, source, rows, traffic, position, bandwidth, bandwidth_source, peak };
     if args.json {
         super::write_stdout(&format!("{}\n", report.json()))
     } else {
@@ -193,6 +198,8 @@ struct Report<'a> {
     source: &'a ModelSource,
     rows: Vec<(usize, Vec<BenchRun>, Startup)>,
     traffic: StepBytes,
+    /// The decode position the traffic's KV bytes are counted at, where they depend on it.
+    position: Option<usize>,
     bandwidth: f64,
     bandwidth_source: &'static str,
     peak: Option<u64>,
@@ -283,8 +290,9 @@ impl Report<'_> {
         );
         let parts: Vec<String> =
             self.traffic.0.iter().map(|(_, what, bytes)| format!("{} {what}", super::fmt_bytes(*bytes))).collect();
+        let at = self.position.map_or(String::new(), |p| format!(" at position {p}"));
         s += &format!(
-            "decode roofline: {} per step ({}) / {:.1} GB/s {} = {max:.2} tok/s at most; measured {rate:.2} tok/s = {:.0}% of it\n",
+            "decode roofline: {} per step{at} ({}) / {:.1} GB/s {} = {max:.2} tok/s at most; measured {rate:.2} tok/s = {:.0}% of it\n",
             super::fmt_bytes(self.traffic.total()),
             parts.join(" + "),
             self.bandwidth / 1e9,
@@ -322,6 +330,9 @@ impl Report<'_> {
             .collect();
         let mut roofline = serde_json::Map::new();
         roofline.insert("bytes_per_step".into(), json!(self.traffic.total()));
+        if let Some(p) = self.position {
+            roofline.insert("kv_position".into(), json!(p));
+        }
         for (key, _, bytes) in &self.traffic.0 {
             roofline.insert(key.to_string(), json!(bytes));
         }
@@ -369,8 +380,8 @@ fn project(args: &BenchArgs) -> Result<()> {
         };
         let module = source.module(&shapes)?;
         let plan = g4c_driver::kernel_plan(&module, target)?;
-        let traffic =
-            PlanTraffic::of(&plan, &module).ok_or_else(|| anyhow::anyhow!("the module has no decode entry point"))?;
+        let traffic = PlanTraffic::of(&plan, &module, None)
+            .ok_or_else(|| anyhow::anyhow!("the module has no decode entry point"))?;
         let tok_s = bandwidth as f64 / traffic.total().max(1) as f64 * shapes.batch as f64;
         rows.push((name.clone(), bandwidth, shapes, traffic, tok_s));
     }
@@ -386,7 +397,7 @@ fn project(args: &BenchArgs) -> Result<()> {
         return super::write_stdout(&format!("{}\n", json!({"projection": out})));
     }
     let mut text =
-        String::from("decode roofline of the CUDA kernel plan (DRAM bytes per step; L2 hits not modelled)\n");
+        String::from("decode roofline of the CUDA kernel plan (DRAM bytes per step at the context's end, every KV chunk read; L2 hits not modelled)\n");
     text.push_str("target   bandwidth   weights    KV         activations  per step   launches  tok/s\n");
     for (name, bw, s, t, tok_s) in &rows {
         let b = |x: u64| super::fmt_bytes(x);

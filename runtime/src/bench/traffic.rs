@@ -39,7 +39,8 @@ impl DecodeTraffic {
 
 /// The bytes one decode step of a kernel plan moves through device memory, launch by launch: the
 /// weights each launch reads (a weight read by two launches counts twice), the KV caches and slot
-/// positions it reads or writes (a cache write counts what it writes), and activations (inputs,
+/// positions it reads or writes (a cache write counts what it writes; an attention chunk kernel
+/// reads keys and values only in the chunks up to the step's position), and activations (inputs,
 /// scratch buffers, logits). L2 hits are not modelled: this is the DRAM bound.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PlanTraffic {
@@ -50,8 +51,10 @@ pub struct PlanTraffic {
 }
 
 impl PlanTraffic {
-    pub fn of(plan: &g4c_ir::plan::KernelPlan, module: &Module) -> Option<PlanTraffic> {
-        use g4c_ir::plan::Slot;
+    /// At decode position `position` (`None`: the context's end, where every chunk of a cache is
+    /// read).
+    pub fn of(plan: &g4c_ir::plan::KernelPlan, module: &Module, position: Option<usize>) -> Option<PlanTraffic> {
+        use g4c_ir::plan::{KernelKind, Slot};
         use g4c_ir::Op;
         let decode = module.decode()?;
         let entry = plan.entry(&decode.name)?;
@@ -69,7 +72,17 @@ impl PlanTraffic {
                 if in_place && *slot == call.output {
                     continue;
                 }
-                let bytes = k.ty(p.value).byte_size();
+                let mut bytes = k.ty(p.value).byte_size();
+                // The chunks a query at `position` sees: slots 0 ..= position of a cache as long as
+                // the context (a full-attention layer's, the one kind split into chunks).
+                let cache =
+                    matches!(slot, Slot::Param(i) if matches!(decode.params[*i].role, ParamRole::KvCache { .. }));
+                if let (KernelKind::Attention, true, Some(split), Some(at)) =
+                    (call.kind, cache, call.launch.slots, position)
+                {
+                    let chunks = call.launch.grid as u64;
+                    bytes = bytes * (at as u64 / split.slots as u64 + 1).min(chunks) / chunks;
+                }
                 if is_state(slot) {
                     t.kv_bytes += bytes;
                 } else {
