@@ -423,6 +423,7 @@ fn cuda_kernels_on_a_gpu_match_the_goldens() {
                     let dir = golden_dir("tiny").join("published");
                     assert_kernels_agree(target, &dir, TINY_CHECKED, &["prefill", "decode"], on_the_gpu);
                     assert_kernels_agree(target, &dir, TINY_LONG_CHECKED, &["decode"], on_the_gpu);
+                    assert_kernels_agree(target, &dir, TINY_SHORT_PREFILL_CHECKED, &["prefill"], on_the_gpu);
                 });
             });
             // E2B's decode kernels too, when a checkpoint is named (`scripts/device-check` does).
@@ -566,6 +567,10 @@ module @deep_w4 {
 /// in groups of 8.
 const TINY_CHECKED: (Shapes, Option<usize>) = (Shapes { batch: 1, prefill_len: 16, context: 24 }, Some(8));
 
+/// The tiny model with a 5-token prefill, whose products are matvecs of 5 rows: 3 columns a block
+/// (a packed one's 16 sums a thread), the last block's columns past the end.
+const TINY_SHORT_PREFILL_CHECKED: (Shapes, Option<usize>) = (Shapes { batch: 1, prefill_len: 5, context: 24 }, Some(8));
+
 /// The tiny model with 1100-slot caches, whose decode attention `split-attention` splits into 18
 /// chunks; the random slot positions (counting up from below 64) leave all but the first unseen.
 const TINY_LONG_CHECKED: (Shapes, Option<usize>) = (Shapes { batch: 1, prefill_len: 2, context: 1100 }, Some(8));
@@ -615,6 +620,7 @@ fn every_kernel_on_the_host_computes_what_the_interpreter_does_on_random_inputs(
         let launches = assert_kernels_agree(target, &dir, TINY_CHECKED, &["prefill", "decode"], emulator);
         assert!(launches > 40, "{target}: {launches} launches");
         assert_kernels_agree(target, &dir, TINY_LONG_CHECKED, &["decode"], emulator);
+        assert_kernels_agree(target, &dir, TINY_SHORT_PREFILL_CHECKED, &["prefill"], emulator);
     }
 }
 

@@ -763,6 +763,13 @@ fn packed_matvec(
     let (rows, kt, cols) = (tile.rows, tile.k, tile.cols);
     let (n_total, depth, products) = (m.cols, m.depth, weights.len() as u32);
     let (sums, steps) = (products * cols * rows, (WORDS_IN_FLIGHT / (cols * products)).max(1));
+    // The footprint sized `act` for the plan's 8 warps' partial sums.
+    if u64::from(warps * sums * 4) > footprint(tile).smem_bytes {
+        return Err(CudaError::Unsupported(format!(
+            "{}: {warps} warps' partial sums do not fit the tile's shared memory",
+            em.k.name
+        )));
+    }
     em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
     em.line(format!("float acc[{products}][{cols}][{rows}] = {{}};"));
     em.open(format!("for (int k0 = 0; k0 < {depth}; k0 += {kt})"));
@@ -965,7 +972,9 @@ fn packed_loads(
     depth: usize,
 ) -> Result<(String, String), CudaError> {
     let array = em.weight_arg(&w.q);
-    let word = format!("ld_word({array}, ({n} * {depth} + {k}) >> 3)");
+    // Row `n` starts at word `n · depth / 8` (the depth is whole words): no product of `n` and
+    // the depth, which a 4-bit matrix of 2^31 values would overflow.
+    let word = format!("ld_word({array}, {n} * {} + ({k} >> 3))", depth / 8);
     let scale = em.value(w.scale, &[n.to_string(), format!("({k} / {})", w.group)])?;
     Ok((word, scale))
 }
