@@ -3,7 +3,8 @@
 //! element written (`elementwise`), one thread per cache slot written (`scatter`, in place), a
 //! reduction split over a warp or a block per output, or over a block's warps (`split_reduce`),
 //! the tiled matvec (`matvec`: activations staged in shared memory, the weight streamed once, a
-//! warp per output column), the tensor-core GEMM (`gemm`), or a decode step's attention over one
+//! warp per output column; 4-bit weights `packed_matvec`, the block's threads splitting the
+//! contraction a word at a time), the tensor-core GEMM (`gemm`), or a decode step's attention over one
 //! chunk of cache slots per block (`attention`). The reducing forms but the last apply the
 //! kernel's epilogue to their sums (`store_root`).
 
@@ -750,9 +751,9 @@ const WORDS_IN_FLIGHT: u32 = 16;
 /// the contraction, and shared memory is read once per `cols × products` words. A warp per column
 /// read its column's words 8 at a time per lane, 8 KB in flight per block, and 4 bytes of shared
 /// memory per weight: the 4-bit matvecs stayed under 10% of the H200's bandwidth. Each thread's
-/// sums are combined over its warp, then over the warps through `part` (in `act`); thread `o` applies the
-/// epilogue to output `o` of the block (row `o % rows` of column `o / rows`). Columns past the
-/// last are read as the last one, and not stored: no branch around the loads.
+/// sums are combined over its warp, then over the warps through `part` (in `act`); thread `o`
+/// applies the epilogue to output `o` of the block (row `o % rows` of column `o / rows`). Columns
+/// past the last are read as the last one, and not stored: no branch around the loads.
 fn packed_matvec(
     em: &mut Emitter,
     (tile, warps): (&Tile, u32),
