@@ -716,13 +716,18 @@ fn matvec(em: &mut Emitter, (tile, warps): (&Tile, u32), m: &Matvec, root: Value
     em.open(format!("if (lane == 0 && n < {n_total})"));
     em.line("#pragma unroll");
     em.open(format!("for (int r = 0; r < {rows}; ++r)"));
-    em.line(format!("const int i = r * {n_total} + n;"));
-    let sums: Vec<(ValueId, String)> =
-        m.dots.iter().enumerate().map(|(j, &(dot, _))| (dot, format!("acc[{j}][r]"))).collect();
-    store_root(em, &sums, root)?;
+    store_products(em, m, &|j| format!("acc[{j}][r]"), root)?;
     em.close();
     em.close();
     Ok(())
+}
+
+/// Stores a matvec's output at row `r` and column `n` (C variables), product `j`'s sum being
+/// `sum(j)` (a C expression).
+fn store_products(em: &mut Emitter, m: &Matvec, sum: &dyn Fn(usize) -> String, root: ValueId) -> Result<(), CudaError> {
+    em.line(format!("const int i = r * {} + n;", m.cols));
+    let sums: Vec<(ValueId, String)> = m.dots.iter().enumerate().map(|(j, &(dot, _))| (dot, sum(j))).collect();
+    store_root(em, &sums, root)
 }
 
 /// Stages the `rows × kt` activations of the step from `k0` into `act` (the prologue computed
@@ -847,10 +852,7 @@ fn packed_matvec(
     em.line("sum[j] = 0.f;");
     em.line(format!("for (int w = 0; w < {}; ++w) sum[j] += part[w * {sums} + (j * {cols} + c) * {rows} + r];", warps));
     em.close();
-    em.line(format!("const int i = r * {n_total} + n;"));
-    let sums: Vec<(ValueId, String)> =
-        m.dots.iter().enumerate().map(|(j, &(dot, _))| (dot, format!("sum[{j}]"))).collect();
-    store_root(em, &sums, root)?;
+    store_products(em, m, &|j| format!("sum[{j}]"), root)?;
     em.close();
     em.close();
     Ok(())
