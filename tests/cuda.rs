@@ -479,13 +479,11 @@ fn a_packed_matvec_deeper_than_its_block_computes_what_the_module_does() {
     assert_deep_packed_matvec_agrees("bf16", "bf16", 0.01, 12544);
 }
 
-/// A packed matvec `depth` deep (in groups of 32) whose weight is of type `t` and its scales (from
-/// `magnitude` to twice that) of type `scale_type`, on the host emulator against the interpreter.
-fn assert_deep_packed_matvec_agrees(t: &str, scale_type: &str, magnitude: f32, depth: usize) {
-    use g4c_runtime::backend::cuda::{DeviceExecutor, Emulator};
-    use g4c_runtime::{Executor, StepInputs, StepOutput};
-    use std::sync::Arc;
-    let text = r#"
+/// A module whose decode is one matvec of 40 columns, `depth` deep, of a 4-bit weight `q` in groups
+/// of 32 (scales `s` of type `scale_type`) dequantized to `t`, by the activations `x` times the
+/// token id.
+fn deep_matvec_module(t: &str, scale_type: &str, depth: usize) -> String {
+    r#"
 module @deep_w4 {
   weight @q : i4[40, 2304] = "q"
   weight @s : S[40, 72] = "s"
@@ -513,7 +511,16 @@ module @deep_w4 {
     .replace("2304", &depth.to_string())
     .replace("72]", &format!("{}]", depth / 32))
     .replace("T[", &format!("{t}["))
-    .replace("S[", &format!("{scale_type}["));
+    .replace("S[", &format!("{scale_type}["))
+}
+
+/// A packed matvec `depth` deep (in groups of 32) whose weight is of type `t` and its scales (from
+/// `magnitude` to twice that) of type `scale_type`, on the host emulator against the interpreter.
+fn assert_deep_packed_matvec_agrees(t: &str, scale_type: &str, magnitude: f32, depth: usize) {
+    use g4c_runtime::backend::cuda::{DeviceExecutor, Emulator};
+    use g4c_runtime::{Executor, StepInputs, StepOutput};
+    use std::sync::Arc;
+    let text = deep_matvec_module(t, scale_type, depth);
     let module = Arc::new(g4c_ir::parse_module(&text).unwrap());
     g4c_ir::verify_module(&module).unwrap();
     let mut seed = 7u64;
@@ -673,4 +680,51 @@ int main() {
     let ran = std::process::Command::new(&binary).output().unwrap();
     let failures = String::from_utf8_lossy(&ran.stdout);
     assert!(ran.status.success(), "{} values differ from the value-by-value dequantization", failures.trim());
+}
+
+/// The down projection's shape on h200 (12288 deep, 4-bit, bf16): in the machine code ptxas makes
+/// of the packed matvec, its main loop issues 16 word loads (and their scales) before the first
+/// multiply-add that waits for one. The rate a matvec streams its weight at is bounded by the
+/// bytes its threads keep in flight; a warp per column issued 8 (`nvdisasm`, as `scripts/setup`
+/// installs it, reads the cubin).
+#[test]
+fn the_packed_matvec_keeps_16_word_loads_in_flight() {
+    let module = g4c_ir::parse_module(&deep_matvec_module("bf16", "bf16", 12288)).unwrap();
+    let target = Target::by_name("h200").unwrap();
+    let plan = plan_module(&module, target).unwrap();
+    let program = g4c_driver::cuda_programs(&plan, target, true).unwrap().programs.remove(0);
+    let (_, cubin) = program.cubin.expect("ptxas made a cubin");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("k.cubin");
+    std::fs::write(&path, cubin).unwrap();
+    let nvdisasm = g4c_util::env::path_var("G4C_NVDISASM")
+        .or_else(|| g4c_util::env::venv_file("nvidia/cu13/bin/nvdisasm"))
+        .expect("nvdisasm in .venv: run scripts/setup");
+    let out = std::process::Command::new(nvdisasm).arg("-c").arg(&path).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let sass = String::from_utf8(out.stdout).unwrap();
+    let loads = word_loads_before_a_multiply_add(&sass);
+    assert!(loads >= 16, "the packed matvec's main loop issues {loads} word loads before it waits for one");
+}
+
+/// Of the loops in `sass` (`nvdisasm -c`: instructions, and labels a backward branch may return
+/// to), the most 32-bit global loads (`LDG.E`, not the scales' `LDG.E.U16`) one issues from its
+/// top before its first `FFMA`.
+fn word_loads_before_a_multiply_add(sass: &str) -> usize {
+    let (mut labels, mut instructions) = (std::collections::HashMap::new(), Vec::new());
+    for line in sass.lines() {
+        if let Some(label) = line.strip_suffix(':').filter(|l| l.starts_with(".L_x_")) {
+            labels.insert(label.to_string(), instructions.len());
+        } else if let Some((_, text)) = line.split_once("*/") {
+            instructions.push(text.trim().to_string());
+        }
+    }
+    let mut most = 0;
+    for (end, i) in instructions.iter().enumerate() {
+        let target = i.split("BRA `(").nth(1).and_then(|t| t.split(')').next());
+        let Some(&top) = target.and_then(|t| labels.get(t)).filter(|&&top| top <= end) else { continue };
+        let body = instructions[top..end].iter().take_while(|i| !i.contains("FFMA"));
+        most = most.max(body.filter(|i| i.contains("LDG.E") && !i.contains("LDG.E.U16")).count());
+    }
+    most
 }
