@@ -13,10 +13,11 @@ use g4c_ir::{DType, Function, GpuLimits, MmaShape, Op};
 const BLOCK: u32 = 256;
 /// Warps per block.
 const WARPS: usize = BLOCK as usize / 32;
-/// Output columns of a matvec block: one per warp.
+/// Output columns of a matvec block: one per warp (a packed one's at most, every thread reading
+/// a word of each).
 const MATVEC_COLS: u32 = WARPS as u32;
-/// A matvec warp's 32 lanes each read one weight (or, packed 4-bit, one word of 8) per step: the
-/// contraction is staged in multiples of this.
+/// A matvec warp's 32 lanes each read one weight per step (a packed matvec's threads a word of 8):
+/// the contraction is staged in multiples of this.
 const MATVEC_K_STEP: u32 = 32;
 /// The most sums a thread of a packed matvec keeps (`products × cols × rows`): its columns are as
 /// many as this allows, up to `MATVEC_COLS`.
