@@ -12,7 +12,7 @@ use super::elemental::{
     linear, reduce_combine, reduce_init, rounded, storage_type, store, unlinear, value_type, write_lines, Emitter,
     Index,
 };
-use super::loops::batched_loop;
+use super::loops::{batched_loop, batched_loop_of};
 use super::CudaError;
 use g4c_ir::plan::{KernelCall, KernelKind, ReduceSplit, SlotSplit, Tile};
 use g4c_ir::{DType, DotDims, Function, Op, ReduceKind, ValueId};
@@ -423,7 +423,8 @@ fn attention(em: &mut Emitter, s: &SlotSplit, a: &Attention, root: ValueId, warp
     em.line("#pragma unroll");
     em.line(format!("for (int r = 0; r < {heads}; ++r) acc[r] = 0.f;"));
     em.open("if (live[jj])");
-    batched_loop(em, "kk", ("lane", &depth.to_string(), "32"), &mut |em| {
+    let keys_in_flight = attention_loads_in_flight(depth.div_ceil(32));
+    batched_loop_of(em, "kk", ("lane", &depth.to_string(), "32"), keys_in_flight, &mut |em| {
         let key_at: Index =
             std::iter::repeat_n("0".to_string(), key_rank - 2).chain(["j".into(), "kk".into()]).collect();
         let key = em.value(keys, &key_at)?;
@@ -495,7 +496,7 @@ fn attention(em: &mut Emitter, s: &SlotSplit, a: &Attention, root: ValueId, warp
     em.line(format!("for (int r = 0; r < {heads}; ++r) acc[r] = 0.f;"));
     // Every product of a zero probability is 0 (the values are finite: a cache's slots start 0).
     em.open("if (flag[1])");
-    batched_loop(em, "jj", ("0", &slots.to_string(), "1"), &mut |em| {
+    batched_loop_of(em, "jj", ("0", &slots.to_string(), "1"), attention_loads_in_flight(slots), &mut |em| {
         for r in 0..heads {
             em.dot_step(lhs, rhs, dims, &weighted_at(&r.to_string(), "f"), "jj", &format!("acc[{r}]"))?;
         }
@@ -521,6 +522,14 @@ fn attention(em: &mut Emitter, s: &SlotSplit, a: &Attention, root: ValueId, warp
     em.line(store(rt.dtype, "out", &linear(&idx, &rt.shape), &x));
     em.close();
     Ok(())
+}
+
+/// Iterations of an attention chunk's key and value loops (`trips` of them per thread) issued
+/// together: all of them, up to 32. At a short context a few chunks' blocks do all the reading,
+/// each a latency per trip (a lane's 16 key elements in one trip, not 2; a feature's 64 values in
+/// 2, not 8).
+fn attention_loads_in_flight(trips: usize) -> u32 {
+    (trips as u32).clamp(1, 32)
 }
 
 /// For a product whose output is `[batch.., rows.., cols..]` (the left side's free axes, then the

@@ -25,10 +25,22 @@ pub(crate) const LOADS_IN_FLIGHT: u32 = 8;
 pub(crate) fn batched_loop(
     em: &mut Emitter,
     var: &str,
-    (first, end, stride): (&str, &str, &str),
+    range: (&str, &str, &str),
     body: &mut dyn FnMut(&mut Emitter) -> Result<(), CudaError>,
 ) -> Result<(), CudaError> {
-    let n = LOADS_IN_FLIGHT;
+    batched_loop_of(em, var, range, LOADS_IN_FLIGHT, body)
+}
+
+/// `batched_loop` in whole trips of `n` iterations: for a loop whose trip count is known and
+/// whose block has few other loads in flight (a decode step's attention chunk, one of a few
+/// busy blocks at a short context), as many as there are, up to a register budget.
+pub(crate) fn batched_loop_of(
+    em: &mut Emitter,
+    var: &str,
+    (first, end, stride): (&str, &str, &str),
+    n: u32,
+    body: &mut dyn FnMut(&mut Emitter) -> Result<(), CudaError>,
+) -> Result<(), CudaError> {
     let (trip, last, step) = (format!("{var}_trip"), format!("{var}_end"), format!("{var}_stride"));
     em.open(format!("/* {var}: {n} at a time */"));
     // Signed, so that a trip's test cannot turn into an unsigned comparison (`blockDim.x`).
