@@ -86,10 +86,19 @@ fn a_plan_computes_exactly_what_its_module_does() {
 }
 
 fn tiny_plan(target: &'static Target) -> Result<g4c_ir::plan::KernelPlan, PlanError> {
+    tiny_planned(target, Shapes { batch: 1, prefill_len: 16, context: 24 }).1
+}
+
+/// The tiny model for `shapes` after `target`'s pipeline (W4A16 in groups of 8), and its plan.
+fn tiny_planned(
+    target: &'static Target,
+    shapes: Shapes,
+) -> (g4c_ir::Module, Result<g4c_ir::plan::KernelPlan, PlanError>) {
     let model = Model::open(&golden_dir("tiny").join("published")).unwrap();
-    let mut m = model.module(&Shapes { batch: 1, prefill_len: 16, context: 24 }).unwrap();
+    let mut m = model.module(&shapes).unwrap();
     Pipeline::new(target, &w4a16(8)).run_all(&mut m).unwrap();
-    plan_module(&m, target)
+    let plan = plan_module(&m, target);
+    (m, plan)
 }
 
 /// The plan of the tiny model on t4g, W4A16: which ops each kernel fuses, its buffers and launch.
@@ -236,10 +245,8 @@ fn queries_are_normed_and_rotated_in_the_scores_matvec() {
 #[test]
 fn decode_attention_over_a_long_cache_is_one_kernel_per_chunk() {
     let t4g = Target::by_name("t4g").unwrap();
-    let model = Model::open(&golden_dir("tiny").join("published")).unwrap();
-    let mut m = model.module(&Shapes { batch: 1, prefill_len: 16, context: 1100 }).unwrap();
-    Pipeline::new(t4g, &w4a16(8)).run_all(&mut m).unwrap();
-    let plan = plan_module(&m, t4g).unwrap();
+    let (m, plan) = tiny_planned(t4g, Shapes { batch: 1, prefill_len: 16, context: 1100 });
+    let plan = plan.unwrap();
     let decode = plan.entry("decode").unwrap();
     let attention: Vec<_> = decode.calls.iter().filter(|c| c.kind == KernelKind::Attention).collect();
     let f = m.function("decode").unwrap();
@@ -349,10 +356,8 @@ fn a_reduction_of_a_cache_stays_before_the_cache_is_written() {
 fn plan_traffic_counts_the_attention_chunks_up_to_the_position() {
     use g4c_runtime::bench::PlanTraffic;
     let t4g = Target::by_name("t4g").unwrap();
-    let model = Model::open(&golden_dir("tiny").join("published")).unwrap();
-    let mut m = model.module(&Shapes { batch: 1, prefill_len: 2, context: 1100 }).unwrap();
-    Pipeline::new(t4g, &w4a16(8)).run_all(&mut m).unwrap();
-    let plan = plan_module(&m, t4g).unwrap();
+    let (m, plan) = tiny_planned(t4g, Shapes { batch: 1, prefill_len: 2, context: 1100 });
+    let plan = plan.unwrap();
     let calls = plan.entry("decode").unwrap().calls.iter().filter(|c| c.kind == KernelKind::Attention).count();
     assert!(calls > 0, "no attention kernel");
     let kv = |position| PlanTraffic::of(&plan, &m, position).unwrap().kv_bytes;

@@ -217,8 +217,11 @@ fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32)
     };
     let dtype = em.k.ty(r.reduction).dtype;
     em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
-    // Whether the block's threads stage the left-hand side's elements before its warps multiply.
-    let mut staged_lhs = false;
+    // Rows of the left-hand side whose block's threads stage its elements before its warps multiply.
+    let shared_rows = match split {
+        ReduceSplit::WarpsPerExtent => rows_sharing_rhs(em.k, &op),
+        _ => None,
+    };
     let (first, stride) = match split {
         ReduceSplit::WarpPerOutput => {
             em.line(format!("const int i = block * {warps} + warp;"));
@@ -229,7 +232,7 @@ fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32)
             ("threadIdx.x", warps * 32)
         }
         ReduceSplit::WarpsPerExtent => {
-            match rows_sharing_rhs(em.k, &op) {
+            match shared_rows {
                 // Blocks of the rows reading the same 32 columns of the right-hand side (a decode
                 // step's query heads, reading the same features of the value cache) run next to
                 // each other, so that the later ones may find those columns in L2 rather than
@@ -239,7 +242,6 @@ fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32)
                     let chunks = cols / 32;
                     em.line(format!("const int q = block / {rows}, row = (q / {chunks}) * {rows} + block % {rows};"));
                     em.line(format!("const int i = row * {cols} + (q % {chunks}) * 32 + lane;"));
-                    staged_lhs = true;
                 }
                 None => em.line("const int i = block * 32 + lane;"),
             }
@@ -247,8 +249,8 @@ fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32)
         }
     };
     em.line(format!("{} acc = {};", value_type(dtype), reduce_init(kind, dtype)));
-    match (&op, staged_lhs) {
-        (Op::DotGeneral { lhs, rhs, dims }, true) => {
+    match (&op, shared_rows) {
+        (Op::DotGeneral { lhs, rhs, dims }, Some(_)) => {
             staged_dot(em, (*lhs, *rhs, dims), &idx, r.outputs, r.extent, warps * 32)?
         }
         _ => {
