@@ -22,7 +22,7 @@ fn planned(
 ) -> (Model, g4c_ir::Module, KernelPlan) {
     let model = Model::open(dir).unwrap();
     let mut m = model.module(&shapes).unwrap();
-    Pipeline::new(target, &PipelineOptions { quantize_group }).run_all(&mut m).unwrap();
+    Pipeline::new(target, &PipelineOptions { quantize_group, ..Default::default() }).run_all(&mut m).unwrap();
     let plan = plan_module(&m, target).unwrap();
     (model, m, plan)
 }
@@ -91,6 +91,14 @@ fn cuda_kernels_on_the_host_match_the_goldens() {
         assert_matches_golden(&format!("cuda-host {model}/{}", case.name), &got, &case);
         let got = long_context_generate(Backend::CudaHost, Some("t4g"), &dir, &case.prompt_ids, n, None, 1100, &split);
         assert_matches_golden(&format!("cuda-host {model}/{}, 1100-slot caches", case.name), &got, &case);
+    }
+    // The LM head as a packed 4-bit matvec: f16 weights on t4g, bf16 on h200.
+    let case = golden_cases("tiny-qat-head").into_iter().find(|c| c.name == "short").unwrap();
+    let (dir, n) = (golden_dir("tiny-qat").join("hf"), case.generated_ids.len());
+    let head = |m: &mut g4c_ir::Module| g4c_passes::Quantize { group: 8, head: true }.run(m, t4g).unwrap();
+    for target in ["t4g", "h200"] {
+        let got = target_generate(Backend::CudaHost, target, &dir, &case.prompt_ids, n, None, &head);
+        assert_matches_golden(&format!("cuda-host {target} tiny-qat, head quantized/{}", case.name), &got, &case);
     }
 }
 
@@ -218,7 +226,7 @@ fn cuda_kernels_on_the_host_compute_what_the_module_does() {
 /// 4 bits (dequantized inside the kernels), a long cache's attention split into chunks.
 fn f32_pipeline(target: &'static Target) -> impl Fn(&mut g4c_ir::Module) {
     move |m: &mut g4c_ir::Module| {
-        g4c_passes::Quantize { group: 8 }.run(m, target).unwrap();
+        g4c_passes::Quantize { group: 8, head: false }.run(m, target).unwrap();
         for name in ["host-tables", "weight-dtype", "split-attention", "constant-fold", "cse", "dce"] {
             g4c_passes::pass_by_name(name).unwrap().run(m, target).unwrap();
         }
@@ -328,7 +336,7 @@ fn a_t4g_artifact_holds_its_kernels() {
 fn e2b_plan(target: &'static Target) -> KernelPlan {
     let shapes = Shapes { batch: 1, prefill_len: 128, context: 4096 };
     let mut m = g4c_frontend::synth::Preset::E2b.declared_module(&shapes).unwrap();
-    Pipeline::new(target, &PipelineOptions { quantize_group: Some(32) }).run_all(&mut m).unwrap();
+    Pipeline::new(target, &PipelineOptions { quantize_group: Some(32), ..Default::default() }).run_all(&mut m).unwrap();
     plan_module(&m, target).unwrap()
 }
 

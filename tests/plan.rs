@@ -11,7 +11,7 @@ use g4c_ir::{GpuLimits, Target};
 use g4c_passes::{plan_module, Pass, Pipeline, PipelineOptions, PlanError};
 
 fn w4a16(group: usize) -> PipelineOptions {
-    PipelineOptions { quantize_group: Some(group) }
+    PipelineOptions { quantize_group: Some(group), ..Default::default() }
 }
 
 /// The f32 modules (as the frontend emits them) planned for t4g, against the goldens with the

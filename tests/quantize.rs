@@ -1,15 +1,17 @@
 //! The `quantize` pass (W4A16 of a float checkpoint) against compressed-tensors: the tiny model
 //! quantized by g4c holds exactly the values and scales compressed-tensors wrote for it
-//! (tests/goldens/tiny-qat), and so reproduces transformers' goldens of that checkpoint.
+//! (tests/goldens/tiny-qat), and so reproduces transformers' goldens of that checkpoint; with `+head`
+//! the LM head too, against transformers with its head replaced by compressed-tensors' 4-bit copy of
+//! the embedding table (tests/goldens/tiny-qat-head).
 
 use crate::common::{assert_matches_golden, g4c, golden_cases, golden_dir, run_case, run_transformed, Backend};
 use g4c_frontend::{Model, Shapes};
 use g4c_ir::{SourceLayout, Target};
-use g4c_passes::{Pass, Quantize};
+use g4c_passes::{Pass, PipelineOptions, Quantize};
 use g4c_runtime::WeightStore;
 
 fn quantize_tiny(m: &mut g4c_ir::Module) {
-    Quantize { group: 8 }.run(m, Target::by_name("cpu").unwrap()).unwrap();
+    Quantize { group: 8, head: false }.run(m, Target::by_name("cpu").unwrap()).unwrap();
 }
 
 #[test]
@@ -55,6 +57,47 @@ fn the_quantized_tiny_model_matches_the_qat_goldens() {
     let case = golden_cases("tiny-qat").into_iter().find(|c| c.name == "long").unwrap();
     let (got, _) = run_case(&g4c, &golden_dir("tiny").join("published"), &case, &["--quantize", "w4a16:g8"]);
     assert_matches_golden("g4c run --quantize w4a16:g8", &got, &case);
+}
+
+/// `+head`: the head reads a 4-bit copy of the embedding table (quantized at load), the embedding
+/// lookup the table itself. On the QAT checkpoint, whose linears are 4-bit already, the pass
+/// quantizes the head alone; from the float checkpoint, through the command line, everything.
+#[test]
+fn a_quantized_head_matches_its_goldens() {
+    let quantize_head = |m: &mut g4c_ir::Module| {
+        Quantize { group: 8, head: true }.run(m, Target::by_name("cpu").unwrap()).unwrap();
+        let table = |name: &str| m.weight(name).unwrap_or_else(|| panic!("@{name} declared"));
+        assert_eq!(table("embed_tokens.q").layout, SourceLayout::QuantizedValues { group: 8 });
+        assert_eq!(table("embed_tokens").layout, SourceLayout::Stored, "the lookup keeps the table");
+    };
+    let dir = golden_dir("tiny-qat").join("hf");
+    for case in golden_cases("tiny-qat-head") {
+        let n = case.generated_ids.len();
+        for backend in [Backend::Interp, Backend::Pjrt] {
+            let got = run_transformed(backend, &dir, &case.prompt_ids, n, None, &quantize_head);
+            assert_matches_golden(&format!("{backend:?} tiny-qat, head quantized/{}", case.name), &got, &case);
+        }
+    }
+    let case = golden_cases("tiny-qat-head").into_iter().find(|c| c.name == "long").unwrap();
+    let args = ["--quantize", "w4a16:g8+head"];
+    let (got, _) = run_case(&g4c, &golden_dir("tiny").join("published"), &case, &args);
+    assert_matches_golden("g4c run --quantize w4a16:g8+head", &got, &case);
+}
+
+/// `--quantize` names the scheme and its group, and `+head`, as it is spelled; reports and artifacts
+/// record that spelling.
+#[test]
+fn quantize_options_round_trip() {
+    for text in ["w4a16:g32", "w4a16:g8+head", "w4a16:g128+head"] {
+        let options = PipelineOptions::from_quantize(Some(text)).unwrap();
+        assert_eq!(options.describe(), text);
+    }
+    let head = PipelineOptions::from_quantize(Some("w4a16+head")).unwrap();
+    assert_eq!(head, PipelineOptions { quantize_group: Some(32), quantize_head: true });
+    for bad in ["w4a16+tail", "+head", "w4a16:g8+head+head", "w4a16:+head"] {
+        let error = PipelineOptions::from_quantize(Some(bad)).unwrap_err();
+        assert!(error.contains(&format!("found `{bad}`")) && error.contains("+head"), "{error}");
+    }
 }
 
 #[test]

@@ -37,41 +37,53 @@ pub trait Pass {
 pub struct PipelineOptions {
     /// Quantize linear weights to 4 bits in groups of this many inputs (`--quantize w4a16[:gN]`).
     pub quantize_group: Option<usize>,
+    /// Quantize the LM head too, a 4-bit copy of the embedding table it is tied to
+    /// (`--quantize w4a16[:gN]+head`); only with `quantize_group`.
+    pub quantize_head: bool,
 }
 
 impl PipelineOptions {
-    /// The options `--quantize` asks for: `w4a16` (groups of 32) or `w4a16:g<N>`; none without it.
+    /// The options `--quantize` asks for: `w4a16` (groups of 32) or `w4a16:g<N>`, either followed by
+    /// `+head`; none without it.
     pub fn from_quantize(quantize: Option<&str>) -> Result<PipelineOptions, String> {
         let Some(text) = quantize else { return Ok(PipelineOptions::default()) };
-        let group = match text.split_once(':') {
-            None if text == "w4a16" => Some(32),
+        let (scheme, quantize_head) = match text.strip_suffix("+head") {
+            Some(scheme) => (scheme, true),
+            None => (text, false),
+        };
+        let group = match scheme.split_once(':') {
+            None if scheme == "w4a16" => Some(32),
             Some(("w4a16", g)) => {
                 g.strip_prefix('g').and_then(|n| n.parse().ok()).filter(|&n: &usize| n > 0 && n.is_multiple_of(8))
             }
             _ => None,
         };
         match group {
-            Some(g) => Ok(PipelineOptions { quantize_group: Some(g) }),
+            Some(g) => Ok(PipelineOptions { quantize_group: Some(g), quantize_head }),
             None => Err(format!(
-                "--quantize: expected w4a16 or w4a16:g<N> with N a multiple of 8 (e.g. w4a16:g64), found `{text}`"
+                "--quantize: expected w4a16 or w4a16:g<N> with N a multiple of 8 (e.g. w4a16:g64), \
+                 optionally followed by +head, found `{text}`"
             )),
         }
     }
 
-    /// How the options name themselves in reports and cache keys (`w4a16:g32`, or empty).
+    /// How the options name themselves in reports and cache keys (`w4a16:g32`, `w4a16:g32+head`,
+    /// or empty).
     pub fn describe(&self) -> String {
         self.quantize().unwrap_or_default()
     }
 
     /// The `--quantize` value that asks for these options, if any.
     pub fn quantize(&self) -> Option<String> {
-        self.quantize_group.map(|g| format!("w4a16:g{g}"))
+        let head = if self.quantize_head { "+head" } else { "" };
+        self.quantize_group.map(|g| format!("w4a16:g{g}{head}"))
     }
 }
 
 /// Every pass, in the order pipelines run them (`quantize` only when asked for).
 fn all_passes(options: &PipelineOptions) -> Vec<Box<dyn Pass>> {
-    let quantize = options.quantize_group.map(|group| Box::new(Quantize { group }) as Box<dyn Pass>);
+    let head = options.quantize_head;
+    let quantize = options.quantize_group.map(|group| Box::new(Quantize { group, head }) as Box<dyn Pass>);
     quantize.into_iter().chain(passes_of_every_pipeline()).collect()
 }
 
@@ -92,7 +104,7 @@ fn passes_of_every_pipeline() -> Vec<Box<dyn Pass>> {
 
 /// The pass named `name` (`quantize` in groups of 32), enabled for some targets or not.
 pub fn pass_by_name(name: &str) -> Result<Box<dyn Pass>, PassError> {
-    let every = || all_passes(&PipelineOptions { quantize_group: Some(32) });
+    let every = || all_passes(&PipelineOptions { quantize_group: Some(32), quantize_head: false });
     every().into_iter().find(|p| p.name() == name).ok_or_else(|| {
         let names: Vec<&str> = every().iter().map(|p| p.name()).collect();
         PassError::UnknownPass(name.to_string(), names.join(", "))

@@ -104,7 +104,8 @@ impl Backend {
 #[derive(Args, Clone, Debug)]
 pub struct PipelineArgs {
     /// Quantize linear weights to 4 bits with one bf16 scale per group of inputs (W4A16):
-    /// `w4a16` (groups of 32) or `w4a16:g<N>` (N a multiple of 8), as compressed-tensors does
+    /// `w4a16` (groups of 32) or `w4a16:g<N>` (N a multiple of 8), as compressed-tensors does; `+head`
+    /// after either quantizes the LM head too (a 4-bit copy of the embedding table it is tied to)
     #[arg(long, value_name = "SCHEME")]
     pub quantize: Option<String>,
 }
