@@ -255,12 +255,26 @@ fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32)
         }
         _ => {
             em.open(format!("if (i < {})", r.outputs));
+            // Where the root selects a constant whatever the reduction (a slot the query does not
+            // see), the warp or block of that output reads none of its inputs. The condition is
+            // the same for all the threads sharing the output, so control flow stays uniform.
+            let masked = match split {
+                ReduceSplit::WarpPerOutput | ReduceSplit::BlockPerOutput => r.visible,
+                ReduceSplit::WarpsPerExtent => None,
+            };
+            if let Some(mask) = masked {
+                let visible = em.value(mask, &idx)?;
+                em.open(format!("if ({visible})"));
+            }
             let range = (first, r.extent.to_string(), stride.to_string());
             batched_loop(em, "c", (range.0, &range.1, &range.2), &mut |em| match &op {
                 Op::Reduce { input, kind, axes } => em.reduce_step(*input, *kind, axes, &idx, "c", "acc"),
                 Op::DotGeneral { lhs, rhs, dims } => em.dot_step(*lhs, *rhs, dims, &idx, "c", "acc"),
                 _ => Err(unsupported()),
             })?;
+            if masked.is_some() {
+                em.close();
+            }
             em.close();
         }
     }
@@ -299,7 +313,8 @@ fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32)
 /// once per block, not once per warp and iteration, and the warps' loop reads shared memory and
 /// the right-hand side alone, whose loads `batched_loop` can then issue together (computing a
 /// softmax's probability in the loop, a division's slow path kept every iteration waiting for
-/// its load). Each warp takes the same elements in the same order as without the staging.
+/// its load). Each warp takes the same elements in the same order as without the staging, and
+/// skips a chunk whose staged elements are all 0.
 fn staged_dot(
     em: &mut Emitter,
     (lhs, rhs, dims): (ValueId, ValueId, &DotDims),
@@ -310,13 +325,17 @@ fn staged_dot(
 ) -> Result<(), CudaError> {
     em.open(format!("for (int chunk = 0; chunk < {extent}; chunk += {threads})"));
     em.line("const int cs = chunk + threadIdx.x;");
+    em.line("bool nonzero = false;");
     em.open(format!("if (i < {outputs} && cs < {extent})"));
     let (li, _) = em.dot_operands_at(lhs, rhs, dims, idx, "cs");
     let a = em.value(lhs, &li)?;
     em.line(format!("part[threadIdx.x] = {a};"));
+    em.line(format!("nonzero = {a} != 0.f;"));
     em.close();
-    em.line("__syncthreads();");
-    em.open(format!("if (i < {outputs})"));
+    // A chunk of zeros (the probabilities of slots no query sees) adds nothing, its right-hand
+    // side being finite (values in a cache): the block reads none of it. The vote is a barrier,
+    // taken by every thread.
+    em.open(format!("if (__syncthreads_or(nonzero) && i < {outputs})"));
     let end = format!("min(chunk + {threads}, {extent})");
     batched_loop(em, "c", ("chunk + warp", &end, &(threads / 32).to_string()), &mut |em| {
         let (_, ri) = em.dot_operands_at(lhs, rhs, dims, idx, "c");

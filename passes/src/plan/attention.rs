@@ -3,6 +3,7 @@
 //! template assumes.
 
 use super::kind::{keeps_index_to, matvec_shaped, weight_of, Matvec};
+use super::mask::mask_of;
 use g4c_ir::plan::MATVEC_MAX_ROWS;
 use g4c_ir::{BinaryOp, DotDims, Function, Op, ReduceKind, UnaryOp, ValueId};
 use std::collections::HashMap;
@@ -198,42 +199,6 @@ fn scores_matvec<'f>(
         && ct.shape[last] * ct.shape[last + 1] == padded.shape[last];
     let m = scores_product(f, op, scores)?;
     (split_last && keeps_index_to(f, m.dots[0].0, scores)).then_some((m, scores))
-}
-
-/// The condition of `select(visible, x, c)` with `c` a constant, `x` computed from `product` and
-/// `visible` not, when `scores` is that select through ops of one operand (conversions): where
-/// `visible` is false, the score is the same whatever the product.
-fn mask_of<'f>(
-    f: &'f Function,
-    op: &dyn Fn(ValueId) -> Option<&'f Op>,
-    scores: ValueId,
-    product: ValueId,
-) -> Option<ValueId> {
-    let mut v = scores;
-    let (cond, on_false) = loop {
-        match op(v)? {
-            Op::Convert { x } | Op::Unary { x, .. } => v = *x,
-            Op::Select { cond, on_false, .. } => break (*cond, *on_false),
-            _ => return None,
-        }
-    };
-    let shaped = f.ty(cond).shape == f.ty(scores).shape && f.ty(v).shape == f.ty(scores).shape;
-    let constant = matches!(op(on_false), Some(Op::Constant { .. }));
-    (shaped && constant && !reads(op, cond, product)).then_some(cond)
-}
-
-/// Whether `v` is computed from `from`.
-fn reads<'f>(op: &dyn Fn(ValueId) -> Option<&'f Op>, v: ValueId, from: ValueId) -> bool {
-    let (mut stack, mut seen) = (vec![v], std::collections::BTreeSet::new());
-    while let Some(v) = stack.pop() {
-        if v == from {
-            return true;
-        }
-        if seen.insert(v) {
-            stack.extend(op(v).map(Op::operands).unwrap_or_default());
-        }
-    }
-    false
 }
 
 /// The one product of queries and keys that `scores` is computed from through ops other than

@@ -1,6 +1,7 @@
 //! What a kernel computes, read off its function.
 
 use super::attention::attention_of;
+use super::mask::mask_of;
 use g4c_ir::plan::{KernelKind, MATVEC_MAX_ROWS};
 use g4c_ir::{DType, DotDims, Function, Op, TensorType, ValueId};
 
@@ -177,6 +178,10 @@ pub struct Reduction {
     pub outputs: usize,
     pub extent: usize,
     pub contiguous: bool,
+    /// The mask the root is selected by, shaped as the reduction: where it is false the result is
+    /// a constant, whatever the reduction, whose inputs need not be read there (the prefill's
+    /// attention scores of slots a query does not see).
+    pub visible: Option<ValueId>,
 }
 
 /// The reduction of a kernel, when the templates apply: exactly one reduce or product reaches the
@@ -207,7 +212,10 @@ pub fn reduction_of(k: &Function) -> Option<Reduction> {
         }
         _ => unreachable!("filtered"),
     };
-    Some(Reduction { reduction: instr.result, outputs: k.ty(instr.result).numel(), extent, contiguous })
+    let op = |v: ValueId| k.body.iter().find(|i| i.result == v).map(|i| &i.op);
+    let visible =
+        mask_of(k, &op, k.results[0].value, instr.result).filter(|&mask| k.ty(mask).shape == k.ty(instr.result).shape);
+    Some(Reduction { reduction: instr.result, outputs: k.ty(instr.result).numel(), extent, contiguous, visible })
 }
 
 /// Whether every use of `v`, and of each value computed from it, up to the root, reads it at the

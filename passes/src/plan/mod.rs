@@ -9,6 +9,7 @@ mod buffers;
 mod fusion;
 mod kind;
 mod launch;
+mod mask;
 mod prelude;
 mod schedule;
 

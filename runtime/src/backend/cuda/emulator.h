@@ -113,6 +113,19 @@ static inline void g4c_resume(unsigned t) { swapcontext(&g4c_scheduler, &g4c_thr
 static inline void __syncthreads() { swapcontext(&g4c_threads[g4c_current], &g4c_scheduler); }
 #endif
 
+// A barrier that returns whether any thread of the block passed a non-zero `predicate`: the votes
+// are taken between two barriers, after a first that keeps the previous vote's readers from seeing
+// this one's reset.
+static int g4c_vote;
+static inline int __syncthreads_or(int predicate) {
+  __syncthreads();
+  if (threadIdx.x == 0) g4c_vote = 0;
+  __syncthreads();
+  if (predicate) g4c_vote = 1;
+  __syncthreads();
+  return g4c_vote;
+}
+
 // A warp's butterfly (`warp_butterfly` in g4c's prelude) in one exchange: each lane leaves its
 // value, a barrier, then each computes every step of the butterfly over its warp's 32 values, so it
 // combines exactly what the xor shuffles would (the five shuffles would cost ten barriers); a barrier
