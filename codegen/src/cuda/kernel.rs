@@ -12,7 +12,7 @@ use super::elemental::{
     linear, reduce_combine, reduce_init, rounded, storage_type, store, unlinear, value_type, write_lines, Emitter,
     Index,
 };
-use super::loops::{batched_loop, batched_loop_of};
+use super::loops::{batched_loop, batched_loop_of, LOADS_IN_FLIGHT};
 use super::CudaError;
 use g4c_ir::plan::{KernelCall, KernelKind, ReduceSplit, SlotSplit, Tile};
 use g4c_ir::{DType, DotDims, Function, Op, ReduceKind, ValueId};
@@ -20,6 +20,7 @@ use g4c_passes::{
     attention_arrays, attention_of, chunk_axis_of, footprint, matvec_of, prelude_launch, prelude_of, reduction_of,
     split_footprint, Attention, Matvec, PackedWeight,
 };
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 
 /// Stands for the kernel's symbol until its code is hashed.
@@ -73,7 +74,7 @@ pub(crate) fn kernel_code(
             let f = footprint(&tile);
             writeln!(shared, "  __shared__ __align__(16) u16 as_[{}];", f.staged_activations / 2).unwrap();
             writeln!(shared, "  __shared__ __align__(16) u16 ws_[{}];", f.staged_weights / 2).unwrap();
-            gemm(&mut em, &tile, &m, root)?;
+            gemm(&mut em, (&tile, call.launch.block), &m, root)?;
         }
         (_, Some(tile), Some(m)) => {
             // 16-byte aligned for the 128-bit loads of packed products; a packed matvec's partial
@@ -910,7 +911,7 @@ fn packed_matvec(
 /// 16-bit MMA operands in shared memory; each of the 8 warps then multiplies a 16 × 32 block of
 /// them with `mma.sync` (m16n8k8 on Turing, m16n8k16 after), f32 accumulators in the fragment
 /// layout of the PTX ISA, and applies the epilogue to its accumulators' elements.
-fn gemm(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<(), CudaError> {
+fn gemm(em: &mut Emitter, (tile, threads): (&Tile, u32), m: &Matvec, root: ValueId) -> Result<(), CudaError> {
     let mma = tile.mma.expect("a GEMM tile");
     let (bm, bn, bk, stride) = (tile.rows as usize, tile.cols as usize, tile.k as usize, footprint(tile).row_stride);
     let (rows, cols, depth, products) = (m.rows, m.cols, m.depth, m.dots.len());
@@ -929,7 +930,13 @@ fn gemm(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<(), 
     em.line(format!("for (int j = 0; j < {products}; ++j) for (int f = 0; f < 4; ++f) for (int r = 0; r < 4; ++r) acc[j][f][r] = 0.f;"));
     em.open(format!("for (int k0 = 0; k0 < {depth}; k0 += {bk})"));
     // Stage the activations, then each product's weights, as 16-bit words; zeros past the edges.
-    batched_loop(em, "e", ("threadIdx.x", &(bm * bk).to_string(), "blockDim.x"), &mut |em| {
+    // As many activations at once as keep about `GEMM_STAGING_READS` reads in flight, in whole
+    // trips (a power of two, as the elements per thread are) so that none is left to run alone.
+    let per_thread = (bm * bk).div_ceil(threads as usize) as u32;
+    let fitting = GEMM_STAGING_READS / reads_per_element(em.k, m.lhs).max(1);
+    let power_of_two = 1 << fitting.max(1).ilog2();
+    let at_once = power_of_two.clamp(LOADS_IN_FLIGHT, per_thread.max(LOADS_IN_FLIGHT));
+    batched_loop_of(em, "e", ("threadIdx.x", &(bm * bk).to_string(), "blockDim.x"), at_once, &mut |em| {
         em.line(format!("const int r = m0 + e / {bk}, kk = k0 + e % {bk};"));
         activation_at(em, m, "a", "r", "kk")?;
         em.line(format!("as_[e / {bk} * {stride} + e % {bk}] = {to_word}(a);"));
@@ -1004,6 +1011,28 @@ fn gemm(em: &mut Emitter, tile: &Tile, m: &Matvec, root: ValueId) -> Result<(), 
     em.close();
     em.close();
     Ok(())
+}
+
+/// Reads a GEMM thread keeps in flight while staging its activations: all of a 128-deep step's 32
+/// elements of an activation read as it is (the down projection's), 8 of those of a norm's
+/// prologue (7 reads each, for 56).
+const GEMM_STAGING_READS: u32 = 64;
+
+/// The memory reads computing one element of `v` in kernel `k` takes: the kernel's inputs and
+/// weights it is computed from (each read once per element).
+fn reads_per_element(k: &Function, v: ValueId) -> u32 {
+    let def: HashMap<ValueId, &Op> = k.body.iter().map(|i| (i.result, &i.op)).collect();
+    let (mut stack, mut seen, mut reads) = (vec![v], HashSet::new(), 0);
+    while let Some(v) = stack.pop() {
+        if !seen.insert(v) {
+            continue;
+        }
+        match def.get(&v) {
+            None | Some(Op::Weight { .. }) => reads += 1,
+            Some(op) => stack.extend(op.operands()),
+        }
+    }
+    reads
 }
 
 /// The loads of packed weight `w`'s word holding its 8 values from `(n, k)` on (`k` a multiple of
