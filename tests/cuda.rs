@@ -491,33 +491,46 @@ fn a_packed_matvec_deeper_than_its_block_computes_what_the_module_does() {
 /// of 32 (scales `s` of type `scale_type`) dequantized to `t`, by the activations `x` times the
 /// token id.
 fn deep_matvec_module(t: &str, scale_type: &str, depth: usize) -> String {
+    w4_product_module(("decode", 1, 40, depth), t, scale_type)
+}
+
+/// A module whose entry `entry` is one product of `rows` activations (`x` times the token ids) by a
+/// 4-bit weight `q` of `cols` columns, `depth` deep, in groups of 32 (scales `s` of type
+/// `scale_type`) dequantized to `t`.
+fn w4_product_module((entry, rows, cols, depth): (&str, usize, usize, usize), t: &str, scale_type: &str) -> String {
     r#"
-module @deep_w4 {
-  weight @q : i4[40, 2304] = "q"
-  weight @s : S[40, 72] = "s"
-  weight @x : f32[1, 2304] = "x"
-  func @decode(
-    %ids: i32[1,1] token_ids,
-    %pos: i32[1,1] positions
+module @w4 {
+  weight @q : i4[C, D] = "q"
+  weight @s : S[C, G] = "s"
+  weight @x : f32[R, D] = "x"
+  func @E(
+    %ids: i32[1,R] token_ids,
+    %pos: i32[1,R] positions
   ) -> (
-    logits: f32[1,40] logits
+    logits: f32[R,C] logits
   ) {
-    %x = weight @x : f32[1,2304]
-    %id = convert %ids : f32[1,1]
-    %ids.wide = broadcast %id {dims = [0, 1]} : f32[1,2304]
-    %a.f32 = mul %x, %ids.wide : f32[1,2304]
-    %a = convert %a.f32 : T[1,2304]
-    %q = weight @q : i4[40,2304]
-    %s = weight @s : S[40,72]
-    %w = dequantize %q, %s {group = 32} : T[40,2304]
-    %y.t = dot_general %a, %w {lhs_batch = [], rhs_batch = [], lhs_contract = [1], rhs_contract = [1]} : T[1,40]
-    %y = convert %y.t : f32[1,40]
+    %x = weight @x : f32[R,D]
+    %id = convert %ids : f32[1,R]
+    %id.r = reshape %id : f32[R]
+    %ids.wide = broadcast %id.r {dims = [0]} : f32[R,D]
+    %a.f32 = mul %x, %ids.wide : f32[R,D]
+    %a = convert %a.f32 : T[R,D]
+    %q = weight @q : i4[C,D]
+    %s = weight @s : S[C,G]
+    %w = dequantize %q, %s {group = 32} : T[C,D]
+    %y.t = dot_general %a, %w {lhs_batch = [], rhs_batch = [], lhs_contract = [1], rhs_contract = [1]} : T[R,C]
+    %y = convert %y.t : f32[R,C]
     return %y
   }
 }
 "#
-    .replace("2304", &depth.to_string())
-    .replace("72]", &format!("{}]", depth / 32))
+    .replace("@E(", &format!("@{entry}("))
+    .replace("R]", &format!("{rows}]"))
+    .replace("R,", &format!("{rows},"))
+    .replace("C]", &format!("{cols}]"))
+    .replace("C,", &format!("{cols},"))
+    .replace("D]", &format!("{depth}]"))
+    .replace("G]", &format!("{}]", depth / 32))
     .replace("T[", &format!("{t}["))
     .replace("S[", &format!("{scale_type}["))
 }
@@ -710,7 +723,7 @@ fn the_packed_matvec_keeps_16_word_loads_in_flight() {
 /// latency each (the H200 profile had 32-deep steps at about 3 µs).
 #[test]
 fn the_prefill_gemm_issues_its_staging_loads_together() {
-    let module = g4c_ir::parse_module(GEMM_MODULE).unwrap();
+    let module = g4c_ir::parse_module(&w4_product_module(("prefill", 64, 256, 2048), "bf16", "bf16")).unwrap();
     let target = Target::by_name("h200").unwrap();
     let plan = plan_module(&module, target).unwrap();
     let launch = plan.entries[0].launches().next().unwrap();
@@ -718,33 +731,6 @@ fn the_prefill_gemm_issues_its_staging_loads_together() {
     let loads = most_loads_without_a_branch(&sass_of(&plan, target));
     assert!(loads >= 16, "the GEMM issues at most {loads} global loads before a branch");
 }
-
-const GEMM_MODULE: &str = r#"
-module @gemm_w4 {
-  weight @q : i4[256, 2048] = "q"
-  weight @s : bf16[256, 64] = "s"
-  weight @x : f32[64, 2048] = "x"
-  func @prefill(
-    %ids: i32[1,64] token_ids,
-    %pos: i32[1,64] positions
-  ) -> (
-    logits: f32[64,256] logits
-  ) {
-    %x = weight @x : f32[64,2048]
-    %id = convert %ids : f32[1,64]
-    %id.r = reshape %id : f32[64]
-    %ids.wide = broadcast %id.r {dims = [0]} : f32[64,2048]
-    %a.f32 = mul %x, %ids.wide : f32[64,2048]
-    %a = convert %a.f32 : bf16[64,2048]
-    %q = weight @q : i4[256,2048]
-    %s = weight @s : bf16[256,64]
-    %w = dequantize %q, %s {group = 32} : bf16[256,2048]
-    %y.t = dot_general %a, %w {lhs_batch = [], rhs_batch = [], lhs_contract = [1], rhs_contract = [1]} : bf16[64,256]
-    %y = convert %y.t : f32[64,256]
-    return %y
-  }
-}
-"#;
 
 /// The machine code (`nvdisasm -c`, as `scripts/setup` installs it) of the first program of `plan`.
 fn sass_of(plan: &g4c_ir::plan::KernelPlan, target: &'static Target) -> String {
