@@ -84,6 +84,38 @@ fn a_quantized_head_matches_its_goldens() {
     assert_matches_golden("g4c run --quantize w4a16:g8+head", &got, &case);
 }
 
+/// `+head` on a model with no head tied to a table (every matrix a linear's weight) is an error
+/// saying so, not a quiet no-op.
+#[test]
+fn a_quantized_head_needs_a_tied_head() {
+    let mut module = g4c_ir::parse_module(
+        r#"
+module @untied {
+  weight @w : bf16[16, 8] = "w"
+  func @decode(
+    %ids: i32[1,1] token_ids,
+    %pos: i32[1,1] positions
+  ) -> (
+    logits: f32[1,16] logits
+  ) {
+    %id = convert %ids : f32[1,1]
+    %x = broadcast %id {dims = [0, 1]} : f32[1,8]
+    %w = weight @w : bf16[16,8]
+    %w.f32 = convert %w : f32[16,8]
+    %y = dot_general %x, %w.f32 {lhs_batch = [], rhs_batch = [], lhs_contract = [1], rhs_contract = [1]} : f32[1,16]
+    return %y
+  }
+}
+"#,
+    )
+    .unwrap();
+    let error = Quantize { group: 8, head: true }.run(&mut module, Target::by_name("cpu").unwrap()).unwrap_err();
+    assert!(
+        error.to_string().contains("+head: no weight is read both as a linear layer's weight and otherwise"),
+        "{error}"
+    );
+}
+
 /// `--quantize` names the scheme and its group, and `+head`, as it is spelled; reports and artifacts
 /// record that spelling.
 #[test]
