@@ -92,7 +92,7 @@ pub(crate) fn kernel_code(
                 if partials > 0 {
                     writeln!(shared, "  __shared__ {acc} part[{partials}];").unwrap();
                 }
-                split_reduce(&mut em, root, split, call.launch.block / 32)?
+                split_reduce(&mut em, root, split, (call.launch.block / 32, grid))?
             }
             None => elementwise(&mut em, grid, root)?,
         },
@@ -203,11 +203,16 @@ fn elementwise(em: &mut Emitter, grid: u32, root: ValueId) -> Result<(), CudaErr
 }
 
 /// A reduction split over threads: a warp per output (`WarpPerOutput`: its lanes stride the row,
-/// shuffles combine their partial results, lane 0 stores), a block per output (`BlockPerOutput`:
+/// shuffles combine their partial results, lane 0 stores; the grid's blocks stride the outputs), a block per output (`BlockPerOutput`:
 /// shuffles, then thread 0 combines the warps' results through shared memory), or a lane per output
 /// and the block's warps over the extent (`WarpsPerExtent`: warp 0 combines the partial results
 /// through shared memory). The storing thread applies the epilogue.
-fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32) -> Result<(), CudaError> {
+fn split_reduce(
+    em: &mut Emitter,
+    root: ValueId,
+    split: ReduceSplit,
+    (warps, grid): (u32, u32),
+) -> Result<(), CudaError> {
     let unsupported = || CudaError::Unsupported(format!("{}: a split reduction but no reduction", em.k.name));
     let r = reduction_of(em.k).ok_or_else(unsupported)?;
     let op = em.k.body.iter().find(|i| i.result == r.reduction).map(|i| i.op.clone()).ok_or_else(unsupported)?;
@@ -225,7 +230,11 @@ fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32)
     };
     let (first, stride) = match split {
         ReduceSplit::WarpPerOutput => {
-            em.line(format!("const int i = block * {warps} + warp;"));
+            // A grid of at most a wave of blocks strides over the outputs: a prefill's attention
+            // scores are millions of warps' work, most of them a masked slot's few cycles.
+            let blocks = r.outputs.div_ceil(warps as usize);
+            em.open(format!("for (int ob = block; ob < {blocks}; ob += {grid})"));
+            em.line(format!("const int i = ob * {warps} + warp;"));
             ("lane", 32)
         }
         ReduceSplit::BlockPerOutput => {
@@ -304,6 +313,9 @@ fn split_reduce(em: &mut Emitter, root: ValueId, split: ReduceSplit, warps: u32)
     }
     store_root(em, &[(r.reduction, "acc".into())], root)?;
     em.close();
+    if split == ReduceSplit::WarpPerOutput {
+        em.close();
+    }
     Ok(())
 }
 

@@ -215,7 +215,10 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
         true if r.outputs.div_ceil(WARPS) < gpu.sm_count as usize && r.extent >= 64 => {
             Some((ReduceSplit::BlockPerOutput, r.outputs))
         }
-        true => (r.extent >= 32).then_some((ReduceSplit::WarpPerOutput, r.outputs.div_ceil(WARPS))),
+        // At most a wave of blocks, striding over the outputs: a 128-token prefill's scores over
+        // a 4096-slot cache are 4.2 M warps' work, most of it a masked slot's mask test, which
+        // half a million blocks would spend more time being scheduled than working.
+        true => (r.extent >= 32).then_some((ReduceSplit::WarpPerOutput, r.outputs.div_ceil(WARPS).min(wave(gpu)))),
         // Along a strided axis, adjacent threads already read adjacent inputs; what a thread per
         // output lacks is parallelism (E2B's 2048 weighted sums of values over 4096 slots would
         // be 8 blocks of threads each walking every slot): the block's warps split the extent.
@@ -243,6 +246,12 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
         slots: None,
         prelude,
     }
+}
+
+/// Blocks of `BLOCK` threads that fill every SM at once, at 32 registers a thread: a grid that
+/// size runs in one wave.
+fn wave(gpu: &GpuLimits) -> usize {
+    (gpu.sm_count * (gpu.registers_per_sm / (BLOCK * 32))) as usize
 }
 
 /// Shared memory of a split reduction's block of `block` threads: a warp per output combines
