@@ -32,8 +32,9 @@ const GEMM_COLS: u32 = 64;
 /// 32-deep steps at about 3 µs each, a 6144-deep product of 48 blocks at 562 µs).
 const GEMM_KS: [u32; 3] = [128, 64, 32];
 /// 16-bit elements each staged GEMM row is padded by, so the fragment loads of a warp's 8 row
-/// groups fall in distinct shared-memory banks (a row of 40 elements is 20 words: 8 rows apart by
-/// 20 words cover every bank once per 4 lanes).
+/// groups fall in distinct shared-memory banks (a row of `k + 8` elements, `k` a multiple of 32,
+/// is `k / 2 + 4` words: consecutive rows start 4 banks apart, so 8 rows cover every bank once
+/// per 4 lanes).
 const GEMM_ROW_PAD: u32 = 8;
 
 /// What one block of a kernel holds in shared memory.
