@@ -107,8 +107,10 @@ pub struct CudaDevice {
 /// host's time to launch it. The first run of each sequence is not timed: it names every launch on
 /// stderr and waits for it, so that a kernel that never returns or faults is named by the last line.
 struct Profile {
-    /// Per kernel symbol: launches and milliseconds.
-    kernels: BTreeMap<String, (u64, f64)>,
+    /// Per entry point, kernel symbol and grid: launches and milliseconds. The entry and grid tell
+    /// apart launches of one symbol (a prefill's and a decode step's), and with the symbol find
+    /// the launch in `g4c compile --json`'s report, whose calls name the plan's kernels.
+    kernels: BTreeMap<(String, String, u32), (u64, f64)>,
     traced: HashSet<u64>,
     /// One more than the most launches a sequence has had.
     events: Vec<CudaEvent>,
@@ -121,11 +123,11 @@ impl Profile {
         let mut rows: Vec<_> = self.kernels.iter().collect();
         rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
         let mut s = format!(
-            "cuda profile: {total:.3} ms of kernels in all (each sequence's first run untimed)\n    ms   share  launches  µs/launch  kernel\n"
+            "cuda profile: {total:.3} ms of kernels in all (each sequence's first run untimed)\n    ms   share  launches  µs/launch  entry      grid  kernel\n"
         );
-        for (symbol, (n, ms)) in rows {
+        for ((entry, symbol, grid), (n, ms)) in rows {
             s += &format!(
-                "{ms:>9.3}  {:>5.1}%  {n:>8}  {:>9.2}  {symbol}\n",
+                "{ms:>9.3}  {:>5.1}%  {n:>8}  {:>9.2}  {entry:<8} {grid:>7}  {symbol}\n",
                 100.0 * ms / total.max(f64::MIN_POSITIVE),
                 1e3 * ms / *n as f64
             );
@@ -372,7 +374,8 @@ impl CudaDevice {
         for (i, launch) in sequence.launches.iter().enumerate() {
             let ms =
                 profile.events[i].elapsed_ms(&profile.events[i + 1]).map_err(|e| driver_error(&launch.symbol, e))?;
-            let kernel = profile.kernels.entry(launch.symbol.clone()).or_default();
+            let key = (sequence.program.clone(), launch.symbol.clone(), launch.grid);
+            let kernel = profile.kernels.entry(key).or_default();
             kernel.0 += 1;
             kernel.1 += f64::from(ms);
         }
@@ -456,8 +459,25 @@ impl Drop for CudaDevice {
 
 #[cfg(test)]
 mod tests {
-    use super::{programmatic_launch_problem, ptx_isa_supported, DeviceProgram};
+    use super::{programmatic_launch_problem, ptx_isa_supported, DeviceProgram, Profile};
     use crate::backend::cuda::KernelBinding;
+
+    #[test]
+    fn the_profile_names_each_launch_by_entry_symbol_and_grid() {
+        let key = |entry: &str, grid| (entry.to_string(), "g4c_dot_0123".to_string(), grid);
+        let profile = Profile {
+            kernels: [(key("prefill", 524288), (3, 3.0)), (key("decode", 64), (100, 1.0))].into_iter().collect(),
+            traced: Default::default(),
+            events: vec![],
+            opened: std::time::Instant::now(),
+        };
+        let report = profile.report();
+        let lines: Vec<&str> = report.lines().collect();
+        assert!(lines[0].contains("4.000 ms of kernels"), "{report}");
+        let columns = |line: &str| line.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+        assert_eq!(columns(lines[2]), ["3.000", "75.0%", "3", "1000.00", "prefill", "524288", "g4c_dot_0123"]);
+        assert_eq!(columns(lines[3]), ["1.000", "25.0%", "100", "10.00", "decode", "64", "g4c_dot_0123"]);
+    }
 
     #[test]
     fn ptx_isa_needs_the_cuda_release_that_introduced_it() {
