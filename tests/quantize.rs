@@ -43,16 +43,21 @@ fn quantize_reproduces_compressed_tensors_bit_for_bit() {
     assert_eq!(compared / 2, linears_left, "g4c quantizes what compressed-tensors quantizes");
 }
 
-#[test]
-fn the_quantized_tiny_model_matches_the_qat_goldens() {
-    let dir = golden_dir("tiny").join("hf");
-    for case in golden_cases("tiny-qat") {
+/// Every case of golden `golden`, generated from the checkpoint in `dir` after `transform`, on the
+/// interpreter and through PJRT.
+fn assert_every_case_matches(golden: &str, dir: &std::path::Path, what: &str, transform: &dyn Fn(&mut g4c_ir::Module)) {
+    for case in golden_cases(golden) {
         let n = case.generated_ids.len();
         for backend in [Backend::Interp, Backend::Pjrt] {
-            let got = run_transformed(backend, &dir, &case.prompt_ids, n, None, &quantize_tiny);
-            assert_matches_golden(&format!("{backend:?} tiny quantized by g4c/{}", case.name), &got, &case);
+            let got = run_transformed(backend, dir, &case.prompt_ids, n, None, transform);
+            assert_matches_golden(&format!("{backend:?} {what}/{}", case.name), &got, &case);
         }
     }
+}
+
+#[test]
+fn the_quantized_tiny_model_matches_the_qat_goldens() {
+    assert_every_case_matches("tiny-qat", &golden_dir("tiny").join("hf"), "tiny quantized by g4c", &quantize_tiny);
     // And through the command line, the whole cpu pipeline after it.
     let case = golden_cases("tiny-qat").into_iter().find(|c| c.name == "long").unwrap();
     let (got, _) = run_case(&g4c, &golden_dir("tiny").join("published"), &case, &["--quantize", "w4a16:g8"]);
@@ -71,13 +76,7 @@ fn a_quantized_head_matches_its_goldens() {
         assert_eq!(table("embed_tokens").layout, SourceLayout::Stored, "the lookup keeps the table");
     };
     let dir = golden_dir("tiny-qat").join("hf");
-    for case in golden_cases("tiny-qat-head") {
-        let n = case.generated_ids.len();
-        for backend in [Backend::Interp, Backend::Pjrt] {
-            let got = run_transformed(backend, &dir, &case.prompt_ids, n, None, &quantize_head);
-            assert_matches_golden(&format!("{backend:?} tiny-qat, head quantized/{}", case.name), &got, &case);
-        }
-    }
+    assert_every_case_matches("tiny-qat-head", &dir, "tiny-qat, head quantized", &quantize_head);
     let case = golden_cases("tiny-qat-head").into_iter().find(|c| c.name == "long").unwrap();
     let args = ["--quantize", "w4a16:g8+head"];
     let (got, _) = run_case(&g4c, &golden_dir("tiny").join("published"), &case, &args);

@@ -140,14 +140,10 @@ fn dequantize_head_reads(f: &mut Function, tied: &BTreeSet<String>, group: usize
     let mut body = Vec::with_capacity(f.body.len() + 3 * heads.len());
     for (i, mut instr) in std::mem::take(&mut f.body).into_iter().enumerate() {
         if let (Some(name), Op::DotGeneral { rhs, .. }) = (heads.get(&i), &mut instr.op) {
-            let (values, scales) = quantized_names(name);
-            let q = f.new_value(decl_ty(&values), Some(values.clone()));
-            let scale = f.new_value(decl_ty(&scales), Some(scales.clone()));
-            let dequantized = f.new_value(decl_ty(&values).with_dtype(DType::F32), Some(format!("{name}.head")));
-            body.push(Instr { result: q, op: Op::Weight { name: values } });
-            body.push(Instr { result: scale, op: Op::Weight { name: scales } });
-            body.push(Instr { result: dequantized, op: Op::Dequantize { q, scale, group } });
-            *rhs = dequantized;
+            let ty = decl_ty(name).with_dtype(DType::F32);
+            let result = f.new_value(ty, Some(format!("{name}.head")));
+            body.extend(dequantized(f, name, (group, weights), result, true));
+            *rhs = result;
         }
         body.push(instr);
     }
@@ -157,25 +153,19 @@ fn dequantize_head_reads(f: &mut Function, tied: &BTreeSet<String>, group: usize
 /// Each read of a quantized weight becomes an f32 `dequantize` of reads of its values and scales
 /// (the same value, retyped); converts of it to f32 are dropped and their uses read it directly.
 fn dequantize_reads(f: &mut Function, linears: &BTreeSet<String>, group: usize, weights: &[WeightDecl]) {
-    let decl_ty = |name: &str| weights.iter().find(|w| w.name == name).expect("declared above").ty.clone();
-    let mut dequantized: BTreeSet<ValueId> = BTreeSet::new();
+    let mut read: BTreeSet<ValueId> = BTreeSet::new();
     let mut replace = Substitution::default();
     let mut body = Vec::with_capacity(f.body.len() + 2 * linears.len());
     for mut instr in std::mem::take(&mut f.body) {
         replace.apply_to_op(&mut instr.op);
         match &instr.op {
             Op::Weight { name } if linears.contains(name) => {
-                let (values, scales) = quantized_names(name);
-                let q = f.new_value(decl_ty(&values), None);
-                let scale = f.new_value(decl_ty(&scales), None);
-                body.push(Instr { result: q, op: Op::Weight { name: values } });
-                body.push(Instr { result: scale, op: Op::Weight { name: scales } });
                 let ty = &mut f.values[instr.result.index()].ty;
                 *ty = ty.with_dtype(DType::F32);
-                body.push(Instr { result: instr.result, op: Op::Dequantize { q, scale, group } });
-                dequantized.insert(instr.result);
+                body.extend(dequantized(f, name, (group, weights), instr.result, false));
+                read.insert(instr.result);
             }
-            Op::Convert { x } if dequantized.contains(x) && f.ty(instr.result).dtype == DType::F32 => {
+            Op::Convert { x } if read.contains(x) && f.ty(instr.result).dtype == DType::F32 => {
                 replace.insert(instr.result, *x);
             }
             _ => body.push(instr),
@@ -183,4 +173,24 @@ fn dequantize_reads(f: &mut Function, linears: &BTreeSet<String>, group: usize, 
     }
     f.body = body;
     replace.apply_to_results(&mut f.results);
+}
+
+/// The reads of weight `name`'s 4-bit values and scales (new values, named after them or not) and
+/// their f32 `dequantize` as `result`.
+fn dequantized(
+    f: &mut Function,
+    name: &str,
+    (group, weights): (usize, &[WeightDecl]),
+    result: ValueId,
+    named: bool,
+) -> [Instr; 3] {
+    let decl_ty = |name: &str| weights.iter().find(|w| w.name == name).expect("declared above").ty.clone();
+    let (values, scales) = quantized_names(name);
+    let q = f.new_value(decl_ty(&values), named.then(|| values.clone()));
+    let scale = f.new_value(decl_ty(&scales), named.then(|| scales.clone()));
+    [
+        Instr { result: q, op: Op::Weight { name: values } },
+        Instr { result: scale, op: Op::Weight { name: scales } },
+        Instr { result, op: Op::Dequantize { q, scale, group } },
+    ]
 }

@@ -203,10 +203,11 @@ fn elementwise(em: &mut Emitter, grid: u32, root: ValueId) -> Result<(), CudaErr
 }
 
 /// A reduction split over threads: a warp per output (`WarpPerOutput`: its lanes stride the row,
-/// shuffles combine their partial results, lane 0 stores; the grid's blocks stride the outputs), a block per output (`BlockPerOutput`:
-/// shuffles, then thread 0 combines the warps' results through shared memory), or a lane per output
-/// and the block's warps over the extent (`WarpsPerExtent`: warp 0 combines the partial results
-/// through shared memory). The storing thread applies the epilogue.
+/// shuffles combine their partial results, lane 0 stores; the grid's blocks stride the outputs),
+/// a block per output (`BlockPerOutput`: shuffles, then thread 0 combines the warps' results
+/// through shared memory), or a lane per output and the block's warps over the extent
+/// (`WarpsPerExtent`: warp 0 combines the partial results through shared memory). The storing
+/// thread applies the epilogue.
 fn split_reduce(
     em: &mut Emitter,
     root: ValueId,

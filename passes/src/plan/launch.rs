@@ -47,16 +47,14 @@ pub struct Footprint {
     pub staged_weights: u64,
     /// Elements from one staged GEMM row to the next.
     pub row_stride: u64,
-    /// A packed matvec's partial sums, a float per warp and sum of a thread: in the staged
-    /// activations' array, which they outlive.
-    pub partials: u64,
     pub smem_bytes: u64,
 }
 
 /// Shared memory of a tile. A matvec: `stages` copies of `rows × k` f32 activations; the weights
-/// are read once per block and never staged (a packed one's warps' partial sums go in the same
-/// array after the last step, which is at least as large as them). A GEMM: `stages` copies of its `rows` activation rows and `products × cols` weight rows of `k` 16-bit
-/// elements, each row padded.
+/// are read once per block and never staged (a packed one's warps' partial sums, a float per warp
+/// and sum of a thread, go in the same array after the last step, which is at least as large as
+/// them). A GEMM: `stages` copies of its `rows` activation rows and `products × cols` weight rows
+/// of `k` 16-bit elements, each row padded.
 pub fn footprint(tile: &Tile) -> Footprint {
     let (rows, cols, k, stages) = (tile.rows as u64, tile.cols as u64, tile.k as u64, tile.stages as u64);
     if tile.mma.is_some() {
@@ -66,7 +64,6 @@ pub fn footprint(tile: &Tile) -> Footprint {
             staged_activations: activations,
             staged_weights: weights,
             row_stride,
-            partials: 0,
             smem_bytes: (activations + weights) * stages,
         };
     }
@@ -79,7 +76,6 @@ pub fn footprint(tile: &Tile) -> Footprint {
         staged_activations: staged,
         staged_weights: 0,
         row_stride: k,
-        partials,
         smem_bytes: (staged * stages).max(partials),
     }
 }
