@@ -203,13 +203,10 @@ pub fn launch_grid(calls: &[KernelCall]) -> u32 {
     calls.iter().map(|c| c.launch.grid).sum()
 }
 
-/// A launch's static shared memory: its calls' arrays one after the other, each call's starting
-/// 16-byte aligned (codegen aligns its first array; ptxas lays out a kernel's arrays in order).
+/// A launch's static shared memory: one region, which each block uses for its own call's arrays
+/// (a block runs one call), as large as the largest call's.
 pub fn launch_smem_bytes(calls: &[KernelCall]) -> u32 {
-    calls.iter().fold(0, |end, c| match c.launch.smem_bytes {
-        0 => end,
-        bytes => end.next_multiple_of(16) + bytes,
-    })
+    calls.iter().map(|c| c.launch.smem_bytes).max().unwrap_or(0)
 }
 
 /// Every entry point's plan, over one module of kernel functions and the weights they read.

@@ -13,8 +13,9 @@ use super::elemental::{
     Index,
 };
 use super::loops::{batched_loop, batched_loop_of, LOADS_IN_FLIGHT};
+use super::shared::{SharedArrays, REGION};
 use super::CudaError;
-use g4c_ir::plan::{KernelCall, KernelKind, ReduceSplit, SlotSplit, Tile};
+use g4c_ir::plan::{launch_smem_bytes, KernelCall, KernelKind, ReduceSplit, SlotSplit, Tile};
 use g4c_ir::{DType, DotDims, Function, Op, ReduceKind, ValueId};
 use g4c_passes::{
     attention_arrays, attention_of, chunk_axis_of, footprint, matvec_of, prelude_launch, prelude_of, reduction_of,
@@ -35,6 +36,8 @@ pub(crate) struct KernelCode {
     /// index aside.
     pub params: Vec<String>,
     pub weights: Vec<String>,
+    /// Whether it takes its launch's shared region (after the block index).
+    pub shared: bool,
 }
 
 /// `bf16_math`: the GPU computes in bf16 (sm_80 and later).
@@ -52,10 +55,10 @@ pub(crate) fn kernel_code(
     // After the template's arrays, which are 16-byte aligned, so none is padded.
     let prelude_arrays = match call.launch.prelude {
         Some(_) => prelude(&mut em, call)?,
-        None => String::new(),
+        None => SharedArrays::default(),
     };
     let grid = call.launch.grid;
-    let mut shared = String::new();
+    let mut shared = SharedArrays::default();
     match (root_op, call.launch.tile, matvec_of(k)) {
         (Some(Op::UpdateSlots { operand, slots, updates, axis }), _, _) => {
             in_place = k.params.iter().position(|p| p.value == *operand);
@@ -67,20 +70,19 @@ pub(crate) fn kernel_code(
             let unsupported =
                 || CudaError::Unsupported(format!("{}: an attention kernel's plan is not its own", k.name));
             let (split, a) = (call.launch.slots.ok_or_else(unsupported)?, attention_of(k).ok_or_else(unsupported)?);
-            shared.push_str(&attention_shared_arrays(&split));
+            attention_shared_arrays(&mut shared, &split);
             attention(&mut em, &split, &a, root, call.launch.block / 32)?;
         }
         (_, Some(tile), Some(m)) if tile.mma.is_some() => {
             let f = footprint(&tile);
-            writeln!(shared, "  __shared__ __align__(16) u16 as_[{}];", f.staged_activations / 2).unwrap();
-            writeln!(shared, "  __shared__ __align__(16) u16 ws_[{}];", f.staged_weights / 2).unwrap();
+            shared.aligned("u16", "as_", f.staged_activations / 2);
+            shared.aligned("u16", "ws_", f.staged_weights / 2);
             gemm(&mut em, (&tile, call.launch.block), &m, root)?;
         }
         (_, Some(tile), Some(m)) => {
             // 16-byte aligned for the 128-bit loads of packed products; a packed matvec's partial
             // sums after the activations.
-            let floats = footprint(&tile).smem_bytes / 4;
-            writeln!(shared, "  __shared__ __align__(16) float act[{floats}];").unwrap();
+            shared.aligned("float", "act", footprint(&tile).smem_bytes / 4);
             matvec(&mut em, (&tile, call.launch.block / 32), &m, root)?;
         }
         (_, Some(_), None) => return Err(CudaError::Unsupported(format!("{}: a tile but no matvec", k.name))),
@@ -90,18 +92,22 @@ pub(crate) fn kernel_code(
                 let partials = split_footprint(split, call.launch.block) / 4;
                 let acc = reduction_of(k).map_or("float", |r| value_type(k.ty(r.reduction).dtype));
                 if partials > 0 {
-                    writeln!(shared, "  __shared__ {acc} part[{partials}];").unwrap();
+                    shared.array(acc, "part", partials);
                 }
                 split_reduce(&mut em, root, split, (call.launch.block / 32, grid))?
             }
             None => elementwise(&mut em, grid, root)?,
         },
     }
-    // The call's arrays start 16-byte aligned after another call's in the same launch, as
-    // `launch_smem_bytes` counts them.
-    let mut arrays = shared + &prelude_arrays;
-    if !arrays.trim_start().starts_with("__shared__ __align__(16)") {
-        arrays = arrays.replacen("__shared__ ", "__shared__ __align__(16) ", 1);
+    shared.append(prelude_arrays);
+    // The fit proof's bytes are the kernel's: the arrays must fit what the plan gave the call.
+    if shared.bytes() > u64::from(call.launch.smem_bytes) {
+        return Err(CudaError::Unsupported(format!(
+            "{}: shared arrays of {} bytes where the plan gives {}",
+            k.name,
+            shared.bytes(),
+            call.launch.smem_bytes
+        )));
     }
     let lines = em.take_lines();
     // (C type, name) of each parameter.
@@ -130,12 +136,25 @@ pub(crate) fn kernel_code(
     for c in &em.constants {
         writeln!(code, "{c}").unwrap();
     }
-    writeln!(code, "static __device__ __forceinline__ void {name}({}, const int block) {{", declared.join(", "))
-        .unwrap();
-    code.push_str(&arrays);
+    let region = match shared.is_empty() {
+        true => String::new(),
+        false => format!(", unsigned char* const {REGION}"),
+    };
+    writeln!(
+        code,
+        "static __device__ __forceinline__ void {name}({}, const int block{region}) {{",
+        declared.join(", ")
+    )
+    .unwrap();
+    code.push_str(&shared.code());
     write_lines(&mut code, &lines);
     code.push_str("}\n");
-    Ok(KernelCode { code, params: params.into_iter().map(|(t, _)| t).collect(), weights: em.weights })
+    Ok(KernelCode {
+        code,
+        params: params.into_iter().map(|(t, _)| t).collect(),
+        weights: em.weights,
+        shared: !shared.is_empty(),
+    })
 }
 
 /// The CUDA C of one launch, named `NAME`: each call's device function (`{NAME}_{n}`), then the
@@ -153,7 +172,11 @@ pub(crate) fn launch_code(calls: &[KernelCall], parts: &[KernelCode]) -> String 
             0 => "blockIdx.x".to_string(),
             b => format!("blockIdx.x - {b}"),
         };
-        branches.push((first_block + call.launch.grid, format!("{NAME}_{n}({}, {block});", args.join(", "))));
+        let region = match part.shared {
+            true => format!(", {REGION}"),
+            false => String::new(),
+        };
+        branches.push((first_block + call.launch.grid, format!("{NAME}_{n}({}, {block}{region});", args.join(", "))));
         first_block += call.launch.grid;
     }
     // At least one block per SM: the register budget the plan gives each thread (ptxas otherwise
@@ -166,6 +189,11 @@ pub(crate) fn launch_code(calls: &[KernelCall], parts: &[KernelCode]) -> String 
     )
     .unwrap();
     code.push_str("  let_next_kernel_start();\n  await_previous_kernel();\n");
+    // One region for the launch: each block runs one call, and uses that call's arrays only.
+    let bytes = launch_smem_bytes(calls);
+    if parts.iter().any(|p| p.shared) {
+        writeln!(code, "  __shared__ __align__(16) unsigned char {REGION}[{bytes}];").unwrap();
+    }
     let last = branches.len() - 1;
     for (n, (end, call)) in branches.iter().enumerate() {
         let line = match (n, n == last) {
@@ -367,14 +395,15 @@ fn staged_dot(
 /// proof counts them): `act` (the staged queries, then the chunk's weighted sums), `sc` (scores),
 /// `ex` (their exponentials, then the probabilities), `mx` and `sm` (each head's maximum and sum),
 /// `flag` (some slot visible; some probability not 0) and `live` (each slot visible).
-fn attention_shared_arrays(s: &SlotSplit) -> String {
+fn attention_shared_arrays(shared: &mut SharedArrays, s: &SlotSplit) {
     let a = attention_arrays(s);
-    format!(
-        "  __shared__ __align__(16) float act[{}];\n  __shared__ float sc[{}];\n  __shared__ float ex[{}];\n  \
-         __shared__ float mx[{}];\n  __shared__ float sm[{}];\n  __shared__ int flag[{}];\n  \
-         __shared__ bool live[{}];\n",
-        a.staged, a.scores, a.exps, a.per_head, a.per_head, a.flags, a.live
-    )
+    shared.aligned("float", "act", a.staged);
+    shared.array("float", "sc", a.scores);
+    shared.array("float", "ex", a.exps);
+    shared.array("float", "mx", a.per_head);
+    shared.array("float", "sm", a.per_head);
+    shared.array("int", "flag", a.flags);
+    shared.array("bool", "live", a.live);
 }
 
 /// A decode step's attention over one chunk of cache slots per block, for every query head
@@ -582,20 +611,20 @@ fn rows_sharing_rhs(k: &Function, op: &Op) -> Option<(usize, usize)> {
 /// arrays' declarations. A reduction of at least a warp per output takes a warp per output; one of
 /// fewer the whole block per output, its warps' results combined through `pre{n}_part`. Every
 /// thread runs every shuffle and barrier (uniform control flow, which the host emulator needs).
-fn prelude(em: &mut Emitter, call: &KernelCall) -> Result<String, CudaError> {
+fn prelude(em: &mut Emitter, call: &KernelCall) -> Result<SharedArrays, CudaError> {
     let reductions = prelude_of(em.k);
     let warps = call.launch.block as usize / 32;
     if call.launch.prelude != prelude_launch(&reductions, call.launch.block) {
         return Err(CudaError::Unsupported(format!("{}: the plan's prelude is not the kernel's", em.k.name)));
     }
-    let mut shared = String::new();
+    let mut shared = SharedArrays::default();
     for (n, r) in reductions.iter().enumerate() {
         let op = em.k.body.iter().find(|i| i.result == r.reduction).map(|i| i.op.clone());
         let Some(Op::Reduce { input, kind, axes }) = op else { unreachable!("prelude_of returns reductions") };
         let dtype = em.k.ty(r.reduction).dtype;
         let acc = value_type(dtype);
         let (array, part) = (format!("pre{n}"), format!("pre{n}_part"));
-        writeln!(shared, "  __shared__ {acc} {array}[{}];", r.outputs).unwrap();
+        shared.array(acc, array.clone(), r.outputs as u64);
         let shape = em.k.ty(r.reduction).shape.clone();
         if !r.block_per_output(call.launch.block) {
             let per_output = WarpPerOutput { outputs: r.outputs, extent: r.extent, warps, array: &array };
@@ -603,7 +632,7 @@ fn prelude(em: &mut Emitter, call: &KernelCall) -> Result<String, CudaError> {
             em.share(r.reduction, &array);
             continue;
         }
-        writeln!(shared, "  __shared__ {acc} {part}[{warps}];").unwrap();
+        shared.array(acc, part.clone(), warps as u64);
         em.open(format!("for (int po = 0; po < {}; ++po)", r.outputs));
         em.line(format!("{acc} pacc = {};", reduce_init(kind, dtype)));
         batched_loop(em, "pc", ("threadIdx.x", &r.extent.to_string(), "blockDim.x"), &mut |em| {

@@ -9,6 +9,7 @@ mod kernel;
 mod loops;
 mod nvrtc;
 mod ptxas;
+mod shared;
 
 pub use nvrtc::{compile_ptx, nvrtc_version};
 pub use ptxas::{assemble, find_ptxas, Cubin, KernelResources};

@@ -1,6 +1,6 @@
 //! Tiling and the fit proof: each kernel's launch from its kind and the target's limits, and the
 //! check that what the launch asks for fits one block of the target. The shared memory a kernel
-//! needs comes from one function, `footprint`, which codegen also sizes its `__shared__` arrays
+//! needs comes from one function, `footprint`, which codegen also sizes its shared arrays
 //! with, so the proof and the code cannot disagree.
 
 use super::attention::attention_of;
