@@ -442,6 +442,13 @@ fn cuda_kernels_on_a_gpu_match_the_goldens() {
                     });
                 });
             }
+            // A prefill GEMM split over blocks, against the interpreter.
+            threads.spawn(move || {
+                check(format!("cuda {target}, a split GEMM"), &|| {
+                    let t = if target == "t4g" { "f16" } else { "bf16" };
+                    assert_split_gemm_agrees(target, t, |programs| CudaDevice::new(programs).unwrap());
+                });
+            });
             // The attention kernels (1100-slot caches, split into chunks), in f32 against the interpreter.
             threads.spawn(move || {
                 let what = format!("cuda {target}, 1100-slot caches");
@@ -538,10 +545,55 @@ module @w4 {
 /// A packed matvec `depth` deep (in groups of 32) whose weight is of type `t` and its scales (from
 /// `magnitude` to twice that) of type `scale_type`, on the host emulator against the interpreter.
 fn assert_deep_packed_matvec_agrees(t: &str, scale_type: &str, magnitude: f32, depth: usize) {
-    use g4c_runtime::backend::cuda::{DeviceExecutor, Emulator};
+    let (plan, want, got) = w4_product_outputs(("decode", 1, 40, depth), (t, scale_type), magnitude, "h200", emulator);
+    let kinds: Vec<&str> = plan.entries[0].calls.iter().map(|c| c.kind.name()).collect();
+    assert!(kinds.contains(&"matvec_w4"), "{kinds:?}");
+    let tile = plan.entries[0].calls.iter().find_map(|c| c.launch.tile).unwrap();
+    assert!(tile.packed, "{tile:?}");
+    assert_eq!((tile.k as usize) < depth, depth > 12288, "{tile:?}");
+    assert_products_agree(&format!("{t} of {scale_type} scales"), t, magnitude, &got, &want);
+}
+
+/// A prefill GEMM of few tiles splits its contraction over blocks (`Tile::splits`), whose partial
+/// sums the last block of each tile adds (`add_split_sums`): on the host emulator, against the
+/// interpreter, for a GPU of many SMs and one of few (a T4's 40: 10 blocks a tile), in bf16 and
+/// f16, through two launches (the split sums' counts start the second at zero again).
+#[test]
+fn a_split_gemm_computes_what_the_module_does() {
+    for (target, t) in [("h200", "bf16"), ("t4g", "f16")] {
+        assert_split_gemm_agrees(target, t, emulator);
+    }
+}
+
+/// `a_split_gemm_computes_what_the_module_does`'s case for `target` in `t`, on `device`.
+fn assert_split_gemm_agrees<D: Device + 'static>(target: &'static str, t: &str, device: fn(&[DeviceProgram]) -> D) {
+    let (plan, want, got) = w4_product_outputs(("prefill", 64, 256, 2048), (t, t), 0.01, target, device);
+    let call = &plan.entries[0].calls[0];
+    let splits = call.launch.tile.map_or(1, |tile| tile.splits);
+    assert!(splits > 1 && call.split_sums.is_some(), "{target}: {splits} splits of {call:?}");
+    assert_eq!(call.launch.grid, 4 * splits, "{target}: 4 tiles of 64 x 64, each over {splits} blocks");
+    assert_products_agree(&format!("{target}, {t}"), t, 0.01, &got, &want);
+}
+
+/// The host emulator, for `w4_product_outputs`.
+fn emulator(programs: &[DeviceProgram]) -> Emulator {
+    Emulator::new(programs).unwrap()
+}
+
+/// `w4_product_module` of `dims`, its weight of type `t` and its scales (from `magnitude` to twice
+/// that) of type `scale_type`, planned for `target`: the plan, then its output from the
+/// interpreter and from the plan's kernels on `device` (their second run).
+fn w4_product_outputs<D: Device + 'static>(
+    (entry, rows, cols, depth): (&str, usize, usize, usize),
+    (t, scale_type): (&str, &str),
+    magnitude: f32,
+    target: &'static str,
+    device: fn(&[DeviceProgram]) -> D,
+) -> (KernelPlan, Vec<f32>, Vec<f32>) {
+    use g4c_runtime::backend::cuda::DeviceExecutor;
     use g4c_runtime::{Executor, StepInputs, StepOutput};
     use std::sync::Arc;
-    let text = deep_matvec_module(t, scale_type, depth);
+    let text = w4_product_module((entry, rows, cols, depth), t, scale_type);
     let module = Arc::new(g4c_ir::parse_module(&text).unwrap());
     g4c_ir::verify_module(&module).unwrap();
     let mut seed = 7u64;
@@ -549,45 +601,48 @@ fn assert_deep_packed_matvec_agrees(t: &str, scale_type: &str, magnitude: f32, d
         seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
         (seed >> 33) as u32
     };
-    let nibbles: Vec<u8> = (0..40 * depth / 2).map(|_| next() as u8).collect();
-    let q = g4c_runtime::Tensor::from_bytes(g4c_ir::TensorType::new(g4c_ir::DType::I4, [40, depth]), &nibbles).unwrap();
-    let s = (0..40 * depth / 32).map(|_| magnitude * (1.0 + (next() % 100) as f32 * 0.01)).collect();
-    let s = g4c_runtime::Tensor::f32([40, depth / 32], s);
+    let nibbles: Vec<u8> = (0..cols * depth / 2).map(|_| next() as u8).collect();
+    let q =
+        g4c_runtime::Tensor::from_bytes(g4c_ir::TensorType::new(g4c_ir::DType::I4, [cols, depth]), &nibbles).unwrap();
+    let s = (0..cols * depth / 32).map(|_| magnitude * (1.0 + (next() % 100) as f32 * 0.01)).collect();
+    let s = g4c_runtime::Tensor::f32([cols, depth / 32], s);
     let s_dtype: g4c_ir::DType = scale_type.parse().unwrap();
     let bytes = g4c_runtime::tensor::convert_float_bytes(g4c_ir::DType::F32, s_dtype, &s.to_bytes()).unwrap();
-    let s = g4c_runtime::Tensor::from_bytes(g4c_ir::TensorType::new(s_dtype, [40, depth / 32]), &bytes).unwrap();
-    let dtype: g4c_ir::DType = t.parse().unwrap();
-    let x = g4c_runtime::Tensor::f32([1, depth], (0..depth).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect());
+    let s = g4c_runtime::Tensor::from_bytes(g4c_ir::TensorType::new(s_dtype, [cols, depth / 32]), &bytes).unwrap();
+    let x = (0..rows * depth).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
+    let x = g4c_runtime::Tensor::f32([rows, depth], x);
     let store: Arc<dyn g4c_runtime::WeightStore> = Arc::new(WeightTable(vec![("q", q), ("s", s), ("x", x)]));
-    let target = Target::by_name("h200").unwrap();
+    let target = Target::by_name(target).unwrap();
     let plan = Arc::new(plan_module(&module, target).unwrap());
-    let kinds: Vec<&str> = plan.entries[0].calls.iter().map(|c| c.kind.name()).collect();
-    assert!(kinds.contains(&"matvec_w4"), "{kinds:?}");
-    let tile = plan.entries[0].calls.iter().find_map(|c| c.launch.tile).unwrap();
-    assert!(tile.packed, "{tile:?}");
-    assert_eq!((tile.k as usize) < depth, depth > 12288, "{tile:?}");
     let programs = g4c_driver::cuda_programs(&plan, target, false).unwrap().programs;
-    let mut device =
-        DeviceExecutor::new(module.clone(), plan, &programs, store.clone(), Emulator::new(&programs).unwrap()).unwrap();
+    let device = device(&programs);
+    let mut device = DeviceExecutor::new(module.clone(), plan.clone(), &programs, store.clone(), device).unwrap();
     let mut interp = g4c_runtime::InterpExecutor::new(g4c_runtime::Interpreter::new(module, store));
-    let inputs = StepInputs::padded(1, &[(0, &[3][..])], false);
-    let logits = |exec: &mut dyn Executor| {
+    let output = |exec: &mut dyn Executor, first_id: u32| {
+        let ids: Vec<u32> = (0..rows as u32).map(|r| first_id + r % 5).collect();
         exec.reset().unwrap();
-        exec.step("decode", &inputs, StepOutput::Logits).unwrap().as_f32().unwrap().to_vec()
+        let inputs = StepInputs::padded(rows, &[(0, &ids[..])], false);
+        exec.step(entry, &inputs, StepOutput::Logits).unwrap().as_f32().unwrap().to_vec()
     };
-    let (want, got) = (logits(&mut interp), logits(&mut device));
+    let want = output(&mut interp, 3);
+    // Other ids first, so that a second run that wrote nothing would leave the wrong outputs.
+    output(&mut device, 4);
+    let got = output(&mut device, 3);
+    (Arc::unwrap_or_clone(plan), want, got)
+}
+
+/// `got` within rounding of `want`, products of weights of type `t` whose scales start at
+/// `magnitude`, summed in another order: f32 within 1e-5 of the outputs' scale, a 16-bit output
+/// one rounding either way.
+fn assert_products_agree(what: &str, t: &str, magnitude: f32, got: &[f32], want: &[f32]) {
     let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
-    assert!(scale > 50.0 * magnitude, "the products are not all near zero: {want:?}");
-    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-        // The sums are added in another order; a bf16 output may then round one way or the other.
-        let tolerance = match dtype {
-            g4c_ir::DType::F32 => 1e-5 * scale,
+    assert!(scale > 50.0 * magnitude, "{what}: the products are not all near zero: {want:?}");
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        let tolerance = match t {
+            "f32" => 1e-5 * scale,
             _ => 2f32.powi(-7) * b.abs().max(1e-3 * scale),
         };
-        assert!(
-            (a - b).abs() <= tolerance,
-            "{t} of {scale_type} scales: output {i}: {a} where the interpreter computes {b}"
-        );
+        assert!((a - b).abs() <= tolerance, "{what}: output {i}: {a} where the interpreter computes {b}");
     }
 }
 

@@ -89,6 +89,10 @@ pub struct Tile {
     /// among them a word at a time, each reading a word of every column of the block, rather than
     /// a warp per column reading the whole contraction (see `g4c_codegen`'s `packed_matvec`).
     pub packed: bool,
+    /// Blocks a GEMM tile's contraction is split over (1: none), each adding its own range of
+    /// steps; the last of them to finish adds their partial sums (`KernelCall::split_sums`) and
+    /// applies the epilogue. A prefill GEMM of few tiles would otherwise leave most SMs idle.
+    pub splits: u32,
 }
 
 /// The block of an attention kernel: `slots` consecutive cache slots for `heads` query heads of up
@@ -170,6 +174,18 @@ pub struct KernelCall {
     /// calls of one launch neither read what another writes nor write what another reads, and
     /// take the same block size (`EntryPlan::launches`).
     pub side_by_side: bool,
+    /// Where a GEMM split over blocks (`Tile::splits`) keeps its partial sums and its tiles'
+    /// counts of finished blocks: the entry's split-sums buffer, which holds no value.
+    pub split_sums: Option<SplitSums>,
+}
+
+/// A call's part of its entry's split-sums buffer: from `offset`, a count of finished blocks per
+/// tile (`u32`, zero between launches: the last block of a tile resets it), then each block's
+/// partial sums (`f32`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitSums {
+    pub buffer: Slot,
+    pub offset: u64,
 }
 
 /// The plan of one entry point.
@@ -250,7 +266,8 @@ pub fn print_plan(plan: &KernelPlan, bodies: bool) -> String {
                 .map(|t| {
                     let mma = t.mma.map(|m| format!(" mma {}", m.name())).unwrap_or_default();
                     let packed = if t.packed { " packed" } else { "" };
-                    format!(" tile {}x{}x{}/{}{mma}{packed}", t.rows, t.cols, t.k, t.stages)
+                    let splits = if t.splits > 1 { format!(" split {}", t.splits) } else { String::new() };
+                    format!(" tile {}x{}x{}/{}{mma}{packed}{splits}", t.rows, t.cols, t.k, t.stages)
                 })
                 .unwrap_or_default();
             match l.split {
@@ -264,6 +281,9 @@ pub fn print_plan(plan: &KernelPlan, bodies: bool) -> String {
             }
             if let Some(p) = l.prelude {
                 write!(tile, " prelude {}/{}", p.reductions, p.outputs).unwrap();
+            }
+            if let Some(s) = c.split_sums {
+                write!(tile, " sums {}+{}", s.buffer.label(), s.offset).unwrap();
             }
             writeln!(
                 out,

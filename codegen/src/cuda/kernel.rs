@@ -14,12 +14,15 @@ use super::elemental::{
 };
 use super::loops::{batched_loop, batched_loop_of, LOADS_IN_FLIGHT};
 use super::shared::{SharedArrays, REGION};
+
+/// The name of a split GEMM's split-sums parameter.
+const SPLIT_SUMS: &str = "sums";
 use super::CudaError;
 use g4c_ir::plan::{launch_smem_bytes, KernelCall, KernelKind, ReduceSplit, SlotSplit, Tile};
 use g4c_ir::{DType, DotDims, Function, Op, ReduceKind, ValueId};
 use g4c_passes::{
     attention_arrays, attention_of, chunk_axis_of, footprint, matvec_of, prelude_launch, prelude_of, reduction_of,
-    split_footprint, Attention, Matvec, PackedWeight,
+    split_footprint, split_sums_bytes, Attention, Matvec, PackedWeight, SplitSumsBytes,
 };
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
@@ -52,6 +55,8 @@ pub(crate) fn kernel_code(
     let mut em = Emitter::new(k, name);
     em.bf16_math = bf16_math;
     let mut in_place = None;
+    // A split GEMM takes its entry's split-sums buffer after its output.
+    let mut split_sums = false;
     // After the template's arrays, which are 16-byte aligned, so none is padded.
     let prelude_arrays = match call.launch.prelude {
         Some(_) => prelude(&mut em, call)?,
@@ -77,7 +82,15 @@ pub(crate) fn kernel_code(
             let f = footprint(&tile);
             shared.aligned("u16", "as_", f.staged_activations / 2);
             shared.aligned("u16", "ws_", f.staged_weights / 2);
-            gemm(&mut em, (&tile, call.launch.block), &m, root)?;
+            let split = match (tile.splits > 1, call.split_sums) {
+                (false, _) => None,
+                (true, Some(sums)) => Some((sums.offset, split_sums_bytes(&tile, grid, call.launch.block))),
+                (true, None) => {
+                    return Err(CudaError::Unsupported(format!("{}: a split GEMM without its split sums", k.name)))
+                }
+            };
+            gemm(&mut em, (&tile, call.launch.block), &m, root, split)?;
+            split_sums = split.is_some();
         }
         (_, Some(tile), Some(m)) => {
             // 16-byte aligned for the 128-bit loads of packed products; a packed matvec's partial
@@ -130,6 +143,9 @@ pub(crate) fn kernel_code(
     }
     if in_place.is_none() {
         params.push((format!("{}* __restrict__", storage_type(k.ty(root).dtype)), "out".into()));
+    }
+    if split_sums {
+        params.push(("unsigned char* __restrict__".into(), SPLIT_SUMS.into()));
     }
     let declared: Vec<String> = params.iter().map(|(t, n)| format!("{t} {n}")).collect();
     let mut code = String::new();
@@ -953,10 +969,18 @@ fn packed_matvec(
 /// 16-bit MMA operands in shared memory; each of the 8 warps then multiplies a 16 × 32 block of
 /// them with `mma.sync` (m16n8k8 on Turing, m16n8k16 after), f32 accumulators in the fragment
 /// layout of the PTX ISA, and applies the epilogue to its accumulators' elements.
-fn gemm(em: &mut Emitter, (tile, threads): (&Tile, u32), m: &Matvec, root: ValueId) -> Result<(), CudaError> {
+/// `split`: the offset and sizes of a split GEMM's part of the split-sums buffer.
+fn gemm(
+    em: &mut Emitter,
+    (tile, threads): (&Tile, u32),
+    m: &Matvec,
+    root: ValueId,
+    split: Option<(u64, SplitSumsBytes)>,
+) -> Result<(), CudaError> {
     let mma = tile.mma.expect("a GEMM tile");
     let (bm, bn, bk, stride) = (tile.rows as usize, tile.cols as usize, tile.k as usize, footprint(tile).row_stride);
     let (rows, cols, depth, products) = (m.rows, m.cols, m.depth, m.dots.len());
+    let (splits, steps) = (tile.splits as usize, depth.div_ceil(bk));
     let operand = mma.input;
     let to_word = match operand {
         DType::F16 => "f2h",
@@ -966,11 +990,15 @@ fn gemm(em: &mut Emitter, (tile, threads): (&Tile, u32), m: &Matvec, root: Value
     em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
     em.line("const int g = lane >> 2, t = lane & 3;");
     em.line("const int wm = (warp & 3) * 16, wn = (warp >> 2) * 32;");
-    em.line(format!("const int m0 = block / {} * {bm}, n0 = block % {} * {bn};", cols.div_ceil(bn), cols.div_ceil(bn)));
+    // Split `splits` ways, block `b` adds steps `split · steps / splits` on of tile `b / splits`.
+    em.line(format!("const int tile = block / {splits}, split = block % {splits};"));
+    em.line(format!("const int m0 = tile / {} * {bm}, n0 = tile % {} * {bn};", cols.div_ceil(bn), cols.div_ceil(bn)));
     em.line(format!("float acc[{products}][4][4];"));
     em.line("#pragma unroll");
     em.line(format!("for (int j = 0; j < {products}; ++j) for (int f = 0; f < 4; ++f) for (int r = 0; r < 4; ++r) acc[j][f][r] = 0.f;"));
-    em.open(format!("for (int k0 = 0; k0 < {depth}; k0 += {bk})"));
+    em.open(format!(
+        "for (int k0 = split * {steps} / {splits} * {bk}; k0 < (split + 1) * {steps} / {splits} * {bk}; k0 += {bk})"
+    ));
     // Stage the activations, then each product's weights, as 16-bit words; zeros past the edges.
     // As many activations at once as keep about `GEMM_STAGING_READS` reads in flight, in whole
     // trips (a power of two, as the elements per thread are) so that none is left to run alone.
@@ -1038,6 +1066,9 @@ fn gemm(em: &mut Emitter, (tile, threads): (&Tile, u32), m: &Matvec, root: Value
     em.close();
     em.line("__syncthreads();");
     em.close();
+    if let Some((offset, bytes)) = split {
+        add_split_sums(em, (tile, threads), offset, bytes)?;
+    }
     // Accumulator r of n-tile f: row g (+ 8 for r >= 2), column 2t + (r & 1).
     em.line("#pragma unroll");
     em.open("for (int f = 0; f < 4; ++f)");
@@ -1052,6 +1083,58 @@ fn gemm(em: &mut Emitter, (tile, threads): (&Tile, u32), m: &Matvec, root: Value
     em.close();
     em.close();
     em.close();
+    Ok(())
+}
+
+/// A split GEMM's blocks each leave their partial sums in the split-sums buffer (from `offset`: the
+/// tiles' counts of finished blocks, then the sums, thread-minor so a block's stores coalesce); the
+/// last of a tile's blocks to count itself finished adds all of them, in split order whichever
+/// finished last, and goes on to the epilogue, while the others return. It also resets the count
+/// for the next launch. The fences order each block's sums before its count (and the last block's
+/// reads after every count); the sums are read past L1 (`__ldcg`), which other SMs wrote.
+fn add_split_sums(
+    em: &mut Emitter,
+    (tile, threads): (&Tile, u32),
+    offset: u64,
+    bytes: SplitSumsBytes,
+) -> Result<(), CudaError> {
+    let (splits, products) = (tile.splits, tile.products);
+    // The template's accumulators: 4 n-tiles of 4 per product (a warp's 16 × 32 outputs).
+    let per_thread = products * 16;
+    // `split_sums_bytes` sizes the partial sums as the tile's outputs over the block's threads.
+    if tile.rows * tile.cols / threads != 16 {
+        return Err(CudaError::Unsupported(format!(
+            "a split GEMM tile of {}x{} over {threads} threads: the template keeps 16 sums a thread",
+            tile.rows, tile.cols
+        )));
+    }
+    em.line(format!("unsigned* const count = reinterpret_cast<unsigned*>({SPLIT_SUMS} + {offset}) + tile;"));
+    em.line(format!(
+        "float* const partial = reinterpret_cast<float*>({SPLIT_SUMS} + {}) + tile * {} + threadIdx.x;",
+        offset + bytes.counts,
+        splits * per_thread * threads
+    ));
+    let each = |em: &mut Emitter, body: &str| {
+        em.line("#pragma unroll");
+        em.open(format!(
+            "for (int j = 0; j < {products}; ++j) for (int f = 0; f < 4; ++f) for (int r = 0; r < 4; ++r)"
+        ));
+        em.line("const int e = j * 16 + f * 4 + r;");
+        em.line(body);
+        em.close();
+    };
+    each(em, &format!("partial[(split * {per_thread} + e) * {threads}] = acc[j][f][r];"));
+    em.line("__threadfence();");
+    em.line("__syncthreads();");
+    em.line(format!("if (!__syncthreads_or(threadIdx.x == 0 && atomicAdd(count, 1u) == {})) return;", splits - 1));
+    em.line("__threadfence();");
+    em.line("if (threadIdx.x == 0) *count = 0;");
+    each(
+        em,
+        &format!(
+            "float sum = 0.f; for (int p = 0; p < {splits}; ++p) sum += __ldcg(partial + (p * {per_thread} + e) * {threads}); acc[j][f][r] = sum;"
+        ),
+    );
     Ok(())
 }
 

@@ -111,6 +111,10 @@ pub fn check_kernels(
                     sized.push((slot, ty.byte_size() as usize));
                 }
                 sized.push((call.output, k.ty(k.results[0].value).byte_size() as usize));
+                // Allocated zeroed, and left zeroed by every launch that runs to its end.
+                if let Some(sums) = call.split_sums {
+                    sized.push((sums.buffer, 0));
+                }
             }
             for (slot, bytes) in sized {
                 let bytes = match slot {

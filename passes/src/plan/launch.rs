@@ -36,6 +36,9 @@ const GEMM_KS: [u32; 3] = [128, 64, 32];
 /// is `k / 2 + 4` words: consecutive rows start 4 banks apart, so 8 rows cover every bank once
 /// per 4 lanes).
 const GEMM_ROW_PAD: u32 = 8;
+/// Steps (of its tile's `k`) each block of a split GEMM adds at least: with fewer, writing and
+/// reading back the partial sums would take a large share of a block's work.
+const MIN_SPLIT_STEPS: u32 = 2;
 
 /// What one block of a kernel holds in shared memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,14 +164,17 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
             mma: Some(mma),
             products: m.dots.len() as u32,
             packed: false,
+            splits: 1,
         };
         let fits = |k: u32| footprint(&tile_of(k)).smem_bytes + prelude_bytes as u64 <= gpu.smem_per_block as u64;
         let shortest = GEMM_KS[GEMM_KS.len() - 1];
         let filled = |k: u32| k <= (m.depth as u32).next_multiple_of(shortest);
         let k = GEMM_KS.into_iter().find(|&k| fits(k) && filled(k)).unwrap_or(shortest);
-        let tile = tile_of(k);
+        let tiles = (m.rows as u32).div_ceil(GEMM_ROWS) * (m.cols as u32).div_ceil(GEMM_COLS);
+        let splits = gemm_splits(tiles, (m.depth as u32).div_ceil(k), gpu);
+        let tile = Tile { splits, ..tile_of(k) };
         return Launch {
-            grid: (m.rows as u32).div_ceil(GEMM_ROWS) * (m.cols as u32).div_ceil(GEMM_COLS),
+            grid: tiles * splits,
             block: BLOCK,
             smem_bytes: footprint(&tile).smem_bytes as u32 + prelude_bytes,
             registers,
@@ -189,7 +195,7 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
         let whole = (m.depth as u32).div_ceil(MATVEC_K_STEP) * MATVEC_K_STEP;
         let fitting = (gpu.smem_per_block.saturating_sub(prelude_bytes) / (rows * 4) / MATVEC_K_STEP) * MATVEC_K_STEP;
         let k = whole.min(fitting).max(MATVEC_K_STEP);
-        let tile = Tile { rows, cols, k, stages: 1, mma: None, products, packed };
+        let tile = Tile { rows, cols, k, stages: 1, mma: None, products, packed, splits: 1 };
         return Launch {
             grid: (m.cols as u32).div_ceil(cols),
             block: BLOCK,
@@ -243,6 +249,29 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
         slots: None,
         prelude,
     }
+}
+
+/// Blocks each of a GEMM's `tiles` splits its contraction of `steps` over: as many as fill the SMs
+/// once (a GEMM block's register budget leaves room for one per SM), each adding at least
+/// `MIN_SPLIT_STEPS` steps. E2B's 128-token prefill has 1536-wide products of 48 tiles and 256-wide
+/// ones of 8, where an H200 has 132 SMs.
+fn gemm_splits(tiles: u32, steps: u32, gpu: &GpuLimits) -> u32 {
+    (gpu.sm_count / tiles).min(steps / MIN_SPLIT_STEPS).max(1)
+}
+
+/// A split GEMM's part of its entry's split-sums buffer (`SplitSums`), in bytes: its tiles' counts
+/// of finished blocks (a `u32` each, padded to 16 bytes), then every block's partial sums (a
+/// thread's share of its tile's `rows × cols` outputs for each product, `f32`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitSumsBytes {
+    pub counts: u64,
+    pub partials: u64,
+}
+
+pub fn split_sums_bytes(tile: &Tile, grid: u32, block: u32) -> SplitSumsBytes {
+    let tiles = (grid / tile.splits) as u64;
+    let per_thread = (tile.rows * tile.cols / block * tile.products) as u64;
+    SplitSumsBytes { counts: (tiles * 4).next_multiple_of(16), partials: grid as u64 * block as u64 * per_thread * 4 }
 }
 
 /// Blocks of `BLOCK` threads that fill every SM at once, at 32 registers a thread: a grid that

@@ -17,7 +17,8 @@ pub(crate) use attention::scores_product;
 pub use attention::{attention_of, chunk_axis_of, Attention};
 pub use kind::{matvec_of, reduction_of, Matvec, PackedWeight, Reduction};
 pub use launch::{
-    attention_arrays, attention_footprint, elements_written, footprint, split_footprint, AttentionArrays, Footprint,
+    attention_arrays, attention_footprint, elements_written, footprint, split_footprint, split_sums_bytes,
+    AttentionArrays, Footprint, SplitSumsBytes,
 };
 pub use prelude::{prelude_footprint, prelude_launch, prelude_of, PreludeReduction};
 
@@ -140,17 +141,15 @@ fn plan_entry(
             output: slot(g.root),
             launch,
             side_by_side: false,
+            split_sums: None,
         });
         args.push(schedule::arguments(&function, calls.last().expect("pushed")));
         kernels.functions.push(function);
     }
     schedule::side_by_side(&mut calls, &args, &levels, gpu);
-    Ok(EntryPlan {
-        entry: f.name.clone(),
-        buffers: scratch.bytes,
-        calls,
-        results: results.iter().map(|&v| slot(v)).collect(),
-    })
+    let mut buffers = scratch.bytes;
+    buffers::split_sums(&mut calls, &mut buffers);
+    Ok(EntryPlan { entry: f.name.clone(), buffers, calls, results: results.iter().map(|&v| slot(v)).collect() })
 }
 
 /// The group as a function: its inputs as parameters, its instructions, its root as the result.

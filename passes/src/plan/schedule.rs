@@ -59,9 +59,10 @@ pub(crate) fn side_by_side(calls: &mut [KernelCall], args: &[usize], levels: &[u
     }
 }
 
-/// The pointers a kernel takes: its inputs, each weight it reads, and its output unless it writes
-/// an input in place.
+/// The pointers a kernel takes: its inputs, each weight it reads, its output unless it writes an
+/// input in place, and a split GEMM's split sums.
 pub(crate) fn arguments(k: &Function, call: &KernelCall) -> usize {
     let weights: std::collections::BTreeSet<&str> = k.weight_reads().map(|(_, name)| name).collect();
-    call.inputs.len() + weights.len() + usize::from(!call.inputs.contains(&call.output))
+    let split = call.launch.tile.is_some_and(|t| t.splits > 1);
+    call.inputs.len() + weights.len() + usize::from(!call.inputs.contains(&call.output)) + usize::from(split)
 }

@@ -45,7 +45,8 @@ pub fn launch_bindings<'a>(
 
 /// The launch of one launch's `calls` (with their bindings `parts`, as `launch_bindings` pairs
 /// them) over the buffers `buffer` and `weight` name: each call's arguments one after the other,
-/// its inputs, then its weights, then its output unless it updates an input in place.
+/// its inputs, then its weights, then its output unless it updates an input in place, then a split
+/// GEMM's split sums.
 pub fn launch_of(
     calls: &[KernelCall],
     parts: &[KernelBinding],
@@ -58,6 +59,9 @@ pub fn launch_of(
         args.extend(k.weights.iter().map(|w| weight(w)));
         if !call.inputs.contains(&call.output) {
             args.push(buffer(call.output));
+        }
+        if let Some(sums) = call.split_sums {
+            args.push(buffer(sums.buffer));
         }
     }
     Launch {

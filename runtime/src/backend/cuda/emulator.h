@@ -126,6 +126,15 @@ static inline int __syncthreads_or(int predicate) {
   return g4c_vote;
 }
 
+// Blocks run one after another, each to its end: a block's writes are seen by every later one.
+static inline void __threadfence() {}
+static inline unsigned atomicAdd(unsigned* address, unsigned value) {
+  const unsigned old = *address;
+  *address = old + value;
+  return old;
+}
+static inline float __ldcg(const float* p) { return *p; }
+
 // A warp's butterfly (`warp_butterfly` in g4c's prelude) in one exchange: each lane leaves its
 // value, a barrier, then each computes every step of the butterfly over its warp's 32 values, so it
 // combines exactly what the xor shuffles would (the five shuffles would cost ten barriers); a barrier
