@@ -498,54 +498,71 @@ fn a_packed_matvec_deeper_than_its_block_computes_what_the_module_does() {
 /// of 32 (scales `s` of type `scale_type`) dequantized to `t`, by the activations `x` times the
 /// token id.
 fn deep_matvec_module(t: &str, scale_type: &str, depth: usize) -> String {
-    w4_product_module(("decode", 1, 40, depth), t, scale_type)
+    W4Products { entry: "decode", rows: 1, cols: 40, depth, products: 1 }.module(t, scale_type)
 }
 
-/// A module whose entry `entry` is one product of `rows` activations (`x` times the token ids) by a
-/// 4-bit weight `q` of `cols` columns, `depth` deep, in groups of 32 (scales `s` of type
-/// `scale_type`) dequantized to `t`.
-fn w4_product_module((entry, rows, cols, depth): (&str, usize, usize, usize), t: &str, scale_type: &str) -> String {
-    r#"
-module @w4 {
-  weight @q : i4[C, D] = "q"
-  weight @s : S[C, G] = "s"
-  weight @x : f32[R, D] = "x"
-  func @E(
-    %ids: i32[1,R] token_ids,
-    %pos: i32[1,R] positions
-  ) -> (
-    logits: f32[R,C] logits
-  ) {
-    %x = weight @x : f32[R,D]
-    %id = convert %ids : f32[1,R]
-    %id.r = reshape %id : f32[R]
-    %ids.wide = broadcast %id.r {dims = [0]} : f32[R,D]
-    %a.f32 = mul %x, %ids.wide : f32[R,D]
-    %a = convert %a.f32 : T[R,D]
-    %q = weight @q : i4[C,D]
-    %s = weight @s : S[C,G]
-    %w = dequantize %q, %s {group = 32} : T[C,D]
-    %y.t = dot_general %a, %w {lhs_batch = [], rhs_batch = [], lhs_contract = [1], rhs_contract = [1]} : T[R,C]
-    %y = convert %y.t : f32[R,C]
-    return %y
-  }
+/// A module whose entry `entry` multiplies `rows` activations (`x` times the token ids) by
+/// `products` 4-bit weights (`q0`, `q1`, …) of `cols` columns each, `depth` deep, in groups of 32,
+/// its result the product (or, of several, each doubled, side by side).
+#[derive(Clone, Copy)]
+struct W4Products {
+    entry: &'static str,
+    rows: usize,
+    cols: usize,
+    depth: usize,
+    products: usize,
 }
-"#
-    .replace("@E(", &format!("@{entry}("))
-    .replace("R]", &format!("{rows}]"))
-    .replace("R,", &format!("{rows},"))
-    .replace("C]", &format!("{cols}]"))
-    .replace("C,", &format!("{cols},"))
-    .replace("D]", &format!("{depth}]"))
-    .replace("G]", &format!("{}]", depth / 32))
-    .replace("T[", &format!("{t}["))
-    .replace("S[", &format!("{scale_type}["))
+
+impl W4Products {
+    /// The module, its weights dequantized to `t` by scales (`s0`, `s1`, …) of type `scale_type`.
+    fn module(&self, t: &str, scale_type: &str) -> String {
+        let W4Products { entry, rows: r, cols: c, depth: d, products } = *self;
+        let mut weights = format!("  weight @x : f32[{r}, {d}] = \"x\"\n");
+        let mut body = format!(
+            "    %x = weight @x : f32[{r},{d}]\n    %id = convert %ids : f32[1,{r}]\n    %id.r = reshape %id : f32[{r}]\n    \
+             %ids.wide = broadcast %id.r {{dims = [0]}} : f32[{r},{d}]\n    %a.f32 = mul %x, %ids.wide : f32[{r},{d}]\n    \
+             %a = convert %a.f32 : {t}[{r},{d}]\n"
+        );
+        for j in 0..products {
+            weights += &format!(
+                "  weight @q{j} : i4[{c}, {d}] = \"q{j}\"\n  weight @s{j} : {scale_type}[{c}, {}] = \"s{j}\"\n",
+                d / 32
+            );
+            body += &format!(
+                "    %q{j} = weight @q{j} : i4[{c},{d}]\n    %s{j} = weight @s{j} : {scale_type}[{c},{}]\n    \
+                 %w{j} = dequantize %q{j}, %s{j} {{group = 32}} : {t}[{c},{d}]\n    \
+                 %y{j}.t = dot_general %a, %w{j} {{lhs_batch = [], rhs_batch = [], lhs_contract = [1], rhs_contract = [1]}} : {t}[{r},{c}]\n    \
+                 %y{j} = convert %y{j}.t : f32[{r},{c}]\n",
+                d / 32
+            );
+        }
+        let all = c * products;
+        let result = match products {
+            1 => "%y0".to_string(),
+            // Each product read twice, so that each is a kernel of its own (rather than computed
+            // inside the concatenation), the kernels side by side.
+            _ => {
+                let mut twice = Vec::new();
+                for j in 0..products {
+                    body += &format!("    %y{j}.2 = add %y{j}, %y{j} : f32[{r},{c}]\n");
+                    twice.push(format!("%y{j}.2"));
+                }
+                body += &format!("    %y = concat {} {{axis = 1}} : f32[{r},{all}]\n", twice.join(", "));
+                "%y".to_string()
+            }
+        };
+        format!(
+            "module @w4 {{\n{weights}  func @{entry}(\n    %ids: i32[1,{r}] token_ids,\n    %pos: i32[1,{r}] positions\n  ) -> (\n    \
+             logits: f32[{r},{all}] logits\n  ) {{\n{body}    return {result}\n  }}\n}}\n"
+        )
+    }
 }
 
 /// A packed matvec `depth` deep (in groups of 32) whose weight is of type `t` and its scales (from
 /// `magnitude` to twice that) of type `scale_type`, on the host emulator against the interpreter.
 fn assert_deep_packed_matvec_agrees(t: &str, scale_type: &str, magnitude: f32, depth: usize) {
-    let (plan, want, got) = w4_product_outputs(("decode", 1, 40, depth), (t, scale_type), magnitude, "h200", emulator);
+    let product = W4Products { entry: "decode", rows: 1, cols: 40, depth, products: 1 };
+    let (plan, want, got) = w4_product_outputs(product, (t, scale_type), magnitude, "h200", emulator);
     let kinds: Vec<&str> = plan.entries[0].calls.iter().map(|c| c.kind.name()).collect();
     assert!(kinds.contains(&"matvec_w4"), "{kinds:?}");
     let tile = plan.entries[0].calls.iter().find_map(|c| c.launch.tile).unwrap();
@@ -565,14 +582,36 @@ fn a_split_gemm_computes_what_the_module_does() {
     }
 }
 
-/// `a_split_gemm_computes_what_the_module_does`'s case for `target` in `t`, on `device`.
+/// `a_split_gemm_computes_what_the_module_does`'s case for `target` in `t`, on `device`: one
+/// product, then two side by side in one launch, each its own part of the split sums (checked in
+/// the plan: the host runs blocks one after another, so parts that overlapped would not race there).
 fn assert_split_gemm_agrees<D: Device + 'static>(target: &'static str, t: &str, device: fn(&[DeviceProgram]) -> D) {
-    let (plan, want, got) = w4_product_outputs(("prefill", 64, 256, 2048), (t, t), 0.01, target, device);
-    let call = &plan.entries[0].calls[0];
-    let splits = call.launch.tile.map_or(1, |tile| tile.splits);
-    assert!(splits > 1 && call.split_sums.is_some(), "{target}: {splits} splits of {call:?}");
-    assert_eq!(call.launch.grid, 4 * splits, "{target}: 4 tiles of 64 x 64, each over {splits} blocks");
-    assert_products_agree(&format!("{target}, {t}"), t, 0.01, &got, &want);
+    for products in [1, 2] {
+        let product = W4Products { entry: "prefill", rows: 64, cols: 256, depth: 2048, products };
+        let (plan, want, got) = w4_product_outputs(product, (t, t), 0.01, target, device);
+        let launch = plan.entries[0].launches().next().unwrap();
+        let what = format!("{target}, {t}, {products} products: {}", print_plan(&plan, false));
+        assert_eq!(launch.len(), products, "{what}");
+        // The calls' parts of the split sums, which the host runs one after another, do not overlap.
+        let mut end = 0;
+        for call in launch {
+            let tile = call.launch.tile.unwrap();
+            assert!(tile.splits > 1, "{what}");
+            assert_eq!(
+                call.launch.grid,
+                4 * tile.splits,
+                "{what}: 4 tiles of 64 x 64, each over {} blocks",
+                tile.splits
+            );
+            let sums = call.split_sums.unwrap_or_else(|| panic!("{what}: no split sums"));
+            let bytes = g4c_passes::split_sums_bytes(&tile, call.launch.grid, call.launch.block);
+            assert!(sums.offset >= end, "{what}");
+            end = sums.offset + bytes.counts + bytes.partials;
+            let g4c_ir::plan::Slot::Scratch(b) = sums.buffer else { panic!("{what}: split sums in a parameter") };
+            assert!(plan.entries[0].buffers[b] >= end, "{what}");
+        }
+        assert_products_agree(&what, t, 0.01, &got, &want);
+    }
 }
 
 /// The host emulator, for `w4_product_outputs`.
@@ -584,7 +623,7 @@ fn emulator(programs: &[DeviceProgram]) -> Emulator {
 /// that) of type `scale_type`, planned for `target`: the plan, then its output from the
 /// interpreter and from the plan's kernels on `device` (their second run).
 fn w4_product_outputs<D: Device + 'static>(
-    (entry, rows, cols, depth): (&str, usize, usize, usize),
+    product: W4Products,
     (t, scale_type): (&str, &str),
     magnitude: f32,
     target: &'static str,
@@ -593,7 +632,8 @@ fn w4_product_outputs<D: Device + 'static>(
     use g4c_runtime::backend::cuda::DeviceExecutor;
     use g4c_runtime::{Executor, StepInputs, StepOutput};
     use std::sync::Arc;
-    let text = w4_product_module((entry, rows, cols, depth), t, scale_type);
+    let W4Products { entry, rows, cols, depth, products } = product;
+    let text = product.module(t, scale_type);
     let module = Arc::new(g4c_ir::parse_module(&text).unwrap());
     g4c_ir::verify_module(&module).unwrap();
     let mut seed = 7u64;
@@ -601,17 +641,21 @@ fn w4_product_outputs<D: Device + 'static>(
         seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
         (seed >> 33) as u32
     };
-    let nibbles: Vec<u8> = (0..cols * depth / 2).map(|_| next() as u8).collect();
-    let q =
-        g4c_runtime::Tensor::from_bytes(g4c_ir::TensorType::new(g4c_ir::DType::I4, [cols, depth]), &nibbles).unwrap();
-    let s = (0..cols * depth / 32).map(|_| magnitude * (1.0 + (next() % 100) as f32 * 0.01)).collect();
-    let s = g4c_runtime::Tensor::f32([cols, depth / 32], s);
     let s_dtype: g4c_ir::DType = scale_type.parse().unwrap();
-    let bytes = g4c_runtime::tensor::convert_float_bytes(g4c_ir::DType::F32, s_dtype, &s.to_bytes()).unwrap();
-    let s = g4c_runtime::Tensor::from_bytes(g4c_ir::TensorType::new(s_dtype, [cols, depth / 32]), &bytes).unwrap();
+    let mut weights = Vec::new();
+    for j in 0..products {
+        let nibbles: Vec<u8> = (0..cols * depth / 2).map(|_| next() as u8).collect();
+        let q = g4c_ir::TensorType::new(g4c_ir::DType::I4, [cols, depth]);
+        weights.push((format!("q{j}"), g4c_runtime::Tensor::from_bytes(q, &nibbles).unwrap()));
+        let s = (0..cols * depth / 32).map(|_| magnitude * (1.0 + (next() % 100) as f32 * 0.01)).collect();
+        let s = g4c_runtime::Tensor::f32([cols, depth / 32], s);
+        let bytes = g4c_runtime::tensor::convert_float_bytes(g4c_ir::DType::F32, s_dtype, &s.to_bytes()).unwrap();
+        let s = g4c_ir::TensorType::new(s_dtype, [cols, depth / 32]);
+        weights.push((format!("s{j}"), g4c_runtime::Tensor::from_bytes(s, &bytes).unwrap()));
+    }
     let x = (0..rows * depth).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
-    let x = g4c_runtime::Tensor::f32([rows, depth], x);
-    let store: Arc<dyn g4c_runtime::WeightStore> = Arc::new(WeightTable(vec![("q", q), ("s", s), ("x", x)]));
+    weights.push(("x".into(), g4c_runtime::Tensor::f32([rows, depth], x)));
+    let store: Arc<dyn g4c_runtime::WeightStore> = Arc::new(WeightTable(weights));
     let target = Target::by_name(target).unwrap();
     let plan = Arc::new(plan_module(&module, target).unwrap());
     let programs = g4c_driver::cuda_programs(&plan, target, false).unwrap().programs;
@@ -778,7 +822,8 @@ fn the_packed_matvec_keeps_16_word_loads_in_flight() {
 /// latency each (the H200 profile had 32-deep steps at about 3 µs).
 #[test]
 fn the_prefill_gemm_issues_its_staging_loads_together() {
-    let module = g4c_ir::parse_module(&w4_product_module(("prefill", 64, 256, 2048), "bf16", "bf16")).unwrap();
+    let product = W4Products { entry: "prefill", rows: 64, cols: 256, depth: 2048, products: 1 };
+    let module = g4c_ir::parse_module(&product.module("bf16", "bf16")).unwrap();
     let target = Target::by_name("h200").unwrap();
     let plan = plan_module(&module, target).unwrap();
     let launch = plan.entries[0].launches().next().unwrap();

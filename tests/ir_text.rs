@@ -78,7 +78,7 @@ module @ring {
 "#;
     let m = parse_module(text).unwrap();
     verify_module(&m).unwrap();
-    let store = WeightTable(vec![("w", Tensor::f32([3], vec![1.0, 10.0, 100.0]))]);
+    let store = WeightTable(vec![("w".into(), Tensor::f32([3], vec![1.0, 10.0, 100.0]))]);
     let mut interp = Interpreter::new(std::sync::Arc::new(m), std::sync::Arc::new(store));
     let out =
         interp.call("step", vec![Tensor::i32([1, 2], vec![4, 5]), Tensor::i32([1, 3], vec![-1, -1, -1])]).unwrap();

@@ -309,7 +309,7 @@ pub fn fuzz_config() -> proptest::test_runner::Config {
 }
 
 /// A weight store for hand-written IR: every weight is a constant from a table, by source name.
-pub struct WeightTable(pub Vec<(&'static str, g4c_runtime::Tensor)>);
+pub struct WeightTable(pub Vec<(String, g4c_runtime::Tensor)>);
 
 impl g4c_runtime::WeightStore for WeightTable {
     fn load(&self, decl: &g4c_runtime::WeightDecl) -> g4c_runtime::Result<g4c_runtime::Tensor> {
