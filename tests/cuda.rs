@@ -503,7 +503,7 @@ fn deep_matvec_module(t: &str, scale_type: &str, depth: usize) -> String {
 
 /// A module whose entry `entry` multiplies `rows` activations (`x` times the token ids) by
 /// `products` 4-bit weights (`q0`, `q1`, …) of `cols` columns each, `depth` deep, in groups of 32,
-/// its result the product (or, of several, each doubled, side by side).
+/// its result the products side by side.
 #[derive(Clone, Copy)]
 struct W4Products {
     entry: &'static str,
@@ -539,15 +539,9 @@ impl W4Products {
         let all = c * products;
         let result = match products {
             1 => "%y0".to_string(),
-            // Each product read twice, so that each is a kernel of its own (rather than computed
-            // inside the concatenation), the kernels side by side.
             _ => {
-                let mut twice = Vec::new();
-                for j in 0..products {
-                    body += &format!("    %y{j}.2 = add %y{j}, %y{j} : f32[{r},{c}]\n");
-                    twice.push(format!("%y{j}.2"));
-                }
-                body += &format!("    %y = concat {} {{axis = 1}} : f32[{r},{all}]\n", twice.join(", "));
+                let ys: Vec<String> = (0..products).map(|j| format!("%y{j}")).collect();
+                body += &format!("    %y = concat {} {{axis = 1}} : f32[{r},{all}]\n", ys.join(", "));
                 "%y".to_string()
             }
         };
@@ -583,8 +577,10 @@ fn a_split_gemm_computes_what_the_module_does() {
 }
 
 /// `a_split_gemm_computes_what_the_module_does`'s case for `target` in `t`, on `device`: one
-/// product, then two side by side in one launch, each its own part of the split sums (checked in
-/// the plan: the host runs blocks one after another, so parts that overlapped would not race there).
+/// product, then two side by side in one launch (concatenated: each product a GEMM kernel of its
+/// own, which no template could compute inside the concatenation), each its own part of the split
+/// sums (checked in the plan: the host runs blocks one after another, so parts that overlapped
+/// would not race there).
 fn assert_split_gemm_agrees<D: Device + 'static>(target: &'static str, t: &str, device: fn(&[DeviceProgram]) -> D) {
     for products in [1, 2] {
         let product = W4Products { entry: "prefill", rows: 64, cols: 256, depth: 2048, products };

@@ -9,10 +9,11 @@
 //!   dequantized 4-bit weight is dequantized inside the matrix product reading it);
 //! - a matrix product, reduction or gather is computed inside its reader only if each of its
 //!   elements is then computed once: its readers are elementwise (epilogue fusion: a residual add,
-//!   GELU(gate)·up with both products in one kernel); otherwise it is materialized, and so is one
-//!   a reduction reads (inside it, whole inner reductions would run one after another in the
-//!   threads the outer one is split over: `split-reductions` makes such pairs to spread one long
-//!   row over the GPU);
+//!   GELU(gate)·up with both products in one kernel; a matrix product's only at its own index, as
+//!   its templates apply an epilogue, not through a concatenation or transpose); otherwise it is
+//!   materialized, and so is one a reduction reads (inside it, whole inner reductions would run
+//!   one after another in the threads the outer one is split over: `split-reductions` makes such
+//!   pairs to spread one long row over the GPU);
 //! - a value read more than once is materialized when products reach it through elementwise ops
 //!   only, so that they are computed once, inside its kernel, as its epilogue;
 //! - other elementwise ops and index maps are computed wherever they are read (a norm's scaling
@@ -167,9 +168,13 @@ impl<'f> Graph<'f> {
             let on = al || (one_kernel && self.users[v.index()].len() == 1 && single_once);
             let epilogue_root = self.epilogue_of_heavy[v.index()] && !no_epilogue.contains(&v);
             let reduced = self.users[v.index()].iter().any(|&(u, _)| matches!(self.f.body[u].op, Op::Reduce { .. }));
+            // A matrix product's templates apply its kernel's ops at each output they compute
+            // (an epilogue): one read through an index map (a concatenation, a transpose) is
+            // materialized, since no template computes it there.
+            let product = matches!(instr.op, Op::DotGeneral { .. });
             let root = self.is_result[v.index()]
                 || matches!(instr.op, Op::UpdateSlots { .. })
-                || (is_heavy(&instr.op) && (!on || reduced) && !self.free[v.index()])
+                || (is_heavy(&instr.op) && (!on || reduced || (product && !al)) && !self.free[v.index()])
                 || (epilogue_root && !on);
             materialized[v.index()] = root;
             kernels[v.index()] = if root { BTreeSet::from([v]) } else { ks };
