@@ -349,6 +349,29 @@ fn e2b_decode_plan_on_t4g() {
     insta::assert_snapshot!("e2b_w4a16_t4g_decode_plan", print_plan(&plan, false));
 }
 
+/// E2B's 128-token prefill GEMMs split their contraction where their tiles leave SMs idle
+/// (`gemm_splits`): 1536 wide (48 tiles of 64 × 64), 6144 deep, the down projection takes 2
+/// splits on an H200's 132 SMs and 3 on a T4's 40 (where 48 blocks were two waves, the second a
+/// fifth full); 256 wide (8 tiles), 1536 deep, 6 and 4; 4096 wide (128 tiles) none.
+#[test]
+fn e2b_prefill_gemms_split_where_tiles_leave_sms_idle() {
+    for (target, want) in [("h200", [2, 6, 1]), ("t4g", [3, 4, 1])] {
+        let plan = e2b_plan(Target::by_name(target).unwrap());
+        let (prefill, kernels) = (plan.entry("prefill").unwrap(), &plan.kernels);
+        let splits = |cols: usize, depth: usize| -> Vec<u32> {
+            let gemms = prefill.calls.iter().filter(|c| c.launch.tile.is_some_and(|t| t.mma.is_some()));
+            let shaped = gemms.filter(|c| {
+                let m = g4c_passes::matvec_of(kernels.function(&c.kernel).unwrap()).unwrap();
+                (m.cols, m.depth) == (cols, depth)
+            });
+            let splits: std::collections::BTreeSet<u32> = shaped.map(|c| c.launch.tile.unwrap().splits).collect();
+            splits.into_iter().collect()
+        };
+        let got = [splits(1536, 6144), splits(256, 1536), splits(4096, 1536)];
+        assert_eq!(got, want.map(|s| vec![s]), "{target}: splits of the down, key and full-query products");
+    }
+}
+
 /// Every E2B kernel, decode and a 128-token prefill, compiles for t4g, a100 and h200, within each
 /// one's shared memory, and ptxas agrees with the footprints and finds no spills. The prelude
 /// budget grows with the SMs: h200 recomputes norms that t4g keeps as kernels.
@@ -567,8 +590,7 @@ fn assert_deep_packed_matvec_agrees(t: &str, scale_type: &str, magnitude: f32, d
 
 /// A prefill GEMM of few tiles splits its contraction over blocks (`Tile::splits`), whose partial
 /// sums the last block of each tile adds (`add_split_sums`): on the host emulator, against the
-/// interpreter, for a GPU of many SMs and one of few (a T4's 40: 10 blocks a tile), in bf16 and
-/// f16, through two launches (the split sums' counts start the second at zero again).
+/// interpreter, for h200 in bf16 and t4g in f16 (each 8 blocks a tile), through two launches (the split sums' counts start the second at zero again).
 #[test]
 fn a_split_gemm_computes_what_the_module_does() {
     for (target, t) in [("h200", "bf16"), ("t4g", "f16")] {

@@ -39,6 +39,9 @@ const GEMM_ROW_PAD: u32 = 8;
 /// Steps (of its tile's `k`) each block of a split GEMM adds at least: with fewer, writing and
 /// reading back the partial sums would take a large share of a block's work.
 const MIN_SPLIT_STEPS: u32 = 2;
+/// What splitting costs a block, in steps: writing its partial sums, counting itself finished, and
+/// for the last block of a tile reading every block's sums back.
+const SPLIT_COST_STEPS: u32 = 2;
 
 /// What one block of a kernel holds in shared memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -251,12 +254,21 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
     }
 }
 
-/// Blocks each of a GEMM's `tiles` splits its contraction of `steps` over: as many as fill the SMs
-/// once (a GEMM block's register budget leaves room for one per SM), each adding at least
-/// `MIN_SPLIT_STEPS` steps. E2B's 128-token prefill has 1536-wide products of 48 tiles and 256-wide
-/// ones of 8, where an H200 has 132 SMs.
+/// Blocks each of a GEMM's `tiles` splits its contraction of `steps` over: the split whose blocks
+/// take the fewest steps in all, in waves of one block per SM (what a GEMM block's register budget
+/// leaves room for), each split block costing `SPLIT_COST_STEPS` more; each adds at least
+/// `MIN_SPLIT_STEPS` steps. E2B's 128-token prefill has 1536-wide products of 48 tiles, 48 steps
+/// deep: on an H200's 132 SMs 2 splits take one wave of 26 steps against 48; on a T4's 40 SMs 48
+/// blocks take two waves of 48, the second a fifth full, where 3 splits take 4 waves of 18.
 fn gemm_splits(tiles: u32, steps: u32, gpu: &GpuLimits) -> u32 {
-    (gpu.sm_count / tiles).min(steps / MIN_SPLIT_STEPS).max(1)
+    let time = |splits: u32| {
+        let waves = (tiles * splits).div_ceil(gpu.sm_count);
+        waves * (steps.div_ceil(splits) + if splits > 1 { SPLIT_COST_STEPS } else { 0 })
+    };
+    let candidates = 1..=(steps / MIN_SPLIT_STEPS).max(1);
+    let best = candidates.clone().map(time).min().unwrap_or(0);
+    // The model is rough: of splits within a tenth of the best, the fewest.
+    candidates.into_iter().find(|&splits| time(splits) * 10 <= best * 11).unwrap_or(1)
 }
 
 /// A split GEMM's part of its entry's split-sums buffer (`SplitSums`), in bytes: its tiles' counts
