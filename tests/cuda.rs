@@ -105,7 +105,8 @@ fn cuda_kernels_on_the_host_match_the_goldens() {
 /// The host emulator, noting which launch sequence each call runs.
 struct NotingSequences {
     device: g4c_runtime::backend::cuda::Emulator,
-    runs: std::sync::Arc<std::sync::Mutex<Vec<(String, u64, usize)>>>,
+    /// Per run: the entry point, the sequence's id, its launches, the bytes they must move.
+    runs: std::sync::Arc<std::sync::Mutex<Vec<(String, u64, usize, u64)>>>,
 }
 
 impl g4c_runtime::backend::cuda::Device for NotingSequences {
@@ -122,13 +123,16 @@ impl g4c_runtime::backend::cuda::Device for NotingSequences {
         self.device.copy(dst, src, bytes)
     }
     fn run(&mut self, sequence: &g4c_runtime::backend::cuda::LaunchSequence) -> g4c_runtime::Result<()> {
-        self.runs.lock().unwrap().push((sequence.program.clone(), sequence.id, sequence.launches.len()));
+        let bytes = sequence.launches.iter().map(|l| l.bytes).sum();
+        self.runs.lock().unwrap().push((sequence.program.clone(), sequence.id, sequence.launches.len(), bytes));
         self.device.run(sequence)
     }
 }
 
 /// What lets a GPU replay a CUDA graph instead of launching kernel by kernel: every call of an entry
-/// point runs the very same launch sequence (same buffers), holding all of the plan's launches.
+/// point runs the very same launch sequence (same buffers), holding all of the plan's launches. The
+/// bytes its launches must move (what `G4C_CUDA_PROFILE` divides by their time) add up to the
+/// plan's traffic.
 #[test]
 fn each_entry_point_runs_one_fixed_launch_sequence() {
     use g4c_runtime::backend::cuda::{DeviceExecutor, Emulator};
@@ -141,17 +145,20 @@ fn each_entry_point_runs_one_fixed_launch_sequence() {
     let programs = g4c_driver::cuda_programs(&plan, target, false).unwrap().programs;
     let runs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let device = NotingSequences { device: Emulator::new(&programs).unwrap(), runs: runs.clone() };
-    let mut exec =
-        DeviceExecutor::new(std::sync::Arc::new(m), plan.clone(), &programs, model.checkpoint.clone(), device).unwrap();
+    let m = std::sync::Arc::new(m);
+    let mut exec = DeviceExecutor::new(m.clone(), plan.clone(), &programs, model.checkpoint.clone(), device).unwrap();
     let opts = g4c_runtime::GenerateOptions { max_new_tokens: 4, ignore_eos: true, ..Default::default() };
     g4c_runtime::generate(&mut exec, &prompt, &opts, &mut |_| {}).unwrap();
     let runs = runs.lock().unwrap();
     for entry in ["prefill", "decode"] {
-        let calls: Vec<&(String, u64, usize)> = runs.iter().filter(|r| r.0 == entry).collect();
+        let calls: Vec<&(String, u64, usize, u64)> = runs.iter().filter(|r| r.0 == entry).collect();
         let launches = plan.entry(entry).unwrap().launches().count();
         assert!(!calls.is_empty(), "@{entry} never ran");
         assert!(calls.iter().all(|r| r.1 == calls[0].1 && r.2 == launches), "@{entry}: {calls:?}, {launches} launches");
     }
+    let decode = runs.iter().find(|r| r.0 == "decode").unwrap();
+    let traffic = g4c_runtime::bench::PlanTraffic::of(&plan, &m, None).unwrap();
+    assert_eq!(decode.3, traffic.total(), "a decode step's launches' bytes against the plan's traffic");
     assert_eq!(runs.iter().filter(|r| r.0 == "decode").count(), 3, "{runs:?}");
 }
 

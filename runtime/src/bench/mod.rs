@@ -5,7 +5,7 @@ mod bandwidth;
 mod traffic;
 
 pub use bandwidth::read_bandwidth;
-pub use traffic::{DecodeTraffic, PlanTraffic};
+pub use traffic::{CallTraffic, DecodeTraffic, PlanTraffic};
 
 use crate::error::Result;
 use crate::executor::{Executor, StepOutput};

@@ -38,10 +38,7 @@ impl DecodeTraffic {
 }
 
 /// The bytes one decode step of a kernel plan moves through device memory, launch by launch: the
-/// weights each launch reads (a weight read by two launches counts twice), the KV caches and slot
-/// positions it reads or writes (a cache write counts what it writes; an attention chunk kernel
-/// reads keys and values only in the chunks up to the step's position), and activations (inputs,
-/// scratch buffers, logits). L2 hits are not modelled: this is the DRAM bound.
+/// sum of its calls' `CallTraffic`. L2 hits are not modelled: this is the DRAM bound.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PlanTraffic {
     pub weight_bytes: u64,
@@ -54,62 +51,93 @@ impl PlanTraffic {
     /// At decode position `position` (`None`: the context's end, where every chunk of a cache is
     /// read).
     pub fn of(plan: &g4c_ir::plan::KernelPlan, module: &Module, position: Option<usize>) -> Option<PlanTraffic> {
-        use g4c_ir::plan::{KernelKind, Slot};
-        use g4c_ir::Op;
         let decode = module.decode()?;
         let entry = plan.entry(&decode.name)?;
-        let is_state = |slot: &Slot| matches!(slot, Slot::Param(i) if decode.params[*i].role.is_state());
         let mut t = PlanTraffic { launches: entry.launches().count(), ..Default::default() };
         for call in &entry.calls {
-            let k = plan.kernels.function(&call.kernel)?;
-            let root = k.results[0].value;
-            let written = match k.body.iter().find(|i| i.result == root).map(|i| &i.op) {
-                Some(Op::UpdateSlots { updates, .. }) => k.ty(*updates).byte_size(),
-                _ => k.ty(root).byte_size(),
-            };
-            let in_place = call.inputs.contains(&call.output);
-            for (p, slot) in k.params.iter().zip(&call.inputs) {
-                if in_place && *slot == call.output {
-                    continue;
-                }
-                let mut bytes = k.ty(p.value).byte_size();
-                // The chunks a query at `position` sees: slots 0 ..= position of a cache as long as
-                // the context (a full-attention layer's, the one kind split into chunks).
-                let cache =
-                    matches!(slot, Slot::Param(i) if matches!(decode.params[*i].role, ParamRole::KvCache { .. }));
-                if let (KernelKind::Attention, true, Some(split), Some(at)) =
-                    (call.kind, cache, call.launch.slots, position)
-                {
-                    let chunks = call.launch.grid as u64;
-                    bytes = bytes * (at as u64 / split.slots as u64 + 1).min(chunks) / chunks;
-                }
-                if is_state(slot) {
-                    t.kv_bytes += bytes;
-                } else {
-                    t.activation_bytes += bytes;
-                }
+            let c = CallTraffic::of(plan, decode, call, position)?;
+            t.weight_bytes += c.weight_bytes;
+            t.kv_bytes += c.kv_bytes;
+            t.activation_bytes += c.activation_bytes;
+        }
+        Some(t)
+    }
+
+    pub fn total(&self) -> u64 {
+        self.weight_bytes + self.kv_bytes + self.activation_bytes
+    }
+}
+
+/// The bytes one kernel call of entry point `entry`'s plan moves through device memory: the
+/// weights it reads (a table it only gathers from, a row per index), the KV caches and slot
+/// positions it reads or writes (a cache write counts what it writes; an attention chunk kernel
+/// reads keys and values only in the chunks up to the step's position), and activations (inputs,
+/// scratch buffers, logits).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CallTraffic {
+    pub weight_bytes: u64,
+    pub kv_bytes: u64,
+    pub activation_bytes: u64,
+}
+
+impl CallTraffic {
+    /// At decode position `position` (`None`: every chunk of a cache read).
+    pub fn of(
+        plan: &g4c_ir::plan::KernelPlan,
+        entry: &g4c_ir::Function,
+        call: &g4c_ir::plan::KernelCall,
+        position: Option<usize>,
+    ) -> Option<CallTraffic> {
+        use g4c_ir::plan::{KernelKind, Slot};
+        use g4c_ir::Op;
+        let is_state = |slot: &Slot| matches!(slot, Slot::Param(i) if entry.params[*i].role.is_state());
+        let mut t = CallTraffic::default();
+        let k = plan.kernels.function(&call.kernel)?;
+        let root = k.results[0].value;
+        let written = match k.body.iter().find(|i| i.result == root).map(|i| &i.op) {
+            Some(Op::UpdateSlots { updates, .. }) => k.ty(*updates).byte_size(),
+            _ => k.ty(root).byte_size(),
+        };
+        let in_place = call.inputs.contains(&call.output);
+        for (p, slot) in k.params.iter().zip(&call.inputs) {
+            if in_place && *slot == call.output {
+                continue;
             }
-            match is_state(&call.output) {
-                true => t.kv_bytes += written,
-                false => t.activation_bytes += written,
+            let mut bytes = k.ty(p.value).byte_size();
+            // The chunks a query at `position` sees: slots 0 ..= position of a cache as long as
+            // the context (a full-attention layer's, the one kind split into chunks).
+            let cache = matches!(slot, Slot::Param(i) if matches!(entry.params[*i].role, ParamRole::KvCache { .. }));
+            if let (KernelKind::Attention, true, Some(split), Some(at)) =
+                (call.kind, cache, call.launch.slots, position)
+            {
+                let chunks = call.launch.grid as u64;
+                bytes = bytes * (at as u64 / split.slots as u64 + 1).min(chunks) / chunks;
             }
-            for (value, name) in k.weight_reads() {
-                let decl = plan.kernels.weight(name)?;
-                // A table only gathered from is read a row per index, not whole (the embedding).
-                let users: Vec<&Op> =
-                    k.body.iter().map(|i| &i.op).filter(|op| op.operands().contains(&value)).collect();
-                let gathered: Option<u64> = users
-                    .iter()
-                    .map(|op| match op {
-                        Op::Gather { table, indices } if *table == value => {
-                            let rows = k.ty(*indices).numel() as u64;
-                            Some(rows * decl.ty.byte_size() / decl.ty.shape[0].max(1) as u64)
-                        }
-                        _ => None,
-                    })
-                    .sum();
-                t.weight_bytes += gathered.unwrap_or(decl.ty.byte_size());
+            if is_state(slot) {
+                t.kv_bytes += bytes;
+            } else {
+                t.activation_bytes += bytes;
             }
+        }
+        match is_state(&call.output) {
+            true => t.kv_bytes += written,
+            false => t.activation_bytes += written,
+        }
+        for (value, name) in k.weight_reads() {
+            let decl = plan.kernels.weight(name)?;
+            // A table only gathered from is read a row per index, not whole (the embedding).
+            let users: Vec<&Op> = k.body.iter().map(|i| &i.op).filter(|op| op.operands().contains(&value)).collect();
+            let gathered: Option<u64> = users
+                .iter()
+                .map(|op| match op {
+                    Op::Gather { table, indices } if *table == value => {
+                        let rows = k.ty(*indices).numel() as u64;
+                        Some(rows * decl.ty.byte_size() / decl.ty.shape[0].max(1) as u64)
+                    }
+                    _ => None,
+                })
+                .sum();
+            t.weight_bytes += gathered.unwrap_or(decl.ty.byte_size());
         }
         Some(t)
     }

@@ -70,6 +70,7 @@ pub fn launch_of(
         block: calls[0].launch.block,
         synchronizes: calls.iter().any(|c| c.launch.synchronizes()),
         args,
+        bytes: 0,
     }
 }
 
@@ -82,6 +83,9 @@ pub struct Launch {
     pub block: u32,
     pub synchronizes: bool,
     pub args: Vec<Buffer>,
+    /// The bytes its calls must move through device memory (`CallTraffic`, every cache chunk
+    /// counted), which `G4C_CUDA_PROFILE` divides by its time; 0 where not counted.
+    pub bytes: u64,
 }
 
 /// The launches of one call of an entry point, in order, over buffers that stay the same from call

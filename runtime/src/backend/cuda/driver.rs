@@ -107,29 +107,47 @@ pub struct CudaDevice {
 /// host's time to launch it. The first run of each sequence is not timed: it names every launch on
 /// stderr and waits for it, so that a kernel that never returns or faults is named by the last line.
 struct Profile {
-    /// Per entry point, kernel symbol and grid: launches and milliseconds. The entry and grid tell
-    /// apart launches of one symbol (a prefill's and a decode step's), and with the symbol find
-    /// the launch in `g4c compile --json`'s report, whose calls name the plan's kernels.
-    kernels: BTreeMap<(String, String, u32), (u64, f64)>,
+    /// Per entry point, kernel symbol and grid: the launches' time. The entry and grid tell apart
+    /// launches of one symbol (a prefill's and a decode step's), and with the symbol find the
+    /// launch in `g4c compile --json`'s report, whose calls name the plan's kernels.
+    kernels: BTreeMap<(String, String, u32), KernelTime>,
     traced: HashSet<u64>,
     /// One more than the most launches a sequence has had.
     events: Vec<CudaEvent>,
     opened: Instant,
 }
 
+/// A kernel's launches, their milliseconds in all, and the bytes each must move (`Launch::bytes`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct KernelTime {
+    launches: u64,
+    ms: f64,
+    bytes: u64,
+}
+
 impl Profile {
+    /// One row per kernel, the longest first: its time, share, launches and time per launch, the
+    /// bytes a launch must move and the bandwidth that makes (`-` where not counted), entry, grid
+    /// and symbol.
     fn report(&self) -> String {
-        let total: f64 = self.kernels.values().map(|k| k.1).sum();
+        let total: f64 = self.kernels.values().map(|k| k.ms).sum();
         let mut rows: Vec<_> = self.kernels.iter().collect();
-        rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+        rows.sort_by(|a, b| b.1.ms.total_cmp(&a.1.ms));
         let mut s = format!(
-            "cuda profile: {total:.3} ms of kernels in all (each sequence's first run untimed)\n    ms   share  launches  µs/launch  entry      grid  kernel\n"
+            "cuda profile: {total:.3} ms of kernels in all (each sequence's first run untimed; bytes: what a launch must \
+             read and write, every cache chunk counted)\n    ms   share  launches  µs/launch  MB/launch     GB/s  entry      grid  kernel\n"
         );
-        for ((entry, symbol, grid), (n, ms)) in rows {
+        for ((entry, symbol, grid), k) in rows {
+            let (mb, rate) = match k.bytes {
+                0 => ("-".to_string(), "-".to_string()),
+                b => (format!("{:.3}", b as f64 / 1e6), format!("{:.0}", b as f64 * k.launches as f64 / (k.ms * 1e6))),
+            };
             s += &format!(
-                "{ms:>9.3}  {:>5.1}%  {n:>8}  {:>9.2}  {entry:<8} {grid:>7}  {symbol}\n",
-                100.0 * ms / total.max(f64::MIN_POSITIVE),
-                1e3 * ms / *n as f64
+                "{:>9.3}  {:>5.1}%  {:>8}  {:>9.2}  {mb:>9}  {rate:>7}  {entry:<8} {grid:>7}  {symbol}\n",
+                k.ms,
+                100.0 * k.ms / total.max(f64::MIN_POSITIVE),
+                k.launches,
+                1e3 * k.ms / k.launches as f64
             );
         }
         s
@@ -376,8 +394,9 @@ impl CudaDevice {
                 profile.events[i].elapsed_ms(&profile.events[i + 1]).map_err(|e| driver_error(&launch.symbol, e))?;
             let key = (sequence.program.clone(), launch.symbol.clone(), launch.grid);
             let kernel = profile.kernels.entry(key).or_default();
-            kernel.0 += 1;
-            kernel.1 += f64::from(ms);
+            kernel.launches += 1;
+            kernel.ms += f64::from(ms);
+            kernel.bytes = launch.bytes;
         }
         Ok(())
     }
@@ -459,14 +478,19 @@ impl Drop for CudaDevice {
 
 #[cfg(test)]
 mod tests {
-    use super::{programmatic_launch_problem, ptx_isa_supported, DeviceProgram, Profile};
+    use super::{programmatic_launch_problem, ptx_isa_supported, DeviceProgram, KernelTime, Profile};
     use crate::backend::cuda::KernelBinding;
 
     #[test]
     fn the_profile_names_each_launch_by_entry_symbol_and_grid() {
         let key = |entry: &str, grid| (entry.to_string(), "g4c_dot_0123".to_string(), grid);
         let profile = Profile {
-            kernels: [(key("prefill", 524288), (3, 3.0)), (key("decode", 64), (100, 1.0))].into_iter().collect(),
+            kernels: [
+                (key("prefill", 524288), KernelTime { launches: 3, ms: 3.0, bytes: 0 }),
+                (key("decode", 64), KernelTime { launches: 100, ms: 1.0, bytes: 2_000_000 }),
+            ]
+            .into_iter()
+            .collect(),
             traced: Default::default(),
             events: vec![],
             opened: std::time::Instant::now(),
@@ -475,8 +499,13 @@ mod tests {
         let lines: Vec<&str> = report.lines().collect();
         assert!(lines[0].contains("4.000 ms of kernels"), "{report}");
         let columns = |line: &str| line.split_whitespace().map(str::to_string).collect::<Vec<_>>();
-        assert_eq!(columns(lines[2]), ["3.000", "75.0%", "3", "1000.00", "prefill", "524288", "g4c_dot_0123"]);
-        assert_eq!(columns(lines[3]), ["1.000", "25.0%", "100", "10.00", "decode", "64", "g4c_dot_0123"]);
+        assert_eq!(
+            columns(lines[2]),
+            ["3.000", "75.0%", "3", "1000.00", "-", "-", "prefill", "524288", "g4c_dot_0123"]
+        );
+        // 100 launches of 2 MB in 1 ms: 200 GB/s.
+        let decode = ["1.000", "25.0%", "100", "10.00", "2.000", "200", "decode", "64", "g4c_dot_0123"];
+        assert_eq!(columns(lines[3]), decode);
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! call, so each entry point's launches are one fixed `LaunchSequence`, built on its first call;
 //! only the logits are copied back.
 
-use super::device::{launch_bindings, launch_of, Buffer, Device, DeviceProgram, KernelBinding, LaunchSequence};
+use super::device::{launch_bindings, launch_of, Buffer, Device, DeviceProgram, KernelBinding, Launch, LaunchSequence};
+use crate::bench::CallTraffic;
 use crate::error::{invalid, Result, RuntimeError};
 use crate::executor::{bind_args, initial_state, missing_output, Arg, Executor, StepInputs, StepOutput};
 use crate::tensor::Tensor;
@@ -128,8 +129,12 @@ impl<D: Device> DeviceExecutor<D> {
             self.kernels.get(entry).ok_or_else(|| RuntimeError::Invalid(format!("no kernels for @{entry}")))?;
         let buffers = &self.entries[entry];
         let buffer = |slot: Slot| buffers.buffer(slot, params);
+        let f = self.module.function(entry).ok_or_else(|| RuntimeError::Invalid(format!("no @{entry}")))?;
         let launches = launch_bindings(ep, bindings)
-            .map(|(calls, parts)| launch_of(calls, parts, buffer, |w| self.weights[w]))
+            .map(|(calls, parts)| Launch {
+                bytes: calls.iter().filter_map(|c| CallTraffic::of(&self.plan, f, c, None)).map(|t| t.total()).sum(),
+                ..launch_of(calls, parts, buffer, |w| self.weights[w])
+            })
             .collect();
         let sequence = Arc::new(LaunchSequence::new(entry, launches));
         self.entry_buffers(entry)?.sequence = Some((params.to_vec(), sequence.clone()));
