@@ -105,8 +105,17 @@ fn cuda_kernels_on_the_host_match_the_goldens() {
 /// The host emulator, noting which launch sequence each call runs.
 struct NotingSequences {
     device: g4c_runtime::backend::cuda::Emulator,
-    /// Per run: the entry point, the sequence's id, its launches, the bytes they must move.
-    runs: std::sync::Arc<std::sync::Mutex<Vec<(String, u64, usize, u64)>>>,
+    runs: std::sync::Arc<std::sync::Mutex<Vec<SequenceRun>>>,
+}
+
+/// A run `NotingSequences` noted: the entry point, the sequence's id, its launches, the bytes they
+/// must move.
+#[derive(Debug)]
+struct SequenceRun {
+    entry: String,
+    id: u64,
+    launches: usize,
+    bytes: u64,
 }
 
 impl g4c_runtime::backend::cuda::Device for NotingSequences {
@@ -123,8 +132,12 @@ impl g4c_runtime::backend::cuda::Device for NotingSequences {
         self.device.copy(dst, src, bytes)
     }
     fn run(&mut self, sequence: &g4c_runtime::backend::cuda::LaunchSequence) -> g4c_runtime::Result<()> {
-        let bytes = sequence.launches.iter().map(|l| l.bytes).sum();
-        self.runs.lock().unwrap().push((sequence.program.clone(), sequence.id, sequence.launches.len(), bytes));
+        self.runs.lock().unwrap().push(SequenceRun {
+            entry: sequence.program.clone(),
+            id: sequence.id,
+            launches: sequence.launches.len(),
+            bytes: sequence.launches.iter().map(|l| l.bytes).sum(),
+        });
         self.device.run(sequence)
     }
 }
@@ -151,15 +164,15 @@ fn each_entry_point_runs_one_fixed_launch_sequence() {
     g4c_runtime::generate(&mut exec, &prompt, &opts, &mut |_| {}).unwrap();
     let runs = runs.lock().unwrap();
     for entry in ["prefill", "decode"] {
-        let calls: Vec<&(String, u64, usize, u64)> = runs.iter().filter(|r| r.0 == entry).collect();
+        let calls: Vec<&SequenceRun> = runs.iter().filter(|r| r.entry == entry).collect();
         let launches = plan.entry(entry).unwrap().launches().count();
         assert!(!calls.is_empty(), "@{entry} never ran");
-        assert!(calls.iter().all(|r| r.1 == calls[0].1 && r.2 == launches), "@{entry}: {calls:?}, {launches} launches");
+        assert!(calls.iter().all(|r| r.id == calls[0].id && r.launches == launches), "@{entry}: {calls:?}, {launches}");
     }
-    let decode = runs.iter().find(|r| r.0 == "decode").unwrap();
+    let decode = runs.iter().find(|r| r.entry == "decode").unwrap();
     let traffic = g4c_runtime::bench::PlanTraffic::of(&plan, &m, None).unwrap();
-    assert_eq!(decode.3, traffic.total(), "a decode step's launches' bytes against the plan's traffic");
-    assert_eq!(runs.iter().filter(|r| r.0 == "decode").count(), 3, "{runs:?}");
+    assert_eq!(decode.bytes, traffic.total(), "a decode step's launches' bytes against the plan's traffic");
+    assert_eq!(runs.iter().filter(|r| r.entry == "decode").count(), 3, "{runs:?}");
 }
 
 /// The tensor-core GEMMs on the host: the 11-token prompt prefilled through them (then 3 decode
