@@ -14,9 +14,6 @@ use super::elemental::{
 };
 use super::loops::{batched_loop, batched_loop_of, LOADS_IN_FLIGHT};
 use super::shared::{SharedArrays, REGION};
-
-/// The name of a split GEMM's split-sums parameter.
-const SPLIT_SUMS: &str = "sums";
 use super::CudaError;
 use g4c_ir::plan::{launch_smem_bytes, KernelCall, KernelKind, ReduceSplit, SlotSplit, Tile};
 use g4c_ir::{DType, DotDims, Function, Op, ReduceKind, ValueId};
@@ -29,6 +26,9 @@ use std::fmt::Write;
 
 /// Stands for the kernel's symbol until its code is hashed.
 pub(crate) const NAME: &str = "__KERNEL__";
+
+/// The name of a split GEMM's split-sums parameter.
+const SPLIT_SUMS: &str = "sums";
 
 /// The CUDA C of one kernel call, as a device function `name` its launch calls with the call's
 /// block index (from 0, a launch may run calls side by side), and the weights it takes after its
@@ -990,7 +990,8 @@ fn gemm(
     em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
     em.line("const int g = lane >> 2, t = lane & 3;");
     em.line("const int wm = (warp & 3) * 16, wn = (warp >> 2) * 32;");
-    // Split `splits` ways, block `b` adds steps `split · steps / splits` on of tile `b / splits`.
+    // Split `splits` ways: block `b` adds tile `b / splits`'s steps from `split · steps / splits`
+    // to `(split + 1) · steps / splits`, `split` being `b % splits`.
     em.line(format!("const int tile = block / {splits}, split = block % {splits};"));
     em.line(format!("const int m0 = tile / {} * {bm}, n0 = tile % {} * {bn};", cols.div_ceil(bn), cols.div_ceil(bn)));
     em.line(format!("float acc[{products}][4][4];"));
