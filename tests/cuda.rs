@@ -541,25 +541,27 @@ fn a_packed_matvec_deeper_than_its_block_computes_what_the_module_does() {
 /// of 32 (scales `s` of type `scale_type`) dequantized to `t`, by the activations `x` times the
 /// token id.
 fn deep_matvec_module(t: &str, scale_type: &str, depth: usize) -> String {
-    W4Products { entry: "decode", rows: 1, cols: 40, depth, products: 1 }.module(t, scale_type)
+    Products { entry: "decode", rows: 1, cols: 40, depth, products: 1, four_bit: true }.module(t, scale_type)
 }
 
 /// A module whose entry `entry` multiplies `rows` activations (`x` times the token ids) by
-/// `products` 4-bit weights (`q0`, `q1`, …) of `cols` columns each, `depth` deep, in groups of 32,
-/// its result the products side by side.
+/// `products` weights (`q0`, `q1`, …) of `cols` columns each, `depth` deep, its result the
+/// products side by side: 4-bit weights in groups of 32 (`four_bit`), else weights as they are.
 #[derive(Clone, Copy)]
-struct W4Products {
+struct Products {
     entry: &'static str,
     rows: usize,
     cols: usize,
     depth: usize,
     products: usize,
+    four_bit: bool,
 }
 
-impl W4Products {
-    /// The module, its weights dequantized to `t` by scales (`s0`, `s1`, …) of type `scale_type`.
+impl Products {
+    /// The module, its weights of type `t`: 4-bit ones dequantized to `t` by scales (`s0`, `s1`, …)
+    /// of type `scale_type`.
     fn module(&self, t: &str, scale_type: &str) -> String {
-        let W4Products { entry, rows: r, cols: c, depth: d, products } = *self;
+        let Products { entry, rows: r, cols: c, depth: d, products, four_bit } = *self;
         let mut weights = format!("  weight @x : f32[{r}, {d}] = \"x\"\n");
         let mut body = format!(
             "    %x = weight @x : f32[{r},{d}]\n    %id = convert %ids : f32[1,{r}]\n    %id.r = reshape %id : f32[{r}]\n    \
@@ -567,16 +569,23 @@ impl W4Products {
              %a = convert %a.f32 : {t}[{r},{d}]\n"
         );
         for j in 0..products {
-            weights += &format!(
-                "  weight @q{j} : i4[{c}, {d}] = \"q{j}\"\n  weight @s{j} : {scale_type}[{c}, {}] = \"s{j}\"\n",
-                d / 32
-            );
+            if four_bit {
+                weights += &format!(
+                    "  weight @q{j} : i4[{c}, {d}] = \"q{j}\"\n  weight @s{j} : {scale_type}[{c}, {}] = \"s{j}\"\n",
+                    d / 32
+                );
+                body += &format!(
+                    "    %q{j} = weight @q{j} : i4[{c},{d}]\n    %s{j} = weight @s{j} : {scale_type}[{c},{}]\n    \
+                     %w{j} = dequantize %q{j}, %s{j} {{group = 32}} : {t}[{c},{d}]\n",
+                    d / 32
+                );
+            } else {
+                weights += &format!("  weight @q{j} : {t}[{c}, {d}] = \"q{j}\"\n");
+                body += &format!("    %w{j} = weight @q{j} : {t}[{c},{d}]\n");
+            }
             body += &format!(
-                "    %q{j} = weight @q{j} : i4[{c},{d}]\n    %s{j} = weight @s{j} : {scale_type}[{c},{}]\n    \
-                 %w{j} = dequantize %q{j}, %s{j} {{group = 32}} : {t}[{c},{d}]\n    \
-                 %y{j}.t = dot_general %a, %w{j} {{lhs_batch = [], rhs_batch = [], lhs_contract = [1], rhs_contract = [1]}} : {t}[{r},{c}]\n    \
-                 %y{j} = convert %y{j}.t : f32[{r},{c}]\n",
-                d / 32
+                "    %y{j}.t = dot_general %a, %w{j} {{lhs_batch = [], rhs_batch = [], lhs_contract = [1], rhs_contract = [1]}} : {t}[{r},{c}]\n    \
+                 %y{j} = convert %y{j}.t : f32[{r},{c}]\n"
             );
         }
         let all = c * products;
@@ -598,8 +607,8 @@ impl W4Products {
 /// A packed matvec `depth` deep (in groups of 32) whose weight is of type `t` and its scales (from
 /// `magnitude` to twice that) of type `scale_type`, on the host emulator against the interpreter.
 fn assert_deep_packed_matvec_agrees(t: &str, scale_type: &str, magnitude: f32, depth: usize) {
-    let product = W4Products { entry: "decode", rows: 1, cols: 40, depth, products: 1 };
-    let (plan, want, got) = w4_product_outputs(product, (t, scale_type), magnitude, "h200", emulator);
+    let product = Products { entry: "decode", rows: 1, cols: 40, depth, products: 1, four_bit: true };
+    let (plan, want, got) = product_outputs(product, (t, scale_type), magnitude, "h200", emulator);
     let kinds: Vec<&str> = plan.entries[0].calls.iter().map(|c| c.kind.name()).collect();
     assert!(kinds.contains(&"matvec_w4"), "{kinds:?}");
     let tile = plan.entries[0].calls.iter().find_map(|c| c.launch.tile).unwrap();
@@ -625,8 +634,8 @@ fn a_split_gemm_computes_what_the_module_does() {
 /// would not race there).
 fn assert_split_gemm_agrees<D: Device + 'static>(target: &'static str, t: &str, device: fn(&[DeviceProgram]) -> D) {
     for products in [1, 2] {
-        let product = W4Products { entry: "prefill", rows: 64, cols: 256, depth: 2048, products };
-        let (plan, want, got) = w4_product_outputs(product, (t, t), 0.01, target, device);
+        let product = Products { entry: "prefill", rows: 64, cols: 256, depth: 2048, products, four_bit: true };
+        let (plan, want, got) = product_outputs(product, (t, t), 0.01, target, device);
         let launch = plan.entries[0].launches().next().unwrap();
         let what = format!("{target}, {t}, {products} products: {}", print_plan(&plan, false));
         assert_eq!(launch.len(), products, "{what}");
@@ -652,16 +661,17 @@ fn assert_split_gemm_agrees<D: Device + 'static>(target: &'static str, t: &str, 
     }
 }
 
-/// The host emulator, for `w4_product_outputs`.
+/// The host emulator, for `product_outputs`.
 fn emulator(programs: &[DeviceProgram]) -> Emulator {
     Emulator::new(programs).unwrap()
 }
 
-/// `w4_product_module` of `dims`, its weight of type `t` and its scales (from `magnitude` to twice
-/// that) of type `scale_type`, planned for `target`: the plan, then its output from the
-/// interpreter and from the plan's kernels on `device` (their second run).
-fn w4_product_outputs<D: Device + 'static>(
-    product: W4Products,
+/// `product`'s module, its weights of type `t` and its scales (from `magnitude` to twice that) of
+/// type `scale_type` (weights as they are: the 4-bit values times such scales), planned for
+/// `target`: the plan, then its output from the interpreter and from the plan's kernels on
+/// `device` (their second run).
+fn product_outputs<D: Device + 'static>(
+    product: Products,
     (t, scale_type): (&str, &str),
     magnitude: f32,
     target: &'static str,
@@ -670,7 +680,7 @@ fn w4_product_outputs<D: Device + 'static>(
     use g4c_runtime::backend::cuda::DeviceExecutor;
     use g4c_runtime::{Executor, StepInputs, StepOutput};
     use std::sync::Arc;
-    let W4Products { entry, rows, cols, depth, products } = product;
+    let Products { entry, rows, cols, depth, products, four_bit } = product;
     let text = product.module(t, scale_type);
     let module = Arc::new(g4c_ir::parse_module(&text).unwrap());
     g4c_ir::verify_module(&module).unwrap();
@@ -682,6 +692,18 @@ fn w4_product_outputs<D: Device + 'static>(
     let s_dtype: g4c_ir::DType = scale_type.parse().unwrap();
     let mut weights = Vec::new();
     for j in 0..products {
+        if !four_bit {
+            // The 4-bit weights' values: integers from -8 to 7 times `magnitude` to twice that.
+            let w = (0..cols * depth)
+                .map(|_| ((next() % 16) as f32 - 8.0) * magnitude * (1.0 + (next() % 100) as f32 * 0.01))
+                .collect();
+            let w = g4c_runtime::Tensor::f32([cols, depth], w);
+            let dtype: g4c_ir::DType = t.parse().unwrap();
+            let bytes = g4c_runtime::tensor::convert_float_bytes(g4c_ir::DType::F32, dtype, &w.to_bytes()).unwrap();
+            let w = g4c_ir::TensorType::new(dtype, [cols, depth]);
+            weights.push((format!("q{j}"), g4c_runtime::Tensor::from_bytes(w, &bytes).unwrap()));
+            continue;
+        }
         let nibbles: Vec<u8> = (0..cols * depth / 2).map(|_| next() as u8).collect();
         let q = g4c_ir::TensorType::new(g4c_ir::DType::I4, [cols, depth]);
         weights.push((format!("q{j}"), g4c_runtime::Tensor::from_bytes(q, &nibbles).unwrap()));
@@ -854,19 +876,51 @@ fn the_packed_matvec_keeps_16_word_loads_in_flight() {
     assert!(loads >= 16, "the packed matvec's main loop issues {loads} word loads before it waits for one");
 }
 
+/// A matvec of 16-bit weights read as they are (E2B's LM head) loads 8 of a row's values at a
+/// time, 16 bytes a lane: for a 1536-deep row all 6 of a lane's loads issue together, 3 KB a warp.
+/// A lane read one 2-byte value per iteration, 512 bytes a warp per 8 iterations, and the H200
+/// profile had the head at 75% of the bandwidth.
+#[test]
+fn the_16_bit_matvec_loads_16_bytes_a_lane_6_at_once() {
+    let product = Products { entry: "decode", rows: 1, cols: 40, depth: 1536, products: 1, four_bit: false };
+    let module = g4c_ir::parse_module(&product.module("bf16", "bf16")).unwrap();
+    let target = Target::by_name("h200").unwrap();
+    let plan = plan_module(&module, target).unwrap();
+    assert_eq!(plan.entries[0].calls.iter().map(|c| c.kind.name()).collect::<Vec<_>>(), ["matvec"]);
+    let loads = most_loads_without_a_branch(&sass_of(&plan, target), "LDG.E.128");
+    assert!(loads >= 6, "the matvec issues at most {loads} 128-bit loads before a branch");
+}
+
+/// The 16-bit matvec on the host emulator against the interpreter: bf16 (h200) and f16 (t4g)
+/// weights read 8 at a time, rows 1536 deep (6 vectors a lane) and 1544 (193 vectors: lane 0 takes
+/// a seventh, and the others run theirs one by one); 3 rows (a short prefill) too.
+#[test]
+fn a_16_bit_matvec_computes_what_the_module_does() {
+    for (target, t) in [("h200", "bf16"), ("t4g", "f16")] {
+        for (rows, depth) in [(1, 1536), (1, 1544), (3, 1544)] {
+            let entry = if rows == 1 { "decode" } else { "prefill" };
+            let product = Products { entry, rows, cols: 40, depth, products: 1, four_bit: false };
+            let (plan, want, got) = product_outputs(product, (t, t), 0.01, target, emulator);
+            let kinds: Vec<&str> = plan.entries[0].calls.iter().map(|c| c.kind.name()).collect();
+            assert_eq!(kinds, ["matvec"], "{target}");
+            assert_products_agree(&format!("{target}, {t}, {rows} x {depth}"), t, 0.01, &got, &want);
+        }
+    }
+}
+
 /// A prefill GEMM stages its tile's elements without a branch around each (it reads at clamped
 /// indices and selects 0 past the edges), so the loads of a trip of staged elements issue
 /// together; guarded, each element's loads were a branch of their own and waited out a memory
 /// latency each (the H200 profile had 32-deep steps at about 3 µs).
 #[test]
 fn the_prefill_gemm_issues_its_staging_loads_together() {
-    let product = W4Products { entry: "prefill", rows: 64, cols: 256, depth: 2048, products: 1 };
+    let product = Products { entry: "prefill", rows: 64, cols: 256, depth: 2048, products: 1, four_bit: true };
     let module = g4c_ir::parse_module(&product.module("bf16", "bf16")).unwrap();
     let target = Target::by_name("h200").unwrap();
     let plan = plan_module(&module, target).unwrap();
     let launch = plan.entries[0].launches().next().unwrap();
     assert!(launch[0].launch.tile.is_some_and(|t| t.mma.is_some()), "the product is a tensor-core GEMM");
-    let loads = most_loads_without_a_branch(&sass_of(&plan, target));
+    let loads = most_loads_without_a_branch(&sass_of(&plan, target), "LDG");
     assert!(loads >= 16, "the GEMM issues at most {loads} global loads before a branch");
 }
 
@@ -885,14 +939,15 @@ fn sass_of(plan: &g4c_ir::plan::KernelPlan, target: &'static Target) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// The most global loads (`LDG`) in `sass` between two labels or branches.
-fn most_loads_without_a_branch(sass: &str) -> usize {
+/// The most global loads of kind `load` (`LDG`, `LDG.E.128`) in `sass` between two labels or
+/// branches.
+fn most_loads_without_a_branch(sass: &str, load: &str) -> usize {
     let (mut most, mut loads) = (0, 0);
     for line in sass.lines() {
         let text = line.split_once("*/").map_or("", |(_, t)| t);
         if line.starts_with(".L_x_") || text.contains("BRA") || text.contains("CALL") {
             loads = 0;
-        } else if text.contains("LDG") {
+        } else if text.contains(load) {
             loads += 1;
             most = most.max(loads);
         }

@@ -278,6 +278,21 @@ impl<'k> Emitter<'k> {
         format!("w{j}")
     }
 
+    /// The C array holding `v` as stored, element by element, when `v` is a parameter or a weight
+    /// read as it is: what a template may read in wider loads than `value`'s.
+    pub(crate) fn stored_array(&mut self, v: ValueId) -> Option<String> {
+        if self.bound.contains_key(&v) || self.shared.contains_key(&v) {
+            return None;
+        }
+        match self.def.get(&v) {
+            None => self.inputs.get(&v).map(|j| format!("in{j}")),
+            Some(&i) => match &self.k.body[i].op {
+                Op::Weight { name } => Some(self.weight_arg(name)),
+                _ => None,
+            },
+        }
+    }
+
     fn ty(&self, v: ValueId) -> &'k TensorType {
         self.k.ty(v)
     }

@@ -795,6 +795,13 @@ fn matvec(em: &mut Emitter, (tile, warps): (&Tile, u32), m: &Matvec, root: Value
     em.open(format!("for (int k0 = 0; k0 < {depth}; k0 += {kt})"));
     stage_activations(em, m, rows, kt)?;
     em.open(format!("if (n < {n_total})"));
+    if let Some(rows_of) = stored_rows(em, m, kt) {
+        sixteen_bit_rows(em, (rows, kt), m, &rows_of)?;
+        em.close();
+        em.line("__syncthreads();");
+        em.close();
+        return matvec_store(em, (rows, products, n_total), m, root);
+    }
     // The tile's `k` values, or those left of the depth.
     let end = format!("min({kt}, {depth} - k0)");
     batched_loop(em, "kk", ("lane", &end, "32"), &mut |em| {
@@ -814,6 +821,16 @@ fn matvec(em: &mut Emitter, (tile, warps): (&Tile, u32), m: &Matvec, root: Value
     em.close();
     em.line("__syncthreads();");
     em.close();
+    matvec_store(em, (rows, products, n_total), m, root)
+}
+
+/// A matvec warp's sums combined over its lanes, and lane 0 storing its column's outputs.
+fn matvec_store(
+    em: &mut Emitter,
+    (rows, products, n_total): (u32, usize, usize),
+    m: &Matvec,
+    root: ValueId,
+) -> Result<(), CudaError> {
     em.line("#pragma unroll");
     em.line(format!(
         "for (int j = 0; j < {products}; ++j) for (int r = 0; r < {rows}; ++r) acc[j][r] = warp_sum(acc[j][r]);"
@@ -825,6 +842,66 @@ fn matvec(em: &mut Emitter, (tile, warps): (&Tile, u32), m: &Matvec, root: Value
     em.close();
     em.close();
     Ok(())
+}
+
+/// Each product's weight as a 16-bit array read as stored, row `n` of it the column's `depth`
+/// values (leading dimensions of size 1), when every product's is one and the rows and the tile's
+/// `kt` hold whole 16-byte vectors: the C array and its type.
+fn stored_rows(em: &mut Emitter, m: &Matvec, kt: u32) -> Option<Vec<(String, DType)>> {
+    if !m.depth.is_multiple_of(8) || !kt.is_multiple_of(8) {
+        return None;
+    }
+    m.dots
+        .iter()
+        .map(|&(_, w)| {
+            let ty = em.k.ty(w);
+            let rank = ty.rank();
+            let rows = rank >= 2 && ty.shape[rank - 1] == m.depth && ty.shape[..rank - 2].iter().all(|&d| d == 1);
+            let sixteen = matches!(ty.dtype, DType::BF16 | DType::F16);
+            let dtype = ty.dtype;
+            (rows && sixteen).then(|| em.stored_array(w)).flatten().map(|array| (array, dtype))
+        })
+        .collect()
+}
+
+/// A matvec warp's loop over its column's step of 16-bit weights (`rows_of`, per product), 8
+/// values at a time: each lane loads 16 bytes of every product's row (one 128-bit load), the
+/// matching 8 staged activations of each row (two), and adds the 8 products in order. A lane took
+/// one 2-byte value per iteration, so a warp had 512 bytes of weights in flight per 8 iterations:
+/// the H200 profile had the 16-bit LM head, a decode step's largest kernel, at 75% of the
+/// bandwidth. Now a warp's loads are 512 contiguous bytes each, as many at once as the step's
+/// vectors allow up to 8 (6 for E2B's 1536-deep head: 3 KB per warp).
+fn sixteen_bit_rows(
+    em: &mut Emitter,
+    (rows, kt): (u32, u32),
+    m: &Matvec,
+    rows_of: &[(String, DType)],
+) -> Result<(), CudaError> {
+    let depth = m.depth;
+    // Whole trips of as equal a size as the step's vectors per lane allow.
+    let per_lane = (kt / 8).div_ceil(32);
+    let at_once = per_lane.div_ceil(per_lane.div_ceil(LOADS_IN_FLIGHT)).max(1);
+    let vectors = format!("min({kt}, {depth} - k0) >> 3");
+    batched_loop_of(em, "kv", ("lane", &vectors, "32"), at_once, &mut |em| {
+        em.line("const int kk = kv * 8;");
+        for (j, (array, _)) in rows_of.iter().enumerate() {
+            em.line(format!("unsigned wv{j}[4];"));
+            em.line(format!("ld8_pairs({array} + n * {depth} + k0 + kk, wv{j});"));
+        }
+        em.line("#pragma unroll");
+        em.open(format!("for (int r = 0; r < {rows}; ++r)"));
+        em.line("float a[8];");
+        em.line(format!("ld8(act + r * {kt} + kk, a);"));
+        for (j, (_, dtype)) in rows_of.iter().enumerate() {
+            let widen = if *dtype == DType::F16 { "h2f" } else { "b2f" };
+            em.line("#pragma unroll");
+            em.line(format!(
+                "for (int i = 0; i < 8; ++i) acc[{j}][r] = fmaf(a[i], {widen}((u16)(wv{j}[i >> 1] >> (16 * (i & 1)))), acc[{j}][r]);"
+            ));
+        }
+        em.close();
+        Ok(())
+    })
 }
 
 /// Stores a matvec's output at row `r` and column `n` (C variables), product `j`'s sum being

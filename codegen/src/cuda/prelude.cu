@@ -99,6 +99,16 @@ __device__ __forceinline__ void ld8(const float* p, float* v) {
 #else
 inline void ld8(const float* p, float* v) { for (int i = 0; i < 8; ++i) v[i] = p[i]; }
 #endif
+// Eight consecutive 16-bit elements of 16-byte-aligned memory in one 128-bit load, as four pairs
+// (the first element in the low half of v[0]).
+#ifndef G4C_HOST_EMULATION
+__device__ __forceinline__ void ld8_pairs(const u16* p, unsigned* v) {
+  const uint4 x = *(const uint4*)p;
+  v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
+}
+#else
+inline void ld8_pairs(const u16* p, unsigned* v) { std::memcpy(v, p, 16); }
+#endif
 // Two consecutive 16-bit elements (4-byte aligned) as one MMA operand register, the first in the
 // low half.
 __device__ __forceinline__ unsigned ld_pair(const u16* p) { return *(const unsigned*)p; }
