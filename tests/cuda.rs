@@ -908,6 +908,39 @@ fn a_16_bit_matvec_computes_what_the_module_does() {
     }
 }
 
+/// A decode matvec stages its activations through a norm's prologue, whose statistics (in the
+/// block's shared memory, from its prelude) and their reciprocal square root, with its slow-path
+/// branches, are the same for every element: ptxas computes them once, before the loop, only if it
+/// can tell that the staged array does not overlap the statistics' (the arrays are `__restrict__`
+/// parameters of the call's body). Pointers carved out of one region left it recomputing them per
+/// element, a branch between every two elements' loads: E2B's per-layer-input gate staged 2 or 3
+/// loads at a time, and no 4-bit matvec issued more than 32 together; now its staging issues 40.
+#[test]
+fn the_matvec_staging_computes_its_norm_once() {
+    let target = Target::by_name("h200").unwrap();
+    let mut plan = e2b_plan(target);
+    plan.entries.retain(|e| e.entry == "decode");
+    let sass = sass_of(&plan, target);
+    let loads = most_loads_without_a_branch(&functions_named(&sass, "g4c_matvec_w4_"), "LDG");
+    assert!(loads >= 40, "the 4-bit matvecs issue at most {loads} loads before a branch");
+}
+
+/// The functions of `sass` (`nvdisasm -c`) whose symbols start with `prefix`.
+fn functions_named(sass: &str, prefix: &str) -> String {
+    let mut keep = false;
+    let mut out = String::new();
+    for line in sass.lines() {
+        if let Some(symbol) = line.trim().strip_prefix(".text.").and_then(|l| l.strip_suffix(':')) {
+            keep = symbol.starts_with(prefix);
+        }
+        if keep {
+            out += line;
+            out.push('\n');
+        }
+    }
+    out
+}
+
 /// A prefill GEMM stages its tile's elements without a branch around each (it reads at clamped
 /// indices and selects 0 past the edges), so the loads of a trip of staged elements issue
 /// together; guarded, each element's loads were a branch of their own and waited out a memory

@@ -152,19 +152,33 @@ pub(crate) fn kernel_code(
     for c in &em.constants {
         writeln!(code, "{c}").unwrap();
     }
-    let region = match shared.is_empty() {
-        true => String::new(),
-        false => format!(", unsigned char* const {REGION}"),
+    // With shared arrays, the body takes them as parameters of its own (`SharedArrays::params`),
+    // and the call's function carves them out of the launch's region.
+    let body = match shared.is_empty() {
+        true => name.to_string(),
+        false => format!("{name}_arrays"),
     };
+    let arrays: String = shared.params().iter().map(|p| format!(", {p}")).collect();
     writeln!(
         code,
-        "static __device__ __forceinline__ void {name}({}, const int block{region}) {{",
+        "static __device__ __forceinline__ void {body}({}, const int block{arrays}) {{",
         declared.join(", ")
     )
     .unwrap();
-    code.push_str(&shared.code());
     write_lines(&mut code, &lines);
     code.push_str("}\n");
+    if !shared.is_empty() {
+        let names: Vec<&str> = params.iter().map(|(_, n)| n.as_str()).collect();
+        writeln!(
+            code,
+            "static __device__ __forceinline__ void {name}({}, const int block, unsigned char* const {REGION}) {{\n  \
+             {body}({}, block, {});\n}}",
+            declared.join(", "),
+            names.join(", "),
+            shared.args().join(", ")
+        )
+        .unwrap();
+    }
     Ok(KernelCode {
         code,
         params: params.into_iter().map(|(t, _)| t).collect(),

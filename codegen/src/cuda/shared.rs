@@ -6,8 +6,6 @@
 //! declared in each call's device function would instead all be allocated in every block, the
 //! launch's shared memory the sum of its calls'.
 
-use std::fmt::Write;
-
 /// The name of the launch's region, a parameter of each call's device function that has arrays.
 pub(crate) const REGION: &str = "smem";
 
@@ -62,14 +60,22 @@ impl SharedArrays {
         self.layout().1
     }
 
-    /// The arrays as pointers into the region.
-    pub fn code(&self) -> String {
-        let mut code = String::new();
-        for (a, offset) in self.0.iter().zip(self.layout().0) {
-            let ty = a.ty;
-            writeln!(code, "  {ty}* const {} = reinterpret_cast<{ty}*>({REGION} + {offset});", a.name).unwrap();
-        }
-        code
+    /// The arrays as parameters of the function that uses them: `__restrict__`, since they do
+    /// not overlap. The compiler cannot tell that of pointers into one region, and assumes a
+    /// store to one array may change any other: an array read inside a loop storing to another
+    /// (a norm's statistics, while a matvec stages its activations) was read, and what is computed
+    /// from it recomputed, at every iteration.
+    pub fn params(&self) -> Vec<String> {
+        self.0.iter().map(|a| format!("{}* __restrict__ {}", a.ty, a.name)).collect()
+    }
+
+    /// The arguments for `params`: pointers into the region.
+    pub fn args(&self) -> Vec<String> {
+        self.0
+            .iter()
+            .zip(self.layout().0)
+            .map(|(a, offset)| format!("reinterpret_cast<{}*>({REGION} + {offset})", a.ty))
+            .collect()
     }
 }
 
