@@ -883,9 +883,7 @@ fn the_packed_matvec_keeps_16_word_loads_in_flight() {
 #[test]
 fn the_16_bit_matvec_loads_16_bytes_a_lane_6_at_once() {
     let product = Products { entry: "decode", rows: 1, cols: 40, depth: 1536, products: 1, four_bit: false };
-    let module = g4c_ir::parse_module(&product.module("bf16", "bf16")).unwrap();
-    let target = Target::by_name("h200").unwrap();
-    let plan = plan_module(&module, target).unwrap();
+    let (plan, target) = bf16_plan_for_h200(product);
     assert_eq!(plan.entries[0].calls.iter().map(|c| c.kind.name()).collect::<Vec<_>>(), ["matvec"]);
     let loads = most_loads_without_a_branch(&sass_of(&plan, target), "LDG.E.128");
     assert!(loads >= 6, "the matvec issues at most {loads} 128-bit loads before a branch");
@@ -948,13 +946,18 @@ fn functions_named(sass: &str, prefix: &str) -> String {
 #[test]
 fn the_prefill_gemm_issues_its_staging_loads_together() {
     let product = Products { entry: "prefill", rows: 64, cols: 256, depth: 2048, products: 1, four_bit: true };
-    let module = g4c_ir::parse_module(&product.module("bf16", "bf16")).unwrap();
-    let target = Target::by_name("h200").unwrap();
-    let plan = plan_module(&module, target).unwrap();
+    let (plan, target) = bf16_plan_for_h200(product);
     let launch = plan.entries[0].launches().next().unwrap();
     assert!(launch[0].launch.tile.is_some_and(|t| t.mma.is_some()), "the product is a tensor-core GEMM");
     let loads = most_loads_without_a_branch(&sass_of(&plan, target), "LDG");
     assert!(loads >= 16, "the GEMM issues at most {loads} global loads before a branch");
+}
+
+/// `product`'s module in bf16 (bf16 scales, if 4-bit), planned for h200.
+fn bf16_plan_for_h200(product: Products) -> (KernelPlan, &'static Target) {
+    let module = g4c_ir::parse_module(&product.module("bf16", "bf16")).unwrap();
+    let target = Target::by_name("h200").unwrap();
+    (plan_module(&module, target).unwrap(), target)
 }
 
 /// The machine code (`nvdisasm -c`, as `scripts/setup` installs it) of the first program of `plan`.

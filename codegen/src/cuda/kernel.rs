@@ -809,15 +809,30 @@ fn matvec(em: &mut Emitter, (tile, warps): (&Tile, u32), m: &Matvec, root: Value
     em.open(format!("for (int k0 = 0; k0 < {depth}; k0 += {kt})"));
     stage_activations(em, m, rows, kt)?;
     em.open(format!("if (n < {n_total})"));
-    if let Some(rows_of) = stored_rows(em, m, kt) {
-        sixteen_bit_rows(em, (rows, kt), m, &rows_of)?;
-        em.close();
-        em.line("__syncthreads();");
-        em.close();
-        return matvec_store(em, (rows, products, n_total), m, root);
+    match stored_rows(em, m, kt) {
+        Some(rows_of) => sixteen_bit_rows(em, (rows, kt), m, &rows_of)?,
+        None => value_by_value(em, (rows, kt), m)?,
     }
+    em.close();
+    em.line("__syncthreads();");
+    em.close();
+    em.line("#pragma unroll");
+    em.line(format!(
+        "for (int j = 0; j < {products}; ++j) for (int r = 0; r < {rows}; ++r) acc[j][r] = warp_sum(acc[j][r]);"
+    ));
+    em.open(format!("if (lane == 0 && n < {n_total})"));
+    em.line("#pragma unroll");
+    em.open(format!("for (int r = 0; r < {rows}; ++r)"));
+    store_products(em, m, &|j| format!("acc[{j}][r]"), root)?;
+    em.close();
+    em.close();
+    Ok(())
+}
+
+/// A matvec warp's loop over its column's step of weights, a value per lane and iteration.
+fn value_by_value(em: &mut Emitter, (rows, kt): (u32, u32), m: &Matvec) -> Result<(), CudaError> {
     // The tile's `k` values, or those left of the depth.
-    let end = format!("min({kt}, {depth} - k0)");
+    let end = format!("min({kt}, {} - k0)", m.depth);
     batched_loop(em, "kk", ("lane", &end, "32"), &mut |em| {
         for (j, &(_, w)) in m.dots.iter().enumerate() {
             // `[1.., N, K]`: leading dimensions of size 1.
@@ -831,31 +846,7 @@ fn matvec(em: &mut Emitter, (tile, warps): (&Tile, u32), m: &Matvec, root: Value
             ));
         }
         Ok(())
-    })?;
-    em.close();
-    em.line("__syncthreads();");
-    em.close();
-    matvec_store(em, (rows, products, n_total), m, root)
-}
-
-/// A matvec warp's sums combined over its lanes, and lane 0 storing its column's outputs.
-fn matvec_store(
-    em: &mut Emitter,
-    (rows, products, n_total): (u32, usize, usize),
-    m: &Matvec,
-    root: ValueId,
-) -> Result<(), CudaError> {
-    em.line("#pragma unroll");
-    em.line(format!(
-        "for (int j = 0; j < {products}; ++j) for (int r = 0; r < {rows}; ++r) acc[j][r] = warp_sum(acc[j][r]);"
-    ));
-    em.open(format!("if (lane == 0 && n < {n_total})"));
-    em.line("#pragma unroll");
-    em.open(format!("for (int r = 0; r < {rows}; ++r)"));
-    store_products(em, m, &|j| format!("acc[{j}][r]"), root)?;
-    em.close();
-    em.close();
-    Ok(())
+    })
 }
 
 /// Each product's weight as a 16-bit array read as stored, row `n` of it the column's `depth`
