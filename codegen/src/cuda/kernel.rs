@@ -12,7 +12,7 @@ use super::elemental::{
     linear, reduce_combine, reduce_init, rounded, storage_type, store, unlinear, value_type, write_lines, Emitter,
     Index,
 };
-use super::loops::{batched_loop, batched_loop_of, LOADS_IN_FLIGHT};
+use super::loops::{batched_loop, batched_loop_of, thread_loop, trip_length, LOADS_IN_FLIGHT};
 use super::shared::{SharedArrays, REGION};
 use super::CudaError;
 use g4c_ir::plan::{launch_smem_bytes, KernelCall, KernelKind, ReduceSplit, SlotSplit, Tile};
@@ -335,8 +335,7 @@ fn split_reduce(
                 let visible = em.value(mask, &idx)?;
                 em.open(format!("if ({visible})"));
             }
-            let range = (first, r.extent.to_string(), stride.to_string());
-            batched_loop(em, "c", (range.0, &range.1, &range.2), &mut |em| match &op {
+            thread_loop(em, "c", (first, r.extent, stride), &mut |em| match &op {
                 Op::Reduce { input, kind, axes } => em.reduce_step(*input, *kind, axes, &idx, "c", "acc"),
                 Op::DotGeneral { lhs, rhs, dims } => em.dot_step(*lhs, *rhs, dims, &idx, "c", "acc"),
                 _ => Err(unsupported()),
@@ -501,7 +500,7 @@ fn attention(em: &mut Emitter, s: &SlotSplit, a: &Attention, root: ValueId, warp
 
     // The queries, staged.
     em.open("if (flag[0])");
-    batched_loop(em, "e", ("threadIdx.x", &(heads * depth).to_string(), "blockDim.x"), &mut |em| {
+    thread_loop(em, "e", ("threadIdx.x", heads * depth, warps * 32), &mut |em| {
         em.line(format!("const int r = e / {depth}, kk = e % {depth};"));
         activation_at(em, &a.scores, "q", "r", "kk")?;
         em.line(format!("act[r * {depth} + kk] = q;"));
@@ -665,7 +664,7 @@ fn prelude(em: &mut Emitter, call: &KernelCall) -> Result<SharedArrays, CudaErro
         shared.array(acc, part.clone(), warps as u64);
         em.open(format!("for (int po = 0; po < {}; ++po)", r.outputs));
         em.line(format!("{acc} pacc = {};", reduce_init(kind, dtype)));
-        batched_loop(em, "pc", ("threadIdx.x", &r.extent.to_string(), "blockDim.x"), &mut |em| {
+        thread_loop(em, "pc", ("threadIdx.x", r.extent, call.launch.block), &mut |em| {
             em.reduce_step(input, kind, &axes, &unlinear("po", &shape), "pc", "pacc")
         })?;
         em.line(format!("pacc = warp_{}(pacc);", kind.name()));
@@ -707,7 +706,7 @@ impl WarpPerOutput<'_> {
         em.line("const int po = p0 + (threadIdx.x >> 5);");
         em.line(format!("{} pacc = {};", value_type(dtype), reduce_init(kind, dtype)));
         em.open(format!("if (po < {outputs})"));
-        batched_loop(em, "pc", ("threadIdx.x & 31", &extent.to_string(), "32"), &mut |em| {
+        thread_loop(em, "pc", ("threadIdx.x & 31", *extent, 32), &mut |em| {
             em.reduce_step(input, kind, &axes, &index("po"), "pc", "pacc")
         })?;
         em.close();
@@ -807,7 +806,7 @@ fn matvec(em: &mut Emitter, (tile, warps): (&Tile, u32), m: &Matvec, root: Value
     em.line("#pragma unroll");
     em.line(format!("for (int j = 0; j < {products}; ++j) for (int r = 0; r < {rows}; ++r) acc[j][r] = 0.f;"));
     em.open(format!("for (int k0 = 0; k0 < {depth}; k0 += {kt})"));
-    stage_activations(em, m, rows, kt)?;
+    stage_activations(em, m, (rows, kt), warps * 32)?;
     em.open(format!("if (n < {n_total})"));
     match stored_rows(em, m, kt) {
         Some(rows_of) => sixteen_bit_rows(em, (rows, kt), m, &rows_of)?,
@@ -883,9 +882,9 @@ fn sixteen_bit_rows(
     rows_of: &[(String, DType)],
 ) -> Result<(), CudaError> {
     let depth = m.depth;
-    // Whole trips of as equal a size as the step's vectors per lane allow.
-    let per_lane = (kt / 8).div_ceil(32);
-    let at_once = per_lane.div_ceil(per_lane.div_ceil(LOADS_IN_FLIGHT)).max(1);
+    // A full step's vectors per lane, in trips that wait least.
+    let vectors_per_step = kt as usize / 8;
+    let at_once = trip_length((vectors_per_step / 32, vectors_per_step.div_ceil(32)), LOADS_IN_FLIGHT);
     let vectors = format!("min({kt}, {depth} - k0) >> 3");
     batched_loop_of(em, "kv", ("lane", &vectors, "32"), at_once, &mut |em| {
         em.line("const int kk = kv * 8;");
@@ -918,9 +917,9 @@ fn store_products(em: &mut Emitter, m: &Matvec, sum: &dyn Fn(usize) -> String, r
 }
 
 /// Stages the `rows × kt` activations of the step from `k0` into `act` (the prologue computed
-/// once per block), then meets the block's barrier.
-fn stage_activations(em: &mut Emitter, m: &Matvec, rows: u32, kt: u32) -> Result<(), CudaError> {
-    batched_loop(em, "e", ("threadIdx.x", &(rows * kt).to_string(), "blockDim.x"), &mut |em| {
+/// once per block of `threads`), then meets the block's barrier.
+fn stage_activations(em: &mut Emitter, m: &Matvec, (rows, kt): (u32, u32), threads: u32) -> Result<(), CudaError> {
+    thread_loop(em, "e", ("threadIdx.x", (rows * kt) as usize, threads), &mut |em| {
         em.line(format!("const int r = e / {kt}, kk = k0 + e % {kt};"));
         activation_at(em, m, "a", "r", "kk")?;
         em.line("act[e] = a;");
@@ -966,7 +965,7 @@ fn packed_matvec(
     em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
     em.line(format!("float acc[{products}][{cols}][{rows}] = {{}};"));
     em.open(format!("for (int k0 = 0; k0 < {depth}; k0 += {kt})"));
-    stage_activations(em, m, rows, kt)?;
+    stage_activations(em, m, (rows, kt), warps * 32)?;
     em.line(format!("const int words = min({kt}, {depth} - k0) >> 3;"));
     em.open(format!("for (int wd0 = threadIdx.x; wd0 < words; wd0 += {steps} * blockDim.x)"));
     em.line(format!("unsigned q[{steps}][{products}][{cols}];"));
@@ -1100,7 +1099,7 @@ fn gemm(
         if let Some(p) = PackedWeight::of(em.k, w) {
             // A packed 4-bit weight: a thread stages 8 values from one word and one scale.
             let words = bk / 8;
-            batched_loop(em, "e", ("threadIdx.x", &(bn * words).to_string(), "blockDim.x"), &mut |em| {
+            thread_loop(em, "e", ("threadIdx.x", bn * words, threads), &mut |em| {
                 em.line(format!("const int n = n0 + e / {words}, kk = k0 + e % {words} * 8;"));
                 em.line(format!("u16* const dst = ws_ + {staged} + e / {words} * {stride} + e % {words} * 8;"));
                 let (inside, n, kk) = clamped(em, ("n", cols), ("kk", depth), 8);
@@ -1110,7 +1109,7 @@ fn gemm(
             })?;
             continue;
         }
-        batched_loop(em, "e", ("threadIdx.x", &(bn * bk).to_string(), "blockDim.x"), &mut |em| {
+        thread_loop(em, "e", ("threadIdx.x", bn * bk, threads), &mut |em| {
             em.line(format!("const int n = n0 + e / {bk}, kk = k0 + e % {bk};"));
             let (inside, n, kk) = clamped(em, ("n", cols), ("kk", depth), 1);
             let x = em.value(w, &[n, kk])?;

@@ -31,6 +31,31 @@ pub(crate) fn batched_loop(
     batched_loop_of(em, var, range, LOADS_IN_FLIGHT, body)
 }
 
+/// A loop of `var` over `first`, `first + threads`, … below `extent`, where `first` is the
+/// thread's index among `threads` (a block's threads, a warp's lanes): `batched_loop` in whole
+/// trips as long as the threads' own iteration counts make best, `trip_length`. A 1536-deep
+/// matvec staging its input on 256 threads gives each thread 6 elements: in trips of 8 it had no
+/// whole trip, and ran all 6 one at a time.
+pub(crate) fn thread_loop(
+    em: &mut Emitter,
+    var: &str,
+    (first, extent, threads): (&str, usize, u32),
+    body: &mut dyn FnMut(&mut Emitter) -> Result<(), CudaError>,
+) -> Result<(), CudaError> {
+    let t = threads as usize;
+    let n = trip_length((extent / t, extent.div_ceil(t)), LOADS_IN_FLIGHT);
+    batched_loop_of(em, var, (first, &extent.to_string(), &threads.to_string()), n, body)
+}
+
+/// The iterations per whole trip, at most `cap`, that keep the threads of a loop waiting least,
+/// its threads running between `fewest` and `most` iterations each: a thread waits out a memory
+/// latency once per whole trip and once per iteration left after them, and a warp as long as its
+/// slowest lane. Of trips that wait as little, the longest.
+pub(crate) fn trip_length((fewest, most): (usize, usize), cap: u32) -> u32 {
+    let waits = |n: usize| [fewest, most].iter().map(|c| c / n + c % n).max().unwrap_or(0);
+    (1..=cap.max(1) as usize).rev().min_by_key(|&n| waits(n)).unwrap_or(1) as u32
+}
+
 /// `batched_loop` in whole trips of `n` iterations: for a loop whose trip count is known and
 /// whose block has few other loads in flight (a decode step's attention chunk, one of a few
 /// busy blocks at a short context), as many as there are, up to a register budget.
@@ -61,4 +86,26 @@ pub(crate) fn batched_loop_of(
     em.close();
     em.close();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::trip_length;
+
+    #[test]
+    fn trips_fit_the_iterations_each_thread_runs() {
+        // A 1536-deep staging on 256 threads: 6 each, one trip (in trips of 8, none whole).
+        assert_eq!(trip_length((6, 6), 8), 6);
+        // 1544 deep: 8 threads run a seventh, after the trip of 6.
+        assert_eq!(trip_length((6, 7), 8), 6);
+        // 12288 deep: 48 each, 6 trips of 8.
+        assert_eq!(trip_length((48, 48), 8), 8);
+        // 12 each: 2 trips of 6 rather than 8 and 4 one at a time.
+        assert_eq!(trip_length((12, 12), 8), 6);
+        // 9 each: a trip of 8 and one alone wait twice, as few as any.
+        assert_eq!(trip_length((9, 9), 8), 8);
+        // Fewer iterations than threads: any trip waits once.
+        assert_eq!(trip_length((0, 1), 8), 8);
+        assert_eq!(trip_length((6, 6), 4), 3);
+    }
 }
