@@ -12,7 +12,7 @@ use super::elemental::{
     linear, reduce_combine, reduce_init, rounded, storage_type, store, unlinear, value_type, write_lines, Emitter,
     Index,
 };
-use super::loops::{batched_loop, batched_loop_of, thread_loop, trip_length, LOADS_IN_FLIGHT};
+use super::loops::{batched_loop, batched_loop_of, loads_at_once, thread_loop, trip_length, LOADS_IN_FLIGHT};
 use super::shared::{SharedArrays, REGION};
 use super::CudaError;
 use g4c_ir::plan::{launch_smem_bytes, KernelCall, KernelKind, ReduceSplit, SlotSplit, Tile};
@@ -335,7 +335,8 @@ fn split_reduce(
                 let visible = em.value(mask, &idx)?;
                 em.open(format!("if ({visible})"));
             }
-            thread_loop(em, "c", (first, r.extent, stride), &mut |em| match &op {
+            let reads = op.operands().iter().map(|&v| reads_per_element(em.k, v)).sum();
+            thread_loop(em, "c", (first, r.extent, stride), loads_at_once(reads), &mut |em| match &op {
                 Op::Reduce { input, kind, axes } => em.reduce_step(*input, *kind, axes, &idx, "c", "acc"),
                 Op::DotGeneral { lhs, rhs, dims } => em.dot_step(*lhs, *rhs, dims, &idx, "c", "acc"),
                 _ => Err(unsupported()),
@@ -382,10 +383,11 @@ fn split_reduce(
 /// the block computes that row's elements into `part` (a thread each), then each warp multiplies
 /// its elements of the chunk by the right-hand side's. So each element of the row is computed
 /// once per block, not once per warp and iteration, and the warps' loop reads shared memory and
-/// the right-hand side alone, whose loads `batched_loop` can then issue together (computing a
-/// softmax's probability in the loop, a division's slow path kept every iteration waiting for
-/// its load). Each warp takes the same elements in the same order as without the staging, and
-/// skips a chunk whose staged elements are all 0.
+/// the right-hand side alone, whose loads it then issues together, a warp's 32 of the chunk at
+/// once (computing a softmax's probability in the loop, a division's slow path kept every
+/// iteration waiting for its load; 8 at a time, a sliding layer's 639 slots took 12 trips, 8 of
+/// them a single load in the last, short chunk). Each warp takes the same elements in the same
+/// order as without the staging, and skips a chunk whose staged elements are all 0.
 fn staged_dot(
     em: &mut Emitter,
     (lhs, rhs, dims): (ValueId, ValueId, &DotDims),
@@ -397,6 +399,9 @@ fn staged_dot(
     em.open(format!("for (int chunk = 0; chunk < {extent}; chunk += {threads})"));
     em.line("const int cs = chunk + threadIdx.x;");
     em.line("bool nonzero = false;");
+    if !extent.is_multiple_of(threads as usize) {
+        em.line("part[threadIdx.x] = 0.f;");
+    }
     em.open(format!("if (i < {outputs} && cs < {extent})"));
     let (li, _) = em.dot_operands_at(lhs, rhs, dims, idx, "cs");
     let a = em.value(lhs, &li)?;
@@ -407,9 +412,12 @@ fn staged_dot(
     // side being finite (values in a cache): the block reads none of it. The vote is a barrier,
     // taken by every thread.
     em.open(format!("if (__syncthreads_or(nonzero) && i < {outputs})"));
-    let end = format!("min(chunk + {threads}, {extent})");
-    batched_loop(em, "c", ("chunk + warp", &end, &(threads / 32).to_string()), &mut |em| {
-        let (_, ri) = em.dot_operands_at(lhs, rhs, dims, idx, "c");
+    // All of a warp's 32 elements of the chunk at once: past the extent, the right-hand side is
+    // read at its last element (finite) and multiplied by the staged 0.
+    let (warps, end) = (threads / 32, format!("chunk + {threads}"));
+    batched_loop_of(em, "c", ("chunk + warp", &end, &warps.to_string()), threads / warps, &mut |em| {
+        em.line(format!("const int cc = min(c, {});", extent - 1));
+        let (_, ri) = em.dot_operands_at(lhs, rhs, dims, idx, "cc");
         let b = em.value(rhs, &ri)?;
         em.line(format!("acc = fmaf(part[c - chunk], {b}, acc);"));
         Ok(())
@@ -500,7 +508,8 @@ fn attention(em: &mut Emitter, s: &SlotSplit, a: &Attention, root: ValueId, warp
 
     // The queries, staged.
     em.open("if (flag[0])");
-    thread_loop(em, "e", ("threadIdx.x", heads * depth, warps * 32), &mut |em| {
+    let at_once = loads_at_once(reads_per_element(em.k, a.scores.lhs));
+    thread_loop(em, "e", ("threadIdx.x", heads * depth, warps * 32), at_once, &mut |em| {
         em.line(format!("const int r = e / {depth}, kk = e % {depth};"));
         activation_at(em, &a.scores, "q", "r", "kk")?;
         em.line(format!("act[r * {depth} + kk] = q;"));
@@ -664,7 +673,8 @@ fn prelude(em: &mut Emitter, call: &KernelCall) -> Result<SharedArrays, CudaErro
         shared.array(acc, part.clone(), warps as u64);
         em.open(format!("for (int po = 0; po < {}; ++po)", r.outputs));
         em.line(format!("{acc} pacc = {};", reduce_init(kind, dtype)));
-        thread_loop(em, "pc", ("threadIdx.x", r.extent, call.launch.block), &mut |em| {
+        let at_once = loads_at_once(reads_per_element(em.k, input));
+        thread_loop(em, "pc", ("threadIdx.x", r.extent, call.launch.block), at_once, &mut |em| {
             em.reduce_step(input, kind, &axes, &unlinear("po", &shape), "pc", "pacc")
         })?;
         em.line(format!("pacc = warp_{}(pacc);", kind.name()));
@@ -706,7 +716,8 @@ impl WarpPerOutput<'_> {
         em.line("const int po = p0 + (threadIdx.x >> 5);");
         em.line(format!("{} pacc = {};", value_type(dtype), reduce_init(kind, dtype)));
         em.open(format!("if (po < {outputs})"));
-        thread_loop(em, "pc", ("threadIdx.x & 31", *extent, 32), &mut |em| {
+        let at_once = loads_at_once(reads_per_element(em.k, input));
+        thread_loop(em, "pc", ("threadIdx.x & 31", *extent, 32), at_once, &mut |em| {
             em.reduce_step(input, kind, &axes, &index("po"), "pc", "pacc")
         })?;
         em.close();
@@ -919,7 +930,8 @@ fn store_products(em: &mut Emitter, m: &Matvec, sum: &dyn Fn(usize) -> String, r
 /// Stages the `rows × kt` activations of the step from `k0` into `act` (the prologue computed
 /// once per block of `threads`), then meets the block's barrier.
 fn stage_activations(em: &mut Emitter, m: &Matvec, (rows, kt): (u32, u32), threads: u32) -> Result<(), CudaError> {
-    thread_loop(em, "e", ("threadIdx.x", (rows * kt) as usize, threads), &mut |em| {
+    let at_once = loads_at_once(reads_per_element(em.k, m.lhs));
+    thread_loop(em, "e", ("threadIdx.x", (rows * kt) as usize, threads), at_once, &mut |em| {
         em.line(format!("const int r = e / {kt}, kk = k0 + e % {kt};"));
         activation_at(em, m, "a", "r", "kk")?;
         em.line("act[e] = a;");
@@ -1099,7 +1111,7 @@ fn gemm(
         if let Some(p) = PackedWeight::of(em.k, w) {
             // A packed 4-bit weight: a thread stages 8 values from one word and one scale.
             let words = bk / 8;
-            thread_loop(em, "e", ("threadIdx.x", bn * words, threads), &mut |em| {
+            thread_loop(em, "e", ("threadIdx.x", bn * words, threads), LOADS_IN_FLIGHT, &mut |em| {
                 em.line(format!("const int n = n0 + e / {words}, kk = k0 + e % {words} * 8;"));
                 em.line(format!("u16* const dst = ws_ + {staged} + e / {words} * {stride} + e % {words} * 8;"));
                 let (inside, n, kk) = clamped(em, ("n", cols), ("kk", depth), 8);
@@ -1109,7 +1121,7 @@ fn gemm(
             })?;
             continue;
         }
-        thread_loop(em, "e", ("threadIdx.x", bn * bk, threads), &mut |em| {
+        thread_loop(em, "e", ("threadIdx.x", bn * bk, threads), LOADS_IN_FLIGHT, &mut |em| {
             em.line(format!("const int n = n0 + e / {bk}, kk = k0 + e % {bk};"));
             let (inside, n, kk) = clamped(em, ("n", cols), ("kk", depth), 1);
             let x = em.value(w, &[n, kk])?;

@@ -31,19 +31,32 @@ pub(crate) fn batched_loop(
     batched_loop_of(em, var, range, LOADS_IN_FLIGHT, body)
 }
 
+/// Memory reads a thread of a loop whose iterations read little keeps in flight: 32 iterations of
+/// one read at once, 8 of four.
+const READS_IN_FLIGHT: u32 = 32;
+
+/// Iterations of a loop issued at once, each making `reads` memory reads: as many as keep about
+/// `READS_IN_FLIGHT` reads in flight, at least `LOADS_IN_FLIGHT`. A small kernel's loops (a
+/// sliding layer's softmax statistics over 639 slots, 20 a lane) wait a latency per trip, and it
+/// has little else to hide them behind.
+pub(crate) fn loads_at_once(reads: u32) -> u32 {
+    (READS_IN_FLIGHT / reads.max(1)).max(LOADS_IN_FLIGHT)
+}
+
 /// A loop of `var` over `first`, `first + threads`, … below `extent`, where `first` is the
 /// thread's index among `threads` (a block's threads, a warp's lanes): `batched_loop` in whole
-/// trips as long as the threads' own iteration counts make best, `trip_length`. A 1536-deep
-/// matvec staging its input on 256 threads gives each thread 6 elements: in trips of 8 it had no
-/// whole trip, and ran all 6 one at a time.
+/// trips of at most `cap`, as long as the threads' own iteration counts make best
+/// (`trip_length`). A 1536-deep matvec staging its input on 256 threads gives each thread 6
+/// elements: in trips of 8 it had no whole trip, and ran all 6 one at a time.
 pub(crate) fn thread_loop(
     em: &mut Emitter,
     var: &str,
     (first, extent, threads): (&str, usize, u32),
+    cap: u32,
     body: &mut dyn FnMut(&mut Emitter) -> Result<(), CudaError>,
 ) -> Result<(), CudaError> {
     let t = threads as usize;
-    let n = trip_length((extent / t, extent.div_ceil(t)), LOADS_IN_FLIGHT);
+    let n = trip_length((extent / t, extent.div_ceil(t)), cap);
     batched_loop_of(em, var, (first, &extent.to_string(), &threads.to_string()), n, body)
 }
 
