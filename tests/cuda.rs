@@ -916,12 +916,31 @@ fn a_16_bit_matvec_computes_what_the_module_does() {
 /// of 1536, 4 or 5 loads each), where a main loop issues 16 (its scales).
 #[test]
 fn the_matvec_staging_computes_its_norm_once() {
-    let target = Target::by_name("h200").unwrap();
-    let mut plan = e2b_plan(target);
-    plan.entries.retain(|e| e.entry == "decode");
-    let sass = sass_of(&plan, target);
-    let loads = most_loads_without_a_branch(&functions_named(&sass, "g4c_matvec_w4_"), "LDG.E.U16");
+    let sass = e2b_decode_sass_on_h200();
+    let loads = most_loads_without_a_branch(&functions_named(sass, "g4c_matvec_w4_"), "LDG.E.U16");
     assert!(loads >= 24, "the 4-bit matvecs issue at most {loads} 16-bit loads before a branch");
+}
+
+/// A sliding layer's weighted sum of values computes its softmax statistics over the 639 slots'
+/// scores in its prelude, 20 a lane, and its loops issue a lane's loads at once (all but one):
+/// in trips of 8, and then of as many as the lane has up to 8, they waited out 5 or 6 latencies.
+#[test]
+fn the_softmax_statistics_issue_a_lanes_loads_together() {
+    let sass = e2b_decode_sass_on_h200();
+    // The scores are f32 (`LDG.E`), the value cache bf16 (`LDG.E.U16`).
+    let loads = most_loads_without_a_branch(&functions_named(sass, "g4c_dot_"), "LDG.E.CONSTANT");
+    assert!(loads >= 19, "the weighted sum's prelude issues at most {loads} score loads before a branch");
+}
+
+/// The machine code of E2B's decode kernels for h200, made once for the tests reading it.
+fn e2b_decode_sass_on_h200() -> &'static str {
+    static SASS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SASS.get_or_init(|| {
+        let target = Target::by_name("h200").unwrap();
+        let mut plan = e2b_plan(target);
+        plan.entries.retain(|e| e.entry == "decode");
+        sass_of(&plan, target)
+    })
 }
 
 /// The functions of `sass` (`nvdisasm -c`) whose symbols start with `prefix`.
