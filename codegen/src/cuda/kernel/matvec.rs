@@ -1,0 +1,274 @@
+//! The tiled matvec: activations staged in shared memory, the weight streamed once; a warp per
+//! output column for 16-bit weights (`matvec`), the block's threads splitting the contraction a
+//! word at a time for 4-bit ones (`packed_matvec`).
+
+use super::packed::{packed_loads, packed_value};
+use super::{activation_at, reads_per_element, store_root};
+use crate::cuda::elemental::Emitter;
+use crate::cuda::loops::{batched_loop, batched_loop_of, loads_at_once, thread_loop, trip_length, LOADS_IN_FLIGHT};
+use crate::cuda::CudaError;
+use g4c_ir::plan::Tile;
+use g4c_ir::{DType, ValueId};
+use g4c_passes::{footprint, Matvec, PackedWeight};
+
+/// The tiled matvec: per `k` step the block stages `rows × k` activations (the prologue computed
+/// once per block), each warp multiplies them by its column of every weight (lanes striding `k`),
+/// then reduces across lanes; lane 0 applies the epilogue to the products and stores. A packed
+/// 4-bit one is `packed_matvec`.
+pub(super) fn matvec(
+    em: &mut Emitter,
+    (tile, warps): (&Tile, u32),
+    m: &Matvec,
+    root: ValueId,
+) -> Result<(), CudaError> {
+    if tile.packed {
+        let unsupported = || CudaError::Unsupported(format!("{}: a packed tile of weights not packed", em.k.name));
+        let weights = PackedWeight::all_of(em.k, m).ok_or_else(unsupported)?;
+        return packed_matvec(em, (tile, warps), m, &weights, root);
+    }
+    let (rows, kt, cols) = (tile.rows, tile.k, tile.cols);
+    let (n_total, depth, products) = (m.cols, m.depth, m.dots.len());
+    em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
+    em.line(format!("const int n = block * {cols} + warp;"));
+    em.line(format!("float acc[{products}][{rows}];"));
+    em.line("#pragma unroll");
+    em.line(format!("for (int j = 0; j < {products}; ++j) for (int r = 0; r < {rows}; ++r) acc[j][r] = 0.f;"));
+    em.open(format!("for (int k0 = 0; k0 < {depth}; k0 += {kt})"));
+    stage_activations(em, m, (rows, kt), warps * 32)?;
+    em.open(format!("if (n < {n_total})"));
+    match stored_rows(em, m, kt) {
+        Some(rows_of) => sixteen_bit_rows(em, (rows, kt), m, &rows_of)?,
+        None => value_by_value(em, (rows, kt), m)?,
+    }
+    em.close();
+    em.line("__syncthreads();");
+    em.close();
+    em.line("#pragma unroll");
+    em.line(format!(
+        "for (int j = 0; j < {products}; ++j) for (int r = 0; r < {rows}; ++r) acc[j][r] = warp_sum(acc[j][r]);"
+    ));
+    em.open(format!("if (lane == 0 && n < {n_total})"));
+    em.line("#pragma unroll");
+    em.open(format!("for (int r = 0; r < {rows}; ++r)"));
+    store_products(em, m, &|j| format!("acc[{j}][r]"), root)?;
+    em.close();
+    em.close();
+    Ok(())
+}
+
+/// A matvec warp's loop over its column's step of weights, a value per lane and iteration.
+fn value_by_value(em: &mut Emitter, (rows, kt): (u32, u32), m: &Matvec) -> Result<(), CudaError> {
+    // The tile's `k` values, or those left of the depth.
+    let end = format!("min({kt}, {} - k0)", m.depth);
+    batched_loop(em, "kk", ("lane", &end, "32"), &mut |em| {
+        for (j, &(_, w)) in m.dots.iter().enumerate() {
+            // `[1.., N, K]`: leading dimensions of size 1.
+            let rank = em.k.ty(w).rank();
+            let at: Vec<String> =
+                std::iter::repeat_n("0".to_string(), rank - 2).chain(["n".into(), "(k0 + kk)".into()]).collect();
+            let w = em.value(w, &at)?;
+            em.line("#pragma unroll");
+            em.line(format!(
+                "for (int r = 0; r < {rows}; ++r) acc[{j}][r] = fmaf(act[r * {kt} + kk], {w}, acc[{j}][r]);"
+            ));
+        }
+        Ok(())
+    })
+}
+
+/// Each product's weight as a 16-bit array read as stored, row `n` of it the column's `depth`
+/// values (leading dimensions of size 1), when every product's is one and the rows and the tile's
+/// `kt` hold whole 16-byte vectors: the C array and its type.
+fn stored_rows(em: &mut Emitter, m: &Matvec, kt: u32) -> Option<Vec<(String, DType)>> {
+    if !m.depth.is_multiple_of(8) || !kt.is_multiple_of(8) {
+        return None;
+    }
+    m.dots
+        .iter()
+        .map(|&(_, w)| {
+            let ty = em.k.ty(w);
+            let rank = ty.rank();
+            let rows = rank >= 2 && ty.shape[rank - 1] == m.depth && ty.shape[..rank - 2].iter().all(|&d| d == 1);
+            let sixteen = matches!(ty.dtype, DType::BF16 | DType::F16);
+            let dtype = ty.dtype;
+            (rows && sixteen).then(|| em.stored_array(w)).flatten().map(|array| (array, dtype))
+        })
+        .collect()
+}
+
+/// A matvec warp's loop over its column's step of 16-bit weights (`rows_of`, per product), 8
+/// values at a time: each lane loads 16 bytes of every product's row (one 128-bit load), the
+/// matching 8 staged activations of each row (two), and adds the 8 products in order. A lane took
+/// one 2-byte value per iteration, so a warp had 512 bytes of weights in flight per 8 iterations:
+/// the H200 profile had the 16-bit LM head, a decode step's largest kernel, at 75% of the
+/// bandwidth. Now a warp's loads are 512 contiguous bytes each, as many at once as the step's
+/// vectors allow up to 8 (6 for E2B's 1536-deep head: 3 KB per warp).
+fn sixteen_bit_rows(
+    em: &mut Emitter,
+    (rows, kt): (u32, u32),
+    m: &Matvec,
+    rows_of: &[(String, DType)],
+) -> Result<(), CudaError> {
+    let depth = m.depth;
+    // A full step's vectors per lane, in trips that wait least.
+    let vectors_per_step = kt as usize / 8;
+    let at_once = trip_length((vectors_per_step / 32, vectors_per_step.div_ceil(32)), LOADS_IN_FLIGHT);
+    let vectors = format!("min({kt}, {depth} - k0) >> 3");
+    batched_loop_of(em, "kv", ("lane", &vectors, "32"), at_once, &mut |em| {
+        em.line("const int kk = kv * 8;");
+        for (j, (array, _)) in rows_of.iter().enumerate() {
+            em.line(format!("unsigned wv{j}[4];"));
+            em.line(format!("ld8_pairs({array} + n * {depth} + k0 + kk, wv{j});"));
+        }
+        em.line("#pragma unroll");
+        em.open(format!("for (int r = 0; r < {rows}; ++r)"));
+        em.line("float a[8];");
+        em.line(format!("ld8(act + r * {kt} + kk, a);"));
+        for (j, (_, dtype)) in rows_of.iter().enumerate() {
+            let widen = if *dtype == DType::F16 { "h2f" } else { "b2f" };
+            em.line("#pragma unroll");
+            em.line(format!(
+                "for (int i = 0; i < 8; ++i) acc[{j}][r] = fmaf(a[i], {widen}((u16)(wv{j}[i >> 1] >> (16 * (i & 1)))), acc[{j}][r]);"
+            ));
+        }
+        em.close();
+        Ok(())
+    })
+}
+
+/// Stores a matvec's output at row `r` and column `n` (C variables), product `j`'s sum being
+/// `sum(j)` (a C expression).
+fn store_products(em: &mut Emitter, m: &Matvec, sum: &dyn Fn(usize) -> String, root: ValueId) -> Result<(), CudaError> {
+    em.line(format!("const int i = r * {} + n;", m.cols));
+    let sums: Vec<(ValueId, String)> = m.dots.iter().enumerate().map(|(j, &(dot, _))| (dot, sum(j))).collect();
+    store_root(em, &sums, root)
+}
+
+/// Stages the `rows × kt` activations of the step from `k0` into `act` (the prologue computed
+/// once per block of `threads`), then meets the block's barrier.
+fn stage_activations(em: &mut Emitter, m: &Matvec, (rows, kt): (u32, u32), threads: u32) -> Result<(), CudaError> {
+    let at_once = loads_at_once(reads_per_element(em.k, m.lhs));
+    thread_loop(em, "e", ("threadIdx.x", (rows * kt) as usize, threads), at_once, &mut |em| {
+        em.line(format!("const int r = e / {kt}, kk = k0 + e % {kt};"));
+        activation_at(em, m, "a", "r", "kk")?;
+        em.line("act[e] = a;");
+        Ok(())
+    })?;
+    em.line("__syncthreads();");
+    Ok(())
+}
+
+/// Word loads a thread of a packed matvec issues before it waits for any: 16 KB in flight per
+/// block of 256 threads.
+const WORDS_IN_FLIGHT: u32 = 16;
+
+/// The 4-bit matvec, its weights packed 8 values to a word: per `k` step the block stages `rows ×
+/// k` activations as `matvec` does; then its threads split the step's words among them, thread `t`
+/// taking words `t`, `t + 256`, …, and multiply each word's 8 activations per row (read from shared
+/// memory once, in two 128-bit loads) by that word of every column of the block and every product.
+/// So a thread has `cols × products` independent word loads per word it takes (and takes several
+/// at once, up to `WORDS_IN_FLIGHT` loads), every column is spread over all 256 threads however deep
+/// the contraction, and shared memory is read once per `cols × products` words. A warp per column
+/// read its column's words 8 at a time per lane, 8 KB in flight per block, and 4 bytes of shared
+/// memory per weight: the 4-bit matvecs stayed under 10% of the H200's bandwidth. Each thread's
+/// sums are combined over its warp, then over the warps through `part` (in `act`); thread `o`
+/// applies the epilogue to output `o` of the block (row `o % rows` of column `o / rows`). Columns
+/// past the last are read as the last one, and not stored: no branch around the loads.
+fn packed_matvec(
+    em: &mut Emitter,
+    (tile, warps): (&Tile, u32),
+    m: &Matvec,
+    weights: &[PackedWeight],
+    root: ValueId,
+) -> Result<(), CudaError> {
+    let (rows, kt, cols) = (tile.rows, tile.k, tile.cols);
+    let (n_total, depth, products) = (m.cols, m.depth, weights.len() as u32);
+    let (sums, steps) = (products * cols * rows, (WORDS_IN_FLIGHT / (cols * products)).max(1));
+    // The footprint sized `act` for the plan's 8 warps' partial sums.
+    if u64::from(warps * sums * 4) > footprint(tile).smem_bytes {
+        return Err(CudaError::Unsupported(format!(
+            "{}: {warps} warps' partial sums do not fit the tile's shared memory",
+            em.k.name
+        )));
+    }
+    em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
+    em.line(format!("float acc[{products}][{cols}][{rows}] = {{}};"));
+    em.open(format!("for (int k0 = 0; k0 < {depth}; k0 += {kt})"));
+    stage_activations(em, m, (rows, kt), warps * 32)?;
+    em.line(format!("const int words = min({kt}, {depth} - k0) >> 3;"));
+    em.open(format!("for (int wd0 = threadIdx.x; wd0 < words; wd0 += {steps} * blockDim.x)"));
+    em.line(format!("unsigned q[{steps}][{products}][{cols}];"));
+    em.line(format!("float s[{steps}][{products}][{cols}];"));
+    // The words and scales of `steps` words of every column first, then the products: two loops,
+    // so that the loads come first as written rather than as the compiler would schedule one.
+    let each_word = |em: &mut Emitter| {
+        em.line("#pragma unroll");
+        em.open(format!("for (int u = 0; u < {steps}; ++u)"));
+        em.line("const int wd = wd0 + u * blockDim.x;");
+        em.open("if (wd < words)");
+    };
+    let each_column = |em: &mut Emitter| {
+        em.line("#pragma unroll");
+        em.open(format!("for (int c = 0; c < {cols}; ++c)"));
+    };
+    each_word(em);
+    each_column(em);
+    em.line(format!("const int n = min(block * {cols} + c, {});", n_total - 1));
+    for (j, w) in weights.iter().enumerate() {
+        let (word, scale) = packed_loads(em, w, "n", "(k0 + 8 * wd)", depth)?;
+        em.line(format!("q[u][{j}][c] = {word};"));
+        em.line(format!("s[u][{j}][c] = {scale};"));
+    }
+    em.close();
+    em.close();
+    em.close();
+    each_word(em);
+    em.line(format!("float a[{rows}][8];"));
+    em.line("#pragma unroll");
+    em.line(format!("for (int r = 0; r < {rows}; ++r) ld8(act + r * {kt} + 8 * wd, a[r]);"));
+    each_column(em);
+    let values: Vec<String> = weights
+        .iter()
+        .enumerate()
+        .map(|(j, w)| packed_value(em, w, &format!("q[u][{j}][c]"), &format!("s[u][{j}][c]")))
+        .collect();
+    em.line("#pragma unroll");
+    em.open("for (int i = 0; i < 8; ++i)");
+    for (j, value) in values.iter().enumerate() {
+        let value = em.var("float", "v", value);
+        em.line("#pragma unroll");
+        em.line(format!("for (int r = 0; r < {rows}; ++r) acc[{j}][c][r] = fmaf(a[r][i], {value}, acc[{j}][c][r]);"));
+    }
+    em.close();
+    em.close();
+    em.close();
+    em.close();
+    em.close();
+    em.line("__syncthreads();");
+    em.close();
+    // Over the warp, then over the warps, through the activations' array (the last step's
+    // barrier is behind).
+    em.line("float* const part = act;");
+    for (var, n) in [("j", products), ("c", cols), ("r", rows)] {
+        em.line("#pragma unroll");
+        em.open(format!("for (int {var} = 0; {var} < {n}; ++{var})"));
+    }
+    em.line("const float sum = warp_sum(acc[j][c][r]);");
+    em.line(format!("if (lane == 0) part[warp * {sums} + (j * {cols} + c) * {rows} + r] = sum;"));
+    em.close();
+    em.close();
+    em.close();
+    em.line("__syncthreads();");
+    em.open(format!("if (threadIdx.x < {})", cols * rows));
+    em.line(format!("const int c = threadIdx.x / {rows}, r = threadIdx.x % {rows}, n = block * {cols} + c;"));
+    em.open(format!("if (n < {n_total})"));
+    em.line(format!("float sum[{products}];"));
+    em.open(format!("for (int j = 0; j < {products}; ++j)"));
+    em.line("sum[j] = 0.f;");
+    em.line(format!("for (int w = 0; w < {}; ++w) sum[j] += part[w * {sums} + (j * {cols} + c) * {rows} + r];", warps));
+    em.close();
+    store_products(em, m, &|j| format!("sum[{j}]"), root)?;
+    em.close();
+    em.close();
+    Ok(())
+}

@@ -1,0 +1,316 @@
+//! One kernel call's CUDA C from its IR function and launch, a device function that a launch's
+//! kernel calls on the call's blocks (`launch_code`), in one of six forms: one thread per element
+//! written (`elementwise`), one thread per cache slot written (`scatter`, in place), a reduction
+//! split over a warp or a block per output, or over a block's warps (`split_reduce`, with the
+//! prelude), the tiled matvec (`matvec`: activations staged in shared memory, the weight streamed
+//! once, a warp per output column; 4-bit weights `packed_matvec`, the block's threads splitting the
+//! contraction a word at a time), the tensor-core GEMM (`gemm`), or a decode step's attention over
+//! one chunk of cache slots per block (`attention`). The first two are `pointwise`, the reductions
+//! `reduce`, the others modules of their names; `packed` reads 4-bit weights for the matvec and
+//! the GEMM. The reducing forms but the last apply the kernel's epilogue to their sums
+//! (`store_root`).
+
+mod attention;
+mod gemm;
+mod matvec;
+mod packed;
+mod pointwise;
+mod reduce;
+
+use attention::{attention, attention_shared_arrays};
+use gemm::gemm;
+use matvec::matvec;
+use pointwise::{elementwise, scatter};
+use reduce::{prelude, split_reduce};
+
+use super::elemental::{rounded, storage_type, store, unlinear, value_type, write_lines, Emitter};
+use super::shared::{SharedArrays, REGION};
+use super::CudaError;
+use g4c_ir::plan::{launch_smem_bytes, KernelCall, KernelKind};
+use g4c_ir::{DType, Function, Op, ValueId};
+use g4c_passes::{attention_of, footprint, matvec_of, reduction_of, split_footprint, split_sums_bytes, Matvec};
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write;
+
+/// Stands for the kernel's symbol until its code is hashed.
+pub(crate) const NAME: &str = "__KERNEL__";
+
+/// The name of a split GEMM's split-sums parameter.
+const SPLIT_SUMS: &str = "sums";
+
+/// The CUDA C of one kernel call, as a device function `name` its launch calls with the call's
+/// block index (from 0, a launch may run calls side by side), and the weights it takes after its
+/// inputs.
+pub(crate) struct KernelCode {
+    pub code: String,
+    /// The C type of each parameter, in order (its inputs, weights, then output), the block
+    /// index aside.
+    pub params: Vec<String>,
+    pub weights: Vec<String>,
+    /// Whether it takes its launch's shared region (after the block index).
+    pub shared: bool,
+}
+
+/// `bf16_math`: the GPU computes in bf16 (sm_80 and later).
+pub(crate) fn kernel_code(
+    k: &Function,
+    call: &KernelCall,
+    name: &str,
+    bf16_math: bool,
+) -> Result<KernelCode, CudaError> {
+    let root = k.results[0].value;
+    let root_op = k.body.iter().find(|i| i.result == root).map(|i| &i.op);
+    let mut em = Emitter::new(k, name);
+    em.bf16_math = bf16_math;
+    let mut in_place = None;
+    // A split GEMM takes its entry's split-sums buffer after its output.
+    let mut split_sums = false;
+    // After the template's arrays, which are 16-byte aligned, so none is padded.
+    let prelude_arrays = match call.launch.prelude {
+        Some(_) => prelude(&mut em, call)?,
+        None => SharedArrays::default(),
+    };
+    let grid = call.launch.grid;
+    let mut shared = SharedArrays::default();
+    match (root_op, call.launch.tile, matvec_of(k)) {
+        (Some(Op::UpdateSlots { operand, slots, updates, axis }), _, _) => {
+            in_place = k.params.iter().position(|p| p.value == *operand);
+            let j = in_place
+                .ok_or_else(|| CudaError::Unsupported("a cache write of a value that is not an input".into()))?;
+            scatter(&mut em, grid, j, *operand, *slots, *updates, *axis)?;
+        }
+        _ if call.kind == KernelKind::Attention => {
+            let unsupported =
+                || CudaError::Unsupported(format!("{}: an attention kernel's plan is not its own", k.name));
+            let (split, a) = (call.launch.slots.ok_or_else(unsupported)?, attention_of(k).ok_or_else(unsupported)?);
+            attention_shared_arrays(&mut shared, &split);
+            attention(&mut em, &split, &a, root, call.launch.block / 32)?;
+        }
+        (_, Some(tile), Some(m)) if tile.mma.is_some() => {
+            let f = footprint(&tile);
+            shared.aligned("u16", "as_", f.staged_activations / 2);
+            shared.aligned("u16", "ws_", f.staged_weights / 2);
+            let split = match (tile.splits > 1, call.split_sums) {
+                (false, _) => None,
+                (true, Some(sums)) => Some((sums.offset, split_sums_bytes(&tile, grid, call.launch.block))),
+                (true, None) => {
+                    return Err(CudaError::Unsupported(format!("{}: a split GEMM without its split sums", k.name)))
+                }
+            };
+            gemm(&mut em, (&tile, call.launch.block), &m, root, split)?;
+            split_sums = split.is_some();
+        }
+        (_, Some(tile), Some(m)) => {
+            // 16-byte aligned for the 128-bit loads of packed products; a packed matvec's partial
+            // sums after the activations.
+            shared.aligned("float", "act", footprint(&tile).smem_bytes / 4);
+            matvec(&mut em, (&tile, call.launch.block / 32), &m, root)?;
+        }
+        (_, Some(_), None) => return Err(CudaError::Unsupported(format!("{}: a tile but no matvec", k.name))),
+        (_, None, _) => match call.launch.split {
+            Some(split) => {
+                // Partial results in the accumulator's type (`float` or `int`: 4 bytes either way).
+                let partials = split_footprint(split, call.launch.block) / 4;
+                let acc = reduction_of(k).map_or("float", |r| value_type(k.ty(r.reduction).dtype));
+                if partials > 0 {
+                    shared.array(acc, "part", partials);
+                }
+                split_reduce(&mut em, root, split, (call.launch.block / 32, grid))?
+            }
+            None => elementwise(&mut em, grid, root)?,
+        },
+    }
+    shared.append(prelude_arrays);
+    // The fit proof's bytes are the kernel's: the arrays must fit what the plan gave the call.
+    if shared.bytes() > u64::from(call.launch.smem_bytes) {
+        return Err(CudaError::Unsupported(format!(
+            "{}: shared arrays of {} bytes where the plan gives {}",
+            k.name,
+            shared.bytes(),
+            call.launch.smem_bytes
+        )));
+    }
+    let lines = em.take_lines();
+    // (C type, name) of each parameter.
+    let mut params: Vec<(String, String)> = k
+        .params
+        .iter()
+        .enumerate()
+        .map(|(j, p)| {
+            let st = storage_type(k.ty(p.value).dtype);
+            let ty = match in_place == Some(j) {
+                true => format!("{st}*"),
+                false => format!("const {st}* __restrict__"),
+            };
+            (ty, format!("in{j}"))
+        })
+        .collect();
+    for (j, w) in em.weights.iter().enumerate() {
+        let dtype = weight_dtype(k, w).expect("a weight the kernel reads");
+        params.push((format!("const {}* __restrict__", storage_type(dtype)), format!("w{j}")));
+    }
+    if in_place.is_none() {
+        params.push((format!("{}* __restrict__", storage_type(k.ty(root).dtype)), "out".into()));
+    }
+    if split_sums {
+        params.push(("unsigned char* __restrict__".into(), SPLIT_SUMS.into()));
+    }
+    let declared: Vec<String> = params.iter().map(|(t, n)| format!("{t} {n}")).collect();
+    let mut code = String::new();
+    for c in &em.constants {
+        writeln!(code, "{c}").unwrap();
+    }
+    // With shared arrays, the body takes them as parameters of its own (`SharedArrays::params`),
+    // and the call's function carves them out of the launch's region.
+    let body = match shared.is_empty() {
+        true => name.to_string(),
+        false => format!("{name}_arrays"),
+    };
+    let arrays: String = shared.params().iter().map(|p| format!(", {p}")).collect();
+    writeln!(
+        code,
+        "static __device__ __forceinline__ void {body}({}, const int block{arrays}) {{",
+        declared.join(", ")
+    )
+    .unwrap();
+    write_lines(&mut code, &lines);
+    code.push_str("}\n");
+    if !shared.is_empty() {
+        let names: Vec<&str> = params.iter().map(|(_, n)| n.as_str()).collect();
+        writeln!(
+            code,
+            "static __device__ __forceinline__ void {name}({}, const int block, unsigned char* const {REGION}) {{\n  \
+             {body}({}, block, {});\n}}",
+            declared.join(", "),
+            names.join(", "),
+            shared.args().join(", ")
+        )
+        .unwrap();
+    }
+    Ok(KernelCode {
+        code,
+        params: params.into_iter().map(|(t, _)| t).collect(),
+        weights: em.weights,
+        shared: !shared.is_empty(),
+    })
+}
+
+/// The CUDA C of one launch, named `NAME`: each call's device function (`{NAME}_{n}`), then the
+/// kernel, whose blocks run the calls' one after the other, each call's block index from 0, once
+/// the kernel before it has finished (`await_previous_kernel`, for programmatic dependent launch).
+pub(crate) fn launch_code(calls: &[KernelCall], parts: &[KernelCode]) -> String {
+    let mut code: String = parts.iter().map(|p| p.code.as_str()).collect();
+    let mut params = Vec::new();
+    let mut branches = Vec::new();
+    let mut first_block = 0;
+    for (n, (call, part)) in calls.iter().zip(parts).enumerate() {
+        let args: Vec<String> = (params.len()..params.len() + part.params.len()).map(|a| format!("a{a}")).collect();
+        params.extend(part.params.iter().zip(&args).map(|(t, a)| format!("{t} {a}")));
+        let block = match first_block {
+            0 => "blockIdx.x".to_string(),
+            b => format!("blockIdx.x - {b}"),
+        };
+        let region = match part.shared {
+            true => format!(", {REGION}"),
+            false => String::new(),
+        };
+        branches.push((first_block + call.launch.grid, format!("{NAME}_{n}({}, {block}{region});", args.join(", "))));
+        first_block += call.launch.grid;
+    }
+    // At least one block per SM: the register budget the plan gives each thread (ptxas otherwise
+    // aims at more resident blocks and spills a tensor-core kernel at 32 registers).
+    writeln!(
+        code,
+        "extern \"C\" __global__ void __launch_bounds__({}, 1) {NAME}({}) {{",
+        calls[0].launch.block,
+        params.join(", ")
+    )
+    .unwrap();
+    code.push_str("  let_next_kernel_start();\n  await_previous_kernel();\n");
+    // One region for the launch: each block runs one call, and uses that call's arrays only.
+    let bytes = launch_smem_bytes(calls);
+    if parts.iter().any(|p| p.shared) {
+        writeln!(code, "  __shared__ __align__(16) unsigned char {REGION}[{bytes}];").unwrap();
+    }
+    let last = branches.len() - 1;
+    for (n, (end, call)) in branches.iter().enumerate() {
+        let line = match (n, n == last) {
+            (0, true) => format!("  {call}"),
+            (0, false) => format!("  if (blockIdx.x < {end}) {call}"),
+            (_, false) => format!("  else if (blockIdx.x < {end}) {call}"),
+            (_, true) => format!("  else {call}"),
+        };
+        writeln!(code, "{line}").unwrap();
+    }
+    code.push_str("}\n");
+    code
+}
+
+fn weight_dtype(k: &Function, name: &str) -> Option<DType> {
+    k.body.iter().find_map(|i| match &i.op {
+        Op::Weight { name: n } if n == name => Some(k.ty(i.result).dtype),
+        _ => None,
+    })
+}
+
+/// Stores the root's element `i` (a C variable), with each of `sums` (a reduction or product of
+/// the kernel, and the f32 expression of its element `i`) rounded to its type and bound, so the
+/// epilogue from it to the root is computed on it.
+fn store_root(em: &mut Emitter, sums: &[(ValueId, String)], root: ValueId) -> Result<(), CudaError> {
+    for (v, sum) in sums {
+        let dtype = em.k.ty(*v).dtype;
+        let value = em.var(value_type(dtype), "d", &rounded(dtype, sum));
+        em.bound.insert(*v, value);
+    }
+    let root_ty = em.k.ty(root).clone();
+    let x = em.value(root, &unlinear("i", &root_ty.shape))?;
+    em.line(store(root_ty.dtype, "out", "i", &x));
+    Ok(())
+}
+
+/// Declares `float {name}`: the activation of a matrix product at row `row` and contraction index
+/// `kk` (C expressions), its prologue computed, or 0 past the `rows × depth` edges.
+fn activation_at(em: &mut Emitter, m: &Matvec, name: &str, row: &str, kk: &str) -> Result<(), CudaError> {
+    let (rows, depth) = (m.rows, m.depth);
+    let lhs_shape = em.k.ty(m.lhs).shape.clone();
+    let (inside, row, kk) = clamped(em, (row, rows), (kk, depth), 1);
+    let lin = em.var("int", "l", &format!("{row} * {depth} + {kk}"));
+    let x = em.value(m.lhs, &unlinear(&lin, &lhs_shape))?;
+    em.line(format!("const float {name} = {inside} ? {x} : 0.f;"));
+    Ok(())
+}
+
+/// Whether `(row, kk)` (C expressions) lies inside `rows × depth`, and the nearest index inside it
+/// (`kk` kept a multiple of `align`, which divides `depth`): three C variables. Staging loops read
+/// at the clamped index and select 0 outside, rather than branch around the reads: a branch per
+/// element keeps the compiler from issuing the next elements' loads before this one's arrive, so
+/// each element would wait out a memory latency (the prefill GEMMs' 32-deep steps took about 3 µs
+/// on the H200, eight such waits).
+fn clamped(
+    em: &mut Emitter,
+    (row, rows): (&str, usize),
+    (kk, depth): (&str, usize),
+    align: usize,
+) -> (String, String, String) {
+    let inside = em.var("bool", "within", &format!("{row} < {rows} && {kk} < {depth}"));
+    let row = em.var("int", "rc", &format!("min({row}, {})", rows - 1));
+    let kk = em.var("int", "kc", &format!("min({kk}, {})", depth - align));
+    (inside, row, kk)
+}
+
+/// The memory reads computing one element of `v` in kernel `k` takes: the kernel's inputs and
+/// weights it is computed from (each read once per element).
+fn reads_per_element(k: &Function, v: ValueId) -> u32 {
+    let def: HashMap<ValueId, &Op> = k.body.iter().map(|i| (i.result, &i.op)).collect();
+    let (mut stack, mut seen, mut reads) = (vec![v], HashSet::new(), 0);
+    while let Some(v) = stack.pop() {
+        if !seen.insert(v) {
+            continue;
+        }
+        match def.get(&v) {
+            None | Some(Op::Weight { .. }) => reads += 1,
+            Some(op) => stack.extend(op.operands()),
+        }
+    }
+    reads
+}
