@@ -1,6 +1,11 @@
 //! CUDA code generation without a GPU: every kernel of a plan compiled to PTX by NVRTC for sm_75,
 //! sm_80 and sm_90 and assembled by ptxas, whose report must agree with the plan's fit proof.
 
+mod machine_code;
+mod products;
+
+use products::assert_split_gemm_agrees;
+
 use crate::common::{
     assert_matches_golden, golden_cases, golden_dir, greedy_generate, long_context_generate, run_transformed,
     target_generate, Backend, WeightTable,
@@ -12,7 +17,6 @@ use g4c_ir::Target;
 use g4c_passes::{plan_module, Pass, Pipeline, PipelineOptions};
 use g4c_runtime::backend::cuda::{ptx_isa_version, CudaDevice, Device, DeviceProgram, Emulator};
 use g4c_runtime::generate::Generation;
-
 /// The checkpoint in `dir`, its module for `shapes` after `target`'s pipeline, and its kernel plan.
 fn planned(
     dir: &std::path::Path,
@@ -366,7 +370,10 @@ fn e2b_plan(target: &'static Target) -> KernelPlan {
 fn e2b_decode_plan_on_t4g() {
     let mut plan = e2b_plan(Target::by_name("t4g").unwrap());
     plan.entries.retain(|e| e.entry == "decode");
-    insta::assert_snapshot!("e2b_w4a16_t4g_decode_plan", print_plan(&plan, false));
+    // Beside the other tests' snapshots (insta looks beside the source file, `tests/cuda/`).
+    insta::with_settings!({ snapshot_path => "../snapshots" }, {
+        insta::assert_snapshot!("e2b_w4a16_t4g_decode_plan", print_plan(&plan, false));
+    });
 }
 
 /// E2B's 128-token prefill GEMMs split their contraction where their tiles leave SMs idle
@@ -520,236 +527,6 @@ fn cuda_kernels_on_a_gpu_match_the_goldens() {
     assert!(failed.is_empty(), "on the GPU, {} cases failed: {failed:?}", failed.len());
 }
 
-/// A 4-bit matvec of 40 columns (5 blocks of 8, on h200) whose depth, 2304, is 288 words: more
-/// than the block's 256 threads, so 32 of them take a second word in the same trip (and the rest
-/// skip it); on the host emulator against the interpreter, for h200: f32 weights (dequantized value
-/// by value), bf16 and f16 ones (in pairs), and f16 weights of bf16 scales as t4g has them, here
-/// scales of about 1e-7 that f16 can not hold (value by value again). And one 12544 deep, more
-/// than a block stages at once (12288 activations in 48 KB): two steps, the second of 32 words.
-/// The tiny models' matvecs are one word per thread or less.
-#[test]
-fn a_packed_matvec_deeper_than_its_block_computes_what_the_module_does() {
-    for (weight, scale, magnitude) in
-        [("f32", "f32", 0.01), ("bf16", "bf16", 0.01), ("f16", "f16", 0.01), ("f16", "bf16", 1e-7)]
-    {
-        assert_deep_packed_matvec_agrees(weight, scale, magnitude, 2304);
-    }
-    assert_deep_packed_matvec_agrees("bf16", "bf16", 0.01, 12544);
-}
-
-/// A module whose decode is one matvec of 40 columns, `depth` deep, of a 4-bit weight `q` in groups
-/// of 32 (scales `s` of type `scale_type`) dequantized to `t`, by the activations `x` times the
-/// token id.
-fn deep_matvec_module(t: &str, scale_type: &str, depth: usize) -> String {
-    Products { entry: "decode", rows: 1, cols: 40, depth, products: 1, four_bit: true }.module(t, scale_type)
-}
-
-/// A module whose entry `entry` multiplies `rows` activations (`x` times the token ids) by
-/// `products` weights (`q0`, `q1`, …) of `cols` columns each, `depth` deep, its result the
-/// products side by side: 4-bit weights in groups of 32 (`four_bit`), else weights as they are.
-#[derive(Clone, Copy)]
-struct Products {
-    entry: &'static str,
-    rows: usize,
-    cols: usize,
-    depth: usize,
-    products: usize,
-    four_bit: bool,
-}
-
-impl Products {
-    /// The module, its weights of type `t`: 4-bit ones dequantized to `t` by scales (`s0`, `s1`, …)
-    /// of type `scale_type`.
-    fn module(&self, t: &str, scale_type: &str) -> String {
-        let Products { entry, rows: r, cols: c, depth: d, products, four_bit } = *self;
-        let mut weights = format!("  weight @x : f32[{r}, {d}] = \"x\"\n");
-        let mut body = format!(
-            "    %x = weight @x : f32[{r},{d}]\n    %id = convert %ids : f32[1,{r}]\n    %id.r = reshape %id : f32[{r}]\n    \
-             %ids.wide = broadcast %id.r {{dims = [0]}} : f32[{r},{d}]\n    %a.f32 = mul %x, %ids.wide : f32[{r},{d}]\n    \
-             %a = convert %a.f32 : {t}[{r},{d}]\n"
-        );
-        for j in 0..products {
-            if four_bit {
-                weights += &format!(
-                    "  weight @q{j} : i4[{c}, {d}] = \"q{j}\"\n  weight @s{j} : {scale_type}[{c}, {}] = \"s{j}\"\n",
-                    d / 32
-                );
-                body += &format!(
-                    "    %q{j} = weight @q{j} : i4[{c},{d}]\n    %s{j} = weight @s{j} : {scale_type}[{c},{}]\n    \
-                     %w{j} = dequantize %q{j}, %s{j} {{group = 32}} : {t}[{c},{d}]\n",
-                    d / 32
-                );
-            } else {
-                weights += &format!("  weight @q{j} : {t}[{c}, {d}] = \"q{j}\"\n");
-                body += &format!("    %w{j} = weight @q{j} : {t}[{c},{d}]\n");
-            }
-            body += &format!(
-                "    %y{j}.t = dot_general %a, %w{j} {{lhs_batch = [], rhs_batch = [], lhs_contract = [1], rhs_contract = [1]}} : {t}[{r},{c}]\n    \
-                 %y{j} = convert %y{j}.t : f32[{r},{c}]\n"
-            );
-        }
-        let all = c * products;
-        let result = match products {
-            1 => "%y0".to_string(),
-            _ => {
-                let ys: Vec<String> = (0..products).map(|j| format!("%y{j}")).collect();
-                body += &format!("    %y = concat {} {{axis = 1}} : f32[{r},{all}]\n", ys.join(", "));
-                "%y".to_string()
-            }
-        };
-        format!(
-            "module @w4 {{\n{weights}  func @{entry}(\n    %ids: i32[1,{r}] token_ids,\n    %pos: i32[1,{r}] positions\n  ) -> (\n    \
-             logits: f32[{r},{all}] logits\n  ) {{\n{body}    return {result}\n  }}\n}}\n"
-        )
-    }
-}
-
-/// A packed matvec `depth` deep (in groups of 32) whose weight is of type `t` and its scales (from
-/// `magnitude` to twice that) of type `scale_type`, on the host emulator against the interpreter.
-fn assert_deep_packed_matvec_agrees(t: &str, scale_type: &str, magnitude: f32, depth: usize) {
-    let product = Products { entry: "decode", rows: 1, cols: 40, depth, products: 1, four_bit: true };
-    let (plan, want, got) = product_outputs(product, (t, scale_type), magnitude, "h200", emulator);
-    let kinds: Vec<&str> = plan.entries[0].calls.iter().map(|c| c.kind.name()).collect();
-    assert!(kinds.contains(&"matvec_w4"), "{kinds:?}");
-    let tile = plan.entries[0].calls.iter().find_map(|c| c.launch.tile).unwrap();
-    assert!(tile.packed, "{tile:?}");
-    assert_eq!((tile.k as usize) < depth, depth > 12288, "{tile:?}");
-    assert_products_agree(&format!("{t} of {scale_type} scales"), t, magnitude, &got, &want);
-}
-
-/// A prefill GEMM of few tiles splits its contraction over blocks (`Tile::splits`), whose partial
-/// sums the last block of each tile adds (`add_split_sums`): on the host emulator, against the
-/// interpreter, for h200 in bf16 and t4g in f16 (each 8 blocks a tile), through two launches (the split sums' counts start the second at zero again).
-#[test]
-fn a_split_gemm_computes_what_the_module_does() {
-    for (target, t) in [("h200", "bf16"), ("t4g", "f16")] {
-        assert_split_gemm_agrees(target, t, emulator);
-    }
-}
-
-/// `a_split_gemm_computes_what_the_module_does`'s case for `target` in `t`, on `device`: one
-/// product, then two side by side in one launch (concatenated: each product a GEMM kernel of its
-/// own, which no template could compute inside the concatenation), each its own part of the split
-/// sums (checked in the plan: the host runs blocks one after another, so parts that overlapped
-/// would not race there).
-fn assert_split_gemm_agrees<D: Device + 'static>(target: &'static str, t: &str, device: fn(&[DeviceProgram]) -> D) {
-    for products in [1, 2] {
-        let product = Products { entry: "prefill", rows: 64, cols: 256, depth: 2048, products, four_bit: true };
-        let (plan, want, got) = product_outputs(product, (t, t), 0.01, target, device);
-        let launch = plan.entries[0].launches().next().unwrap();
-        let what = format!("{target}, {t}, {products} products: {}", print_plan(&plan, false));
-        assert_eq!(launch.len(), products, "{what}");
-        // The calls' parts of the split sums, which the host runs one after another, do not overlap.
-        let mut end = 0;
-        for call in launch {
-            let tile = call.launch.tile.unwrap();
-            assert!(tile.splits > 1, "{what}");
-            assert_eq!(
-                call.launch.grid,
-                4 * tile.splits,
-                "{what}: 4 tiles of 64 x 64, each over {} blocks",
-                tile.splits
-            );
-            let sums = call.split_sums.unwrap_or_else(|| panic!("{what}: no split sums"));
-            let bytes = g4c_passes::split_sums_bytes(&tile, call.launch.grid, call.launch.block);
-            assert!(sums.offset >= end, "{what}");
-            end = sums.offset + bytes.counts + bytes.partials;
-            let g4c_ir::plan::Slot::Scratch(b) = sums.buffer else { panic!("{what}: split sums in a parameter") };
-            assert!(plan.entries[0].buffers[b] >= end, "{what}");
-        }
-        assert_products_agree(&what, t, 0.01, &got, &want);
-    }
-}
-
-/// The host emulator, for `product_outputs`.
-fn emulator(programs: &[DeviceProgram]) -> Emulator {
-    Emulator::new(programs).unwrap()
-}
-
-/// `product`'s module, its weights of type `t` and its scales (from `magnitude` to twice that) of
-/// type `scale_type` (weights as they are: the 4-bit values times such scales), planned for
-/// `target`: the plan, then its output from the interpreter and from the plan's kernels on
-/// `device` (their second run).
-fn product_outputs<D: Device + 'static>(
-    product: Products,
-    (t, scale_type): (&str, &str),
-    magnitude: f32,
-    target: &'static str,
-    device: fn(&[DeviceProgram]) -> D,
-) -> (KernelPlan, Vec<f32>, Vec<f32>) {
-    use g4c_runtime::backend::cuda::DeviceExecutor;
-    use g4c_runtime::{Executor, StepInputs, StepOutput};
-    use std::sync::Arc;
-    let Products { entry, rows, cols, depth, products, four_bit } = product;
-    let text = product.module(t, scale_type);
-    let module = Arc::new(g4c_ir::parse_module(&text).unwrap());
-    g4c_ir::verify_module(&module).unwrap();
-    let mut seed = 7u64;
-    let mut next = move || {
-        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-        (seed >> 33) as u32
-    };
-    let s_dtype: g4c_ir::DType = scale_type.parse().unwrap();
-    let mut weights = Vec::new();
-    for j in 0..products {
-        if !four_bit {
-            // The 4-bit weights' values: integers from -8 to 7 times `magnitude` to twice that.
-            let w = (0..cols * depth)
-                .map(|_| ((next() % 16) as f32 - 8.0) * magnitude * (1.0 + (next() % 100) as f32 * 0.01))
-                .collect();
-            let w = g4c_runtime::Tensor::f32([cols, depth], w);
-            let dtype: g4c_ir::DType = t.parse().unwrap();
-            let bytes = g4c_runtime::tensor::convert_float_bytes(g4c_ir::DType::F32, dtype, &w.to_bytes()).unwrap();
-            let w = g4c_ir::TensorType::new(dtype, [cols, depth]);
-            weights.push((format!("q{j}"), g4c_runtime::Tensor::from_bytes(w, &bytes).unwrap()));
-            continue;
-        }
-        let nibbles: Vec<u8> = (0..cols * depth / 2).map(|_| next() as u8).collect();
-        let q = g4c_ir::TensorType::new(g4c_ir::DType::I4, [cols, depth]);
-        weights.push((format!("q{j}"), g4c_runtime::Tensor::from_bytes(q, &nibbles).unwrap()));
-        let s = (0..cols * depth / 32).map(|_| magnitude * (1.0 + (next() % 100) as f32 * 0.01)).collect();
-        let s = g4c_runtime::Tensor::f32([cols, depth / 32], s);
-        let bytes = g4c_runtime::tensor::convert_float_bytes(g4c_ir::DType::F32, s_dtype, &s.to_bytes()).unwrap();
-        let s = g4c_ir::TensorType::new(s_dtype, [cols, depth / 32]);
-        weights.push((format!("s{j}"), g4c_runtime::Tensor::from_bytes(s, &bytes).unwrap()));
-    }
-    let x = (0..rows * depth).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
-    weights.push(("x".into(), g4c_runtime::Tensor::f32([rows, depth], x)));
-    let store: Arc<dyn g4c_runtime::WeightStore> = Arc::new(WeightTable(weights));
-    let target = Target::by_name(target).unwrap();
-    let plan = Arc::new(plan_module(&module, target).unwrap());
-    let programs = g4c_driver::cuda_programs(&plan, target, false).unwrap().programs;
-    let device = device(&programs);
-    let mut device = DeviceExecutor::new(module.clone(), plan.clone(), &programs, store.clone(), device).unwrap();
-    let mut interp = g4c_runtime::InterpExecutor::new(g4c_runtime::Interpreter::new(module, store));
-    let output = |exec: &mut dyn Executor, first_id: u32| {
-        let ids: Vec<u32> = (0..rows as u32).map(|r| first_id + r % 5).collect();
-        exec.reset().unwrap();
-        let inputs = StepInputs::padded(rows, &[(0, &ids[..])], false);
-        exec.step(entry, &inputs, StepOutput::Logits).unwrap().as_f32().unwrap().to_vec()
-    };
-    let want = output(&mut interp, 3);
-    // Other ids first, so that a second run that wrote nothing would leave the wrong outputs.
-    output(&mut device, 4);
-    let got = output(&mut device, 3);
-    (Arc::unwrap_or_clone(plan), want, got)
-}
-
-/// `got` within rounding of `want`, products of weights of type `t` whose scales start at
-/// `magnitude`, summed in another order: f32 within 1e-5 of the outputs' scale, a 16-bit output
-/// one rounding either way.
-fn assert_products_agree(what: &str, t: &str, magnitude: f32, got: &[f32], want: &[f32]) {
-    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
-    assert!(scale > 50.0 * magnitude, "{what}: the products are not all near zero: {want:?}");
-    for (i, (a, b)) in got.iter().zip(want).enumerate() {
-        let tolerance = match t {
-            "f32" => 1e-5 * scale,
-            _ => 2f32.powi(-7) * b.abs().max(1e-3 * scale),
-        };
-        assert!((a - b).abs() <= tolerance, "{what}: output {i}: {a} where the interpreter computes {b}");
-    }
-}
-
 /// The tiny model as the kernel checks plan it: a 16-token prefill, context 24, quantized to 4 bits
 /// in groups of 8.
 const TINY_CHECKED: (Shapes, Option<usize>) = (Shapes { batch: 1, prefill_len: 16, context: 24 }, Some(8));
@@ -843,6 +620,7 @@ int main() {
   printf("%ld\n", failures);
   return failures != 0;
 }
+
 "#;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("emulator.h"), read("runtime/src/backend/cuda/emulator.h")).unwrap();
@@ -860,175 +638,4 @@ int main() {
     let ran = std::process::Command::new(&binary).output().unwrap();
     let failures = String::from_utf8_lossy(&ran.stdout);
     assert!(ran.status.success(), "{} values differ from the value-by-value dequantization", failures.trim());
-}
-
-/// The down projection's shape on h200 (12288 deep, 4-bit, bf16): in the machine code ptxas makes
-/// of the packed matvec, its main loop issues 16 word loads (and their scales) before the first
-/// multiply-add that waits for one. The rate a matvec streams its weight at is bounded by the
-/// bytes its threads keep in flight; a warp per column issued 8 (`nvdisasm`, as `scripts/setup`
-/// installs it, reads the cubin).
-#[test]
-fn the_packed_matvec_keeps_16_word_loads_in_flight() {
-    let module = g4c_ir::parse_module(&deep_matvec_module("bf16", "bf16", 12288)).unwrap();
-    let target = Target::by_name("h200").unwrap();
-    let plan = plan_module(&module, target).unwrap();
-    let loads = word_loads_before_a_multiply_add(&sass_of(&plan, target));
-    assert!(loads >= 16, "the packed matvec's main loop issues {loads} word loads before it waits for one");
-}
-
-/// A matvec of 16-bit weights read as they are (E2B's LM head) loads 8 of a row's values at a
-/// time, 16 bytes a lane: for a 1536-deep row all 6 of a lane's loads issue together, 3 KB a warp.
-/// A lane read one 2-byte value per iteration, 512 bytes a warp per 8 iterations, and the H200
-/// profile had the head at 75% of the bandwidth.
-#[test]
-fn the_16_bit_matvec_loads_16_bytes_a_lane_6_at_once() {
-    let product = Products { entry: "decode", rows: 1, cols: 40, depth: 1536, products: 1, four_bit: false };
-    let (plan, target) = bf16_plan_for_h200(product);
-    assert_eq!(plan.entries[0].calls.iter().map(|c| c.kind.name()).collect::<Vec<_>>(), ["matvec"]);
-    let loads = most_loads_without_a_branch(&sass_of(&plan, target), "LDG.E.128");
-    assert!(loads >= 6, "the matvec issues at most {loads} 128-bit loads before a branch");
-}
-
-/// The 16-bit matvec on the host emulator against the interpreter: bf16 (h200) and f16 (t4g)
-/// weights read 8 at a time, rows 1536 deep (6 vectors a lane) and 1544 (193 vectors: lane 0 takes
-/// a seventh, and the others run theirs one by one); 3 rows (a short prefill) too.
-#[test]
-fn a_16_bit_matvec_computes_what_the_module_does() {
-    for (target, t) in [("h200", "bf16"), ("t4g", "f16")] {
-        for (rows, depth) in [(1, 1536), (1, 1544), (3, 1544)] {
-            let entry = if rows == 1 { "decode" } else { "prefill" };
-            let product = Products { entry, rows, cols: 40, depth, products: 1, four_bit: false };
-            let (plan, want, got) = product_outputs(product, (t, t), 0.01, target, emulator);
-            let kinds: Vec<&str> = plan.entries[0].calls.iter().map(|c| c.kind.name()).collect();
-            assert_eq!(kinds, ["matvec"], "{target}");
-            assert_products_agree(&format!("{target}, {t}, {rows} x {depth}"), t, 0.01, &got, &want);
-        }
-    }
-}
-
-/// A decode matvec stages its activations through a norm's prologue, whose statistics (in the
-/// block's shared memory, from its prelude) and their reciprocal square root, with its slow-path
-/// branches, are the same for every element: ptxas computes them once, before the loop, only if it
-/// can tell that the staged array does not overlap the statistics' (the arrays are `__restrict__`
-/// parameters of the call's body). Pointers carved out of one region left it recomputing them per
-/// element, a branch between every two elements' loads: E2B's per-layer-input gate staged 2 or 3
-/// loads at a time. Now the stagings issue a thread's 16-bit loads at once: 24 to 30 (6 elements
-/// of 1536, 4 or 5 loads each), where a main loop issues 16 (its scales).
-#[test]
-fn the_matvec_staging_computes_its_norm_once() {
-    let sass = e2b_decode_sass_on_h200();
-    let loads = most_loads_without_a_branch(&functions_named(sass, "g4c_matvec_w4_"), "LDG.E.U16");
-    assert!(loads >= 24, "the 4-bit matvecs issue at most {loads} 16-bit loads before a branch");
-}
-
-/// A sliding layer's weighted sum of values computes its softmax statistics over the 639 slots'
-/// scores in its prelude, 20 a lane, and its loops issue a lane's loads at once (all but one):
-/// in trips of 8, and then of as many as the lane has up to 8, they waited out 5 or 6 latencies.
-#[test]
-fn the_softmax_statistics_issue_a_lanes_loads_together() {
-    let sass = e2b_decode_sass_on_h200();
-    // The scores are f32 (`LDG.E`), the value cache bf16 (`LDG.E.U16`).
-    let loads = most_loads_without_a_branch(&functions_named(sass, "g4c_dot_"), "LDG.E.CONSTANT");
-    assert!(loads >= 19, "the weighted sum's prelude issues at most {loads} score loads before a branch");
-}
-
-/// The machine code of E2B's decode kernels for h200, made once for the tests reading it.
-fn e2b_decode_sass_on_h200() -> &'static str {
-    static SASS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SASS.get_or_init(|| {
-        let target = Target::by_name("h200").unwrap();
-        let mut plan = e2b_plan(target);
-        plan.entries.retain(|e| e.entry == "decode");
-        sass_of(&plan, target)
-    })
-}
-
-/// The functions of `sass` (`nvdisasm -c`) whose symbols start with `prefix`.
-fn functions_named(sass: &str, prefix: &str) -> String {
-    let mut keep = false;
-    let mut out = String::new();
-    for line in sass.lines() {
-        if let Some(symbol) = line.trim().strip_prefix(".text.").and_then(|l| l.strip_suffix(':')) {
-            keep = symbol.starts_with(prefix);
-        }
-        if keep {
-            out += line;
-            out.push('\n');
-        }
-    }
-    out
-}
-
-/// A prefill GEMM stages its tile's elements without a branch around each (it reads at clamped
-/// indices and selects 0 past the edges), so the loads of a trip of staged elements issue
-/// together; guarded, each element's loads were a branch of their own and waited out a memory
-/// latency each (the H200 profile had 32-deep steps at about 3 µs).
-#[test]
-fn the_prefill_gemm_issues_its_staging_loads_together() {
-    let product = Products { entry: "prefill", rows: 64, cols: 256, depth: 2048, products: 1, four_bit: true };
-    let (plan, target) = bf16_plan_for_h200(product);
-    let launch = plan.entries[0].launches().next().unwrap();
-    assert!(launch[0].launch.tile.is_some_and(|t| t.mma.is_some()), "the product is a tensor-core GEMM");
-    let loads = most_loads_without_a_branch(&sass_of(&plan, target), "LDG");
-    assert!(loads >= 16, "the GEMM issues at most {loads} global loads before a branch");
-}
-
-/// `product`'s module in bf16 (bf16 scales, if 4-bit), planned for h200.
-fn bf16_plan_for_h200(product: Products) -> (KernelPlan, &'static Target) {
-    let module = g4c_ir::parse_module(&product.module("bf16", "bf16")).unwrap();
-    let target = Target::by_name("h200").unwrap();
-    (plan_module(&module, target).unwrap(), target)
-}
-
-/// The machine code (`nvdisasm -c`, as `scripts/setup` installs it) of the first program of `plan`.
-fn sass_of(plan: &g4c_ir::plan::KernelPlan, target: &'static Target) -> String {
-    let program = g4c_driver::cuda_programs(plan, target, true).unwrap().programs.remove(0);
-    let (_, cubin) = program.cubin.expect("ptxas made a cubin");
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("k.cubin");
-    std::fs::write(&path, cubin).unwrap();
-    let nvdisasm = g4c_util::env::path_var("G4C_NVDISASM")
-        .or_else(|| g4c_util::env::venv_file("nvidia/cu13/bin/nvdisasm"))
-        .expect("nvdisasm in .venv: run scripts/setup");
-    let out = std::process::Command::new(nvdisasm).arg("-c").arg(&path).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// The most global loads of kind `load` (`LDG`, `LDG.E.128`) in `sass` between two labels or
-/// branches.
-fn most_loads_without_a_branch(sass: &str, load: &str) -> usize {
-    let (mut most, mut loads) = (0, 0);
-    for line in sass.lines() {
-        let text = line.split_once("*/").map_or("", |(_, t)| t);
-        if line.starts_with(".L_x_") || text.contains("BRA") || text.contains("CALL") {
-            loads = 0;
-        } else if text.contains(load) {
-            loads += 1;
-            most = most.max(loads);
-        }
-    }
-    most
-}
-
-/// Of the loops in `sass` (`nvdisasm -c`: instructions, and labels a backward branch may return
-/// to), the most 32-bit global loads (`LDG.E`, not the scales' `LDG.E.U16`) one issues from its
-/// top before its first `FFMA`.
-fn word_loads_before_a_multiply_add(sass: &str) -> usize {
-    let (mut labels, mut instructions) = (std::collections::HashMap::new(), Vec::new());
-    for line in sass.lines() {
-        if let Some(label) = line.strip_suffix(':').filter(|l| l.starts_with(".L_x_")) {
-            labels.insert(label.to_string(), instructions.len());
-        } else if let Some((_, text)) = line.split_once("*/") {
-            instructions.push(text.trim().to_string());
-        }
-    }
-    let mut most = 0;
-    for (end, i) in instructions.iter().enumerate() {
-        let target = i.split("BRA `(").nth(1).and_then(|t| t.split(')').next());
-        let Some(&top) = target.and_then(|t| labels.get(t)).filter(|&&top| top <= end) else { continue };
-        let body = instructions[top..end].iter().take_while(|i| !i.contains("FFMA"));
-        most = most.max(body.filter(|i| i.contains("LDG.E") && !i.contains("LDG.E.U16")).count());
-    }
-    most
 }

@@ -1,0 +1,152 @@
+//! What ptxas makes of the kernels, read with `nvdisasm` (as `scripts/setup` installs it): how many
+//! loads a loop issues before it waits for one.
+
+use super::products::{bf16_plan_for_h200, deep_matvec_module, Products};
+use super::*;
+
+/// The down projection's shape on h200 (12288 deep, 4-bit, bf16): in the machine code ptxas makes
+/// of the packed matvec, its main loop issues 16 word loads (and their scales) before the first
+/// multiply-add that waits for one. The rate a matvec streams its weight at is bounded by the
+/// bytes its threads keep in flight; a warp per column issued 8 (`nvdisasm`, as `scripts/setup`
+/// installs it, reads the cubin).
+#[test]
+fn the_packed_matvec_keeps_16_word_loads_in_flight() {
+    let module = g4c_ir::parse_module(&deep_matvec_module("bf16", "bf16", 12288)).unwrap();
+    let target = Target::by_name("h200").unwrap();
+    let plan = plan_module(&module, target).unwrap();
+    let loads = word_loads_before_a_multiply_add(&sass_of(&plan, target));
+    assert!(loads >= 16, "the packed matvec's main loop issues {loads} word loads before it waits for one");
+}
+
+/// A matvec of 16-bit weights read as they are (E2B's LM head) loads 8 of a row's values at a
+/// time, 16 bytes a lane: for a 1536-deep row all 6 of a lane's loads issue together, 3 KB a warp.
+/// A lane read one 2-byte value per iteration, 512 bytes a warp per 8 iterations, and the H200
+/// profile had the head at 75% of the bandwidth.
+#[test]
+fn the_16_bit_matvec_loads_16_bytes_a_lane_6_at_once() {
+    let product = Products { entry: "decode", rows: 1, cols: 40, depth: 1536, products: 1, four_bit: false };
+    let (plan, target) = bf16_plan_for_h200(product);
+    assert_eq!(plan.entries[0].calls.iter().map(|c| c.kind.name()).collect::<Vec<_>>(), ["matvec"]);
+    let loads = most_loads_without_a_branch(&sass_of(&plan, target), "LDG.E.128");
+    assert!(loads >= 6, "the matvec issues at most {loads} 128-bit loads before a branch");
+}
+
+/// A decode matvec stages its activations through a norm's prologue, whose statistics (in the
+/// block's shared memory, from its prelude) and their reciprocal square root, with its slow-path
+/// branches, are the same for every element: ptxas computes them once, before the loop, only if it
+/// can tell that the staged array does not overlap the statistics' (the arrays are `__restrict__`
+/// parameters of the call's body). Pointers carved out of one region left it recomputing them per
+/// element, a branch between every two elements' loads: E2B's per-layer-input gate staged 2 or 3
+/// loads at a time. Now the stagings issue a thread's 16-bit loads at once: 24 to 30 (6 elements
+/// of 1536, 4 or 5 loads each), where a main loop issues 16 (its scales).
+#[test]
+fn the_matvec_staging_computes_its_norm_once() {
+    let sass = e2b_decode_sass_on_h200();
+    let loads = most_loads_without_a_branch(&functions_named(sass, "g4c_matvec_w4_"), "LDG.E.U16");
+    assert!(loads >= 24, "the 4-bit matvecs issue at most {loads} 16-bit loads before a branch");
+}
+
+/// A sliding layer's weighted sum of values computes its softmax statistics over the 639 slots'
+/// scores in its prelude, 20 a lane, and its loops issue a lane's loads at once (all but one):
+/// in trips of 8, and then of as many as the lane has up to 8, they waited out 5 or 6 latencies.
+#[test]
+fn the_softmax_statistics_issue_a_lanes_loads_together() {
+    let sass = e2b_decode_sass_on_h200();
+    // The scores are f32 (`LDG.E`), the value cache bf16 (`LDG.E.U16`).
+    let loads = most_loads_without_a_branch(&functions_named(sass, "g4c_dot_"), "LDG.E.CONSTANT");
+    assert!(loads >= 19, "the weighted sum's prelude issues at most {loads} score loads before a branch");
+}
+
+/// The machine code of E2B's decode kernels for h200, made once for the tests reading it.
+fn e2b_decode_sass_on_h200() -> &'static str {
+    static SASS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SASS.get_or_init(|| {
+        let target = Target::by_name("h200").unwrap();
+        let mut plan = e2b_plan(target);
+        plan.entries.retain(|e| e.entry == "decode");
+        sass_of(&plan, target)
+    })
+}
+
+/// The functions of `sass` (`nvdisasm -c`) whose symbols start with `prefix`.
+fn functions_named(sass: &str, prefix: &str) -> String {
+    let mut keep = false;
+    let mut out = String::new();
+    for line in sass.lines() {
+        if let Some(symbol) = line.trim().strip_prefix(".text.").and_then(|l| l.strip_suffix(':')) {
+            keep = symbol.starts_with(prefix);
+        }
+        if keep {
+            out += line;
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// A prefill GEMM stages its tile's elements without a branch around each (it reads at clamped
+/// indices and selects 0 past the edges), so the loads of a trip of staged elements issue
+/// together; guarded, each element's loads were a branch of their own and waited out a memory
+/// latency each (the H200 profile had 32-deep steps at about 3 µs).
+#[test]
+fn the_prefill_gemm_issues_its_staging_loads_together() {
+    let product = Products { entry: "prefill", rows: 64, cols: 256, depth: 2048, products: 1, four_bit: true };
+    let (plan, target) = bf16_plan_for_h200(product);
+    let launch = plan.entries[0].launches().next().unwrap();
+    assert!(launch[0].launch.tile.is_some_and(|t| t.mma.is_some()), "the product is a tensor-core GEMM");
+    let loads = most_loads_without_a_branch(&sass_of(&plan, target), "LDG");
+    assert!(loads >= 16, "the GEMM issues at most {loads} global loads before a branch");
+}
+
+/// The machine code (`nvdisasm -c`, as `scripts/setup` installs it) of the first program of `plan`.
+fn sass_of(plan: &g4c_ir::plan::KernelPlan, target: &'static Target) -> String {
+    let program = g4c_driver::cuda_programs(plan, target, true).unwrap().programs.remove(0);
+    let (_, cubin) = program.cubin.expect("ptxas made a cubin");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("k.cubin");
+    std::fs::write(&path, cubin).unwrap();
+    let nvdisasm = g4c_util::env::path_var("G4C_NVDISASM")
+        .or_else(|| g4c_util::env::venv_file("nvidia/cu13/bin/nvdisasm"))
+        .expect("nvdisasm in .venv: run scripts/setup");
+    let out = std::process::Command::new(nvdisasm).arg("-c").arg(&path).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The most global loads of kind `load` (`LDG`, `LDG.E.128`) in `sass` between two labels or
+/// branches.
+fn most_loads_without_a_branch(sass: &str, load: &str) -> usize {
+    let (mut most, mut loads) = (0, 0);
+    for line in sass.lines() {
+        let text = line.split_once("*/").map_or("", |(_, t)| t);
+        if line.starts_with(".L_x_") || text.contains("BRA") || text.contains("CALL") {
+            loads = 0;
+        } else if text.contains(load) {
+            loads += 1;
+            most = most.max(loads);
+        }
+    }
+    most
+}
+
+/// Of the loops in `sass` (`nvdisasm -c`: instructions, and labels a backward branch may return
+/// to), the most 32-bit global loads (`LDG.E`, not the scales' `LDG.E.U16`) one issues from its
+/// top before its first `FFMA`.
+fn word_loads_before_a_multiply_add(sass: &str) -> usize {
+    let (mut labels, mut instructions) = (std::collections::HashMap::new(), Vec::new());
+    for line in sass.lines() {
+        if let Some(label) = line.strip_suffix(':').filter(|l| l.starts_with(".L_x_")) {
+            labels.insert(label.to_string(), instructions.len());
+        } else if let Some((_, text)) = line.split_once("*/") {
+            instructions.push(text.trim().to_string());
+        }
+    }
+    let mut most = 0;
+    for (end, i) in instructions.iter().enumerate() {
+        let target = i.split("BRA `(").nth(1).and_then(|t| t.split(')').next());
+        let Some(&top) = target.and_then(|t| labels.get(t)).filter(|&&top| top <= end) else { continue };
+        let body = instructions[top..end].iter().take_while(|i| !i.contains("FFMA"));
+        most = most.max(body.filter(|i| i.contains("LDG.E") && !i.contains("LDG.E.U16")).count());
+    }
+    most
+}

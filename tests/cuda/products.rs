@@ -1,0 +1,262 @@
+//! Matrix products on the host emulator (and the GPU test) against the interpreter: modules of
+//! several 4-bit or 16-bit products (`Products`), split GEMMs, deep and 16-bit matvecs.
+
+use super::*;
+
+/// A 4-bit matvec of 40 columns (5 blocks of 8, on h200) whose depth, 2304, is 288 words: more
+/// than the block's 256 threads, so 32 of them take a second word in the same trip (and the rest
+/// skip it); on the host emulator against the interpreter, for h200: f32 weights (dequantized value
+/// by value), bf16 and f16 ones (in pairs), and f16 weights of bf16 scales as t4g has them, here
+/// scales of about 1e-7 that f16 can not hold (value by value again). And one 12544 deep, more
+/// than a block stages at once (12288 activations in 48 KB): two steps, the second of 32 words.
+/// The tiny models' matvecs are one word per thread or less.
+#[test]
+fn a_packed_matvec_deeper_than_its_block_computes_what_the_module_does() {
+    for (weight, scale, magnitude) in
+        [("f32", "f32", 0.01), ("bf16", "bf16", 0.01), ("f16", "f16", 0.01), ("f16", "bf16", 1e-7)]
+    {
+        assert_deep_packed_matvec_agrees(weight, scale, magnitude, 2304);
+    }
+    assert_deep_packed_matvec_agrees("bf16", "bf16", 0.01, 12544);
+}
+
+/// A module whose decode is one matvec of 40 columns, `depth` deep, of a 4-bit weight `q` in groups
+/// of 32 (scales `s` of type `scale_type`) dequantized to `t`, by the activations `x` times the
+/// token id.
+pub(super) fn deep_matvec_module(t: &str, scale_type: &str, depth: usize) -> String {
+    Products { entry: "decode", rows: 1, cols: 40, depth, products: 1, four_bit: true }.module(t, scale_type)
+}
+
+/// A module whose entry `entry` multiplies `rows` activations (`x` times the token ids) by
+/// `products` weights (`q0`, `q1`, …) of `cols` columns each, `depth` deep, its result the
+/// products side by side: 4-bit weights in groups of 32 (`four_bit`), else weights as they are.
+#[derive(Clone, Copy)]
+pub(super) struct Products {
+    pub(super) entry: &'static str,
+    pub(super) rows: usize,
+    pub(super) cols: usize,
+    pub(super) depth: usize,
+    pub(super) products: usize,
+    pub(super) four_bit: bool,
+}
+
+impl Products {
+    /// The module, its weights of type `t`: 4-bit ones dequantized to `t` by scales (`s0`, `s1`, …)
+    /// of type `scale_type`.
+    fn module(&self, t: &str, scale_type: &str) -> String {
+        let Products { entry, rows: r, cols: c, depth: d, products, four_bit } = *self;
+        let mut weights = format!("  weight @x : f32[{r}, {d}] = \"x\"\n");
+        let mut body = format!(
+            "    %x = weight @x : f32[{r},{d}]\n    %id = convert %ids : f32[1,{r}]\n    %id.r = reshape %id : f32[{r}]\n    \
+             %ids.wide = broadcast %id.r {{dims = [0]}} : f32[{r},{d}]\n    %a.f32 = mul %x, %ids.wide : f32[{r},{d}]\n    \
+             %a = convert %a.f32 : {t}[{r},{d}]\n"
+        );
+        for j in 0..products {
+            if four_bit {
+                weights += &format!(
+                    "  weight @q{j} : i4[{c}, {d}] = \"q{j}\"\n  weight @s{j} : {scale_type}[{c}, {}] = \"s{j}\"\n",
+                    d / 32
+                );
+                body += &format!(
+                    "    %q{j} = weight @q{j} : i4[{c},{d}]\n    %s{j} = weight @s{j} : {scale_type}[{c},{}]\n    \
+                     %w{j} = dequantize %q{j}, %s{j} {{group = 32}} : {t}[{c},{d}]\n",
+                    d / 32
+                );
+            } else {
+                weights += &format!("  weight @q{j} : {t}[{c}, {d}] = \"q{j}\"\n");
+                body += &format!("    %w{j} = weight @q{j} : {t}[{c},{d}]\n");
+            }
+            body += &format!(
+                "    %y{j}.t = dot_general %a, %w{j} {{lhs_batch = [], rhs_batch = [], lhs_contract = [1], rhs_contract = [1]}} : {t}[{r},{c}]\n    \
+                 %y{j} = convert %y{j}.t : f32[{r},{c}]\n"
+            );
+        }
+        let all = c * products;
+        let result = match products {
+            1 => "%y0".to_string(),
+            _ => {
+                let ys: Vec<String> = (0..products).map(|j| format!("%y{j}")).collect();
+                body += &format!("    %y = concat {} {{axis = 1}} : f32[{r},{all}]\n", ys.join(", "));
+                "%y".to_string()
+            }
+        };
+        format!(
+            "module @w4 {{\n{weights}  func @{entry}(\n    %ids: i32[1,{r}] token_ids,\n    %pos: i32[1,{r}] positions\n  ) -> (\n    \
+             logits: f32[{r},{all}] logits\n  ) {{\n{body}    return {result}\n  }}\n}}\n"
+        )
+    }
+}
+
+/// A packed matvec `depth` deep (in groups of 32) whose weight is of type `t` and its scales (from
+/// `magnitude` to twice that) of type `scale_type`, on the host emulator against the interpreter.
+fn assert_deep_packed_matvec_agrees(t: &str, scale_type: &str, magnitude: f32, depth: usize) {
+    let product = Products { entry: "decode", rows: 1, cols: 40, depth, products: 1, four_bit: true };
+    let (plan, want, got) = product_outputs(product, (t, scale_type), magnitude, "h200", emulator);
+    let kinds: Vec<&str> = plan.entries[0].calls.iter().map(|c| c.kind.name()).collect();
+    assert!(kinds.contains(&"matvec_w4"), "{kinds:?}");
+    let tile = plan.entries[0].calls.iter().find_map(|c| c.launch.tile).unwrap();
+    assert!(tile.packed, "{tile:?}");
+    assert_eq!((tile.k as usize) < depth, depth > 12288, "{tile:?}");
+    assert_products_agree(&format!("{t} of {scale_type} scales"), t, magnitude, &got, &want);
+}
+
+/// A prefill GEMM of few tiles splits its contraction over blocks (`Tile::splits`), whose partial
+/// sums the last block of each tile adds (`add_split_sums`): on the host emulator, against the
+/// interpreter, for h200 in bf16 and t4g in f16 (each 8 blocks a tile), through two launches (the split sums' counts start the second at zero again).
+#[test]
+fn a_split_gemm_computes_what_the_module_does() {
+    for (target, t) in [("h200", "bf16"), ("t4g", "f16")] {
+        assert_split_gemm_agrees(target, t, emulator);
+    }
+}
+
+/// `a_split_gemm_computes_what_the_module_does`'s case for `target` in `t`, on `device`: one
+/// product, then two side by side in one launch (concatenated: each product a GEMM kernel of its
+/// own, which no template could compute inside the concatenation), each its own part of the split
+/// sums (checked in the plan: the host runs blocks one after another, so parts that overlapped
+/// would not race there).
+pub(super) fn assert_split_gemm_agrees<D: Device + 'static>(
+    target: &'static str,
+    t: &str,
+    device: fn(&[DeviceProgram]) -> D,
+) {
+    for products in [1, 2] {
+        let product = Products { entry: "prefill", rows: 64, cols: 256, depth: 2048, products, four_bit: true };
+        let (plan, want, got) = product_outputs(product, (t, t), 0.01, target, device);
+        let launch = plan.entries[0].launches().next().unwrap();
+        let what = format!("{target}, {t}, {products} products: {}", print_plan(&plan, false));
+        assert_eq!(launch.len(), products, "{what}");
+        // The calls' parts of the split sums, which the host runs one after another, do not overlap.
+        let mut end = 0;
+        for call in launch {
+            let tile = call.launch.tile.unwrap();
+            assert!(tile.splits > 1, "{what}");
+            assert_eq!(
+                call.launch.grid,
+                4 * tile.splits,
+                "{what}: 4 tiles of 64 x 64, each over {} blocks",
+                tile.splits
+            );
+            let sums = call.split_sums.unwrap_or_else(|| panic!("{what}: no split sums"));
+            let bytes = g4c_passes::split_sums_bytes(&tile, call.launch.grid, call.launch.block);
+            assert!(sums.offset >= end, "{what}");
+            end = sums.offset + bytes.counts + bytes.partials;
+            let g4c_ir::plan::Slot::Scratch(b) = sums.buffer else { panic!("{what}: split sums in a parameter") };
+            assert!(plan.entries[0].buffers[b] >= end, "{what}");
+        }
+        assert_products_agree(&what, t, 0.01, &got, &want);
+    }
+}
+
+/// The host emulator, for `product_outputs`.
+fn emulator(programs: &[DeviceProgram]) -> Emulator {
+    Emulator::new(programs).unwrap()
+}
+
+/// `product`'s module, its weights of type `t` and its scales (from `magnitude` to twice that) of
+/// type `scale_type` (weights as they are: the 4-bit values times such scales), planned for
+/// `target`: the plan, then its output from the interpreter and from the plan's kernels on
+/// `device` (their second run).
+fn product_outputs<D: Device + 'static>(
+    product: Products,
+    (t, scale_type): (&str, &str),
+    magnitude: f32,
+    target: &'static str,
+    device: fn(&[DeviceProgram]) -> D,
+) -> (KernelPlan, Vec<f32>, Vec<f32>) {
+    use g4c_runtime::backend::cuda::DeviceExecutor;
+    use g4c_runtime::{Executor, StepInputs, StepOutput};
+    use std::sync::Arc;
+    let Products { entry, rows, cols, depth, products, four_bit } = product;
+    let text = product.module(t, scale_type);
+    let module = Arc::new(g4c_ir::parse_module(&text).unwrap());
+    g4c_ir::verify_module(&module).unwrap();
+    let mut seed = 7u64;
+    let mut next = move || {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) as u32
+    };
+    let s_dtype: g4c_ir::DType = scale_type.parse().unwrap();
+    let mut weights = Vec::new();
+    for j in 0..products {
+        if !four_bit {
+            // The 4-bit weights' values: integers from -8 to 7 times `magnitude` to twice that.
+            let w = (0..cols * depth)
+                .map(|_| ((next() % 16) as f32 - 8.0) * magnitude * (1.0 + (next() % 100) as f32 * 0.01))
+                .collect();
+            let w = g4c_runtime::Tensor::f32([cols, depth], w);
+            let dtype: g4c_ir::DType = t.parse().unwrap();
+            let bytes = g4c_runtime::tensor::convert_float_bytes(g4c_ir::DType::F32, dtype, &w.to_bytes()).unwrap();
+            let w = g4c_ir::TensorType::new(dtype, [cols, depth]);
+            weights.push((format!("q{j}"), g4c_runtime::Tensor::from_bytes(w, &bytes).unwrap()));
+            continue;
+        }
+        let nibbles: Vec<u8> = (0..cols * depth / 2).map(|_| next() as u8).collect();
+        let q = g4c_ir::TensorType::new(g4c_ir::DType::I4, [cols, depth]);
+        weights.push((format!("q{j}"), g4c_runtime::Tensor::from_bytes(q, &nibbles).unwrap()));
+        let s = (0..cols * depth / 32).map(|_| magnitude * (1.0 + (next() % 100) as f32 * 0.01)).collect();
+        let s = g4c_runtime::Tensor::f32([cols, depth / 32], s);
+        let bytes = g4c_runtime::tensor::convert_float_bytes(g4c_ir::DType::F32, s_dtype, &s.to_bytes()).unwrap();
+        let s = g4c_ir::TensorType::new(s_dtype, [cols, depth / 32]);
+        weights.push((format!("s{j}"), g4c_runtime::Tensor::from_bytes(s, &bytes).unwrap()));
+    }
+    let x = (0..rows * depth).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
+    weights.push(("x".into(), g4c_runtime::Tensor::f32([rows, depth], x)));
+    let store: Arc<dyn g4c_runtime::WeightStore> = Arc::new(WeightTable(weights));
+    let target = Target::by_name(target).unwrap();
+    let plan = Arc::new(plan_module(&module, target).unwrap());
+    let programs = g4c_driver::cuda_programs(&plan, target, false).unwrap().programs;
+    let device = device(&programs);
+    let mut device = DeviceExecutor::new(module.clone(), plan.clone(), &programs, store.clone(), device).unwrap();
+    let mut interp = g4c_runtime::InterpExecutor::new(g4c_runtime::Interpreter::new(module, store));
+    let output = |exec: &mut dyn Executor, first_id: u32| {
+        let ids: Vec<u32> = (0..rows as u32).map(|r| first_id + r % 5).collect();
+        exec.reset().unwrap();
+        let inputs = StepInputs::padded(rows, &[(0, &ids[..])], false);
+        exec.step(entry, &inputs, StepOutput::Logits).unwrap().as_f32().unwrap().to_vec()
+    };
+    let want = output(&mut interp, 3);
+    // Other ids first, so that a second run that wrote nothing would leave the wrong outputs.
+    output(&mut device, 4);
+    let got = output(&mut device, 3);
+    (Arc::unwrap_or_clone(plan), want, got)
+}
+
+/// `got` within rounding of `want`, products of weights of type `t` whose scales start at
+/// `magnitude`, summed in another order: f32 within 1e-5 of the outputs' scale, a 16-bit output
+/// one rounding either way.
+fn assert_products_agree(what: &str, t: &str, magnitude: f32, got: &[f32], want: &[f32]) {
+    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+    assert!(scale > 50.0 * magnitude, "{what}: the products are not all near zero: {want:?}");
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        let tolerance = match t {
+            "f32" => 1e-5 * scale,
+            _ => 2f32.powi(-7) * b.abs().max(1e-3 * scale),
+        };
+        assert!((a - b).abs() <= tolerance, "{what}: output {i}: {a} where the interpreter computes {b}");
+    }
+}
+
+/// The 16-bit matvec on the host emulator against the interpreter: bf16 (h200) and f16 (t4g)
+/// weights read 8 at a time, rows 1536 deep (6 vectors a lane) and 1544 (193 vectors: lane 0 takes
+/// a seventh, and the others run theirs one by one); 3 rows (a short prefill) too.
+#[test]
+fn a_16_bit_matvec_computes_what_the_module_does() {
+    for (target, t) in [("h200", "bf16"), ("t4g", "f16")] {
+        for (rows, depth) in [(1, 1536), (1, 1544), (3, 1544)] {
+            let entry = if rows == 1 { "decode" } else { "prefill" };
+            let product = Products { entry, rows, cols: 40, depth, products: 1, four_bit: false };
+            let (plan, want, got) = product_outputs(product, (t, t), 0.01, target, emulator);
+            let kinds: Vec<&str> = plan.entries[0].calls.iter().map(|c| c.kind.name()).collect();
+            assert_eq!(kinds, ["matvec"], "{target}");
+            assert_products_agree(&format!("{target}, {t}, {rows} x {depth}"), t, 0.01, &got, &want);
+        }
+    }
+}
+
+/// `product`'s module in bf16 (bf16 scales, if 4-bit), planned for h200.
+pub(super) fn bf16_plan_for_h200(product: Products) -> (KernelPlan, &'static Target) {
+    let module = g4c_ir::parse_module(&product.module("bf16", "bf16")).unwrap();
+    let target = Target::by_name("h200").unwrap();
+    (plan_module(&module, target).unwrap(), target)
+}
