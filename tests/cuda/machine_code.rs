@@ -57,6 +57,17 @@ fn the_softmax_statistics_issue_a_lanes_loads_together() {
     assert!(loads >= 19, "the weighted sum's prelude issues at most {loads} score loads before a branch");
 }
 
+/// A full-attention chunk's warps read two slots' key rows at once, 16 loads a lane each (512-deep
+/// bf16 keys), where a branch around each slot's loads (some head sees it) kept the second slot's
+/// waiting: two stretches of 32 16-bit loads, the keys' and the values' (32 slots at once).
+#[test]
+fn the_attention_chunk_reads_two_key_rows_at_once() {
+    let sass = functions_named(e2b_decode_sass_on_h200(), "g4c_attention_");
+    let stretches = loads_between_branches(&sass, "LDG.E.U16");
+    let long = stretches.iter().filter(|&&n| n >= 32).count();
+    assert!(long >= 2, "the attention chunk's 16-bit loads between branches: {stretches:?}");
+}
+
 /// The machine code of E2B's decode kernels for h200, made once for the tests reading it.
 fn e2b_decode_sass_on_h200() -> &'static str {
     static SASS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
@@ -116,17 +127,24 @@ fn sass_of(plan: &g4c_ir::plan::KernelPlan, target: &'static Target) -> String {
 /// The most global loads of kind `load` (`LDG`, `LDG.E.128`) in `sass` between two labels or
 /// branches.
 fn most_loads_without_a_branch(sass: &str, load: &str) -> usize {
-    let (mut most, mut loads) = (0, 0);
+    loads_between_branches(sass, load).into_iter().max().unwrap_or(0)
+}
+
+/// The global loads of kind `load` in each stretch of `sass` between two labels or branches that
+/// has any, in order.
+fn loads_between_branches(sass: &str, load: &str) -> Vec<usize> {
+    let (mut stretches, mut loads) = (Vec::new(), 0);
     for line in sass.lines() {
         let text = line.split_once("*/").map_or("", |(_, t)| t);
         if line.starts_with(".L_x_") || text.contains("BRA") || text.contains("CALL") {
+            stretches.extend((loads > 0).then_some(loads));
             loads = 0;
         } else if text.contains(load) {
             loads += 1;
-            most = most.max(loads);
         }
     }
-    most
+    stretches.extend((loads > 0).then_some(loads));
+    stretches
 }
 
 /// Of the loops in `sass` (`nvdisasm -c`: instructions, and labels a backward branch may return

@@ -47,7 +47,9 @@ pub(crate) fn loads_at_once(reads: u32) -> u32 {
 /// thread's index among `threads` (a block's threads, a warp's lanes): `batched_loop` in whole
 /// trips of at most `cap`, as long as the threads' own iteration counts make best
 /// (`trip_length`). A 1536-deep matvec staging its input on 256 threads gives each thread 6
-/// elements: in trips of 8 it had no whole trip, and ran all 6 one at a time.
+/// elements: in trips of 8 it had no whole trip, and ran all 6 one at a time. Where every thread
+/// runs the same iterations, at most `cap`, they are one unrolled run with no loop around it, so
+/// that nothing but the body's own branches stands between them and the code after.
 pub(crate) fn thread_loop(
     em: &mut Emitter,
     var: &str,
@@ -56,7 +58,18 @@ pub(crate) fn thread_loop(
     body: &mut dyn FnMut(&mut Emitter) -> Result<(), CudaError>,
 ) -> Result<(), CudaError> {
     let t = threads as usize;
-    let n = trip_length((extent / t, extent.div_ceil(t)), cap);
+    let each = extent / t;
+    if extent.is_multiple_of(t) && (1..=cap as usize).contains(&each) {
+        em.open(format!("/* {var}: all {each} at once */"));
+        em.line("#pragma unroll");
+        em.open(format!("for (int {var}_u = 0; {var}_u < {each}; ++{var}_u)"));
+        em.line(format!("const int {var} = ({first}) + {var}_u * {threads};"));
+        body(em)?;
+        em.close();
+        em.close();
+        return Ok(());
+    }
+    let n = trip_length((each, extent.div_ceil(t)), cap);
     batched_loop_of(em, var, (first, &extent.to_string(), &threads.to_string()), n, body)
 }
 

@@ -100,27 +100,18 @@ pub struct AttentionArrays {
     /// Two flags (ints): whether some slot of the chunk is visible, whether some probability is
     /// not 0.
     pub flags: u64,
-    /// Whether each slot is visible to some head (a byte each).
-    pub live: u64,
 }
 
 pub fn attention_arrays(split: &SlotSplit) -> AttentionArrays {
     let (heads, slots, depth) = (split.heads as u64, split.slots as u64, split.depth as u64);
-    AttentionArrays {
-        staged: heads * depth,
-        scores: heads * slots,
-        exps: heads * slots,
-        per_head: heads,
-        flags: 2,
-        live: slots,
-    }
+    AttentionArrays { staged: heads * depth, scores: heads * slots, exps: heads * slots, per_head: heads, flags: 2 }
 }
 
 /// Shared memory of an attention chunk's block: its arrays (`attention_arrays`), 4-byte floats and
-/// ints, then the bytes of `live`.
+/// ints.
 pub fn attention_footprint(split: &SlotSplit) -> u64 {
     let a = attention_arrays(split);
-    (a.staged + a.scores + a.exps + 2 * a.per_head + a.flags) * 4 + a.live
+    (a.staged + a.scores + a.exps + 2 * a.per_head + a.flags) * 4
 }
 
 /// The tensor-core shape a GEMM of `operand`s uses on `gpu`: its `m16n8` shape of the largest `k`.

@@ -14,7 +14,7 @@ use g4c_passes::{attention_arrays, chunk_axis_of, Attention};
 /// The shared arrays of an attention chunk's block, as `attention_arrays` sizes them (so the fit
 /// proof counts them): `act` (the staged queries, then the chunk's weighted sums), `sc` (scores),
 /// `ex` (their exponentials, then the probabilities), `mx` and `sm` (each head's maximum and sum),
-/// `flag` (some slot visible; some probability not 0) and `live` (each slot visible).
+/// and `flag` (some slot visible; some probability not 0).
 pub(super) fn attention_shared_arrays(shared: &mut SharedArrays, s: &SlotSplit) {
     let a = attention_arrays(s);
     shared.aligned("float", "act", a.staged);
@@ -23,16 +23,15 @@ pub(super) fn attention_shared_arrays(shared: &mut SharedArrays, s: &SlotSplit) 
     shared.array("float", "mx", a.per_head);
     shared.array("float", "sm", a.per_head);
     shared.array("int", "flag", a.flags);
-    shared.array("bool", "live", a.live);
 }
 
 /// A decode step's attention over one chunk of cache slots per block, for every query head
-/// (`split-attention`). The block marks the slots some head sees in `live` (all, where the scores
-/// have no mask the template recognizes); where none is, it stages no query, and reads no key
-/// (a masked score does not depend on it). Else the block stages the queries (their prologue
-/// computed once per block); each warp takes live slots of the chunk, reading a key row once for
-/// all heads, and lane 0 stores
-/// the scores (masked, padded) into `sc`; a warp per head takes their maximum into `mx`; the
+/// (`split-attention`). The block finds whether some head sees a slot of the chunk (every chunk
+/// does, where the scores have no mask the template recognizes); where none does, it stages no
+/// query, and reads no key (a masked score does not depend on it). Else the block stages the
+/// queries (their prologue computed once per block); each warp takes slots of the chunk, two at a
+/// time, reading a key row once for all heads, and lane 0 stores the scores (masked, padded) into
+/// `sc`; a warp per head takes their maximum into `mx`; the
 /// block the exponentials into `ex`; a warp per head their sum into `sm`; the block rounds the
 /// exponentials to the values' type in `ex`; each thread the weighted sums of one feature for
 /// every head, reading each value row once, into `act` (0s without reading a value where every
@@ -90,7 +89,6 @@ pub(super) fn attention(
         em.line(format!("seen = {};", heads_seeing.join(" || ")));
         em.close();
     }
-    em.line("live[jj] = seen;");
     em.line("if (seen) flag[0] = 1;");
     em.close();
     em.line("__syncthreads();");
@@ -107,36 +105,50 @@ pub(super) fn attention(
     em.close();
     em.line("__syncthreads();");
 
-    // Scores: a warp per slot, lanes along the key row; slots no head sees read no key.
-    em.open(format!("for (int jj = warp; jj < {slots}; jj += {warps})"));
-    em.line(format!("const int j = block * {slots} + jj;"));
-    em.line(format!("float acc[{heads}];"));
-    em.line("#pragma unroll");
-    em.line(format!("for (int r = 0; r < {heads}; ++r) acc[r] = 0.f;"));
-    em.open("if (live[jj])");
+    // Scores: a warp per slot, lanes along the key row, `at_once` slots at a time; a chunk no head
+    // sees reads no key. In a chunk some head sees, every slot's key is read (at the end of what is
+    // written, a chunk's worth at most that no head sees): a branch around each slot's loads kept
+    // the next slot's waiting for this one's products, a memory latency per slot.
+    let at_once = if slots.is_multiple_of(2 * warps as usize) { 2 } else { 1 };
     let keys_in_flight = attention_loads_in_flight(depth.div_ceil(32));
-    batched_loop_of(em, "kk", ("lane", &depth.to_string(), "32"), keys_in_flight, &mut |em| {
+    em.open(format!("for (int jj0 = warp; jj0 < {slots}; jj0 += {} * {warps})", at_once));
+    em.line(format!("float acc[{at_once}][{heads}] = {{}};"));
+    em.open("if (flag[0])");
+    em.line("#pragma unroll");
+    em.open(format!("for (int u = 0; u < {at_once}; ++u)"));
+    // Padding slots past the cache read its last one (their scores are the padding's).
+    em.line(format!("const int j = min(block * {slots} + jj0 + u * {warps}, {});", cols - 1));
+    thread_loop(em, "kk", ("lane", depth, 32), keys_in_flight, &mut |em| {
         let key_at: Index =
             std::iter::repeat_n("0".to_string(), key_rank - 2).chain(["j".into(), "kk".into()]).collect();
         let key = em.value(keys, &key_at)?;
         em.line("#pragma unroll");
-        em.line(format!("for (int r = 0; r < {heads}; ++r) acc[r] = fmaf(act[r * {depth} + kk], {key}, acc[r]);"));
+        em.line(format!(
+            "for (int r = 0; r < {heads}; ++r) acc[u][r] = fmaf(act[r * {depth} + kk], {key}, acc[u][r]);"
+        ));
         Ok(())
     })?;
     em.close();
+    em.close();
     em.line("#pragma unroll");
-    em.line(format!("for (int r = 0; r < {heads}; ++r) acc[r] = warp_sum(acc[r]);"));
+    em.line(format!(
+        "for (int u = 0; u < {at_once}; ++u) for (int r = 0; r < {heads}; ++r) acc[u][r] = warp_sum(acc[u][r]);"
+    ));
     em.open("if (lane == 0)");
+    em.line("#pragma unroll");
+    em.open(format!("for (int u = 0; u < {at_once}; ++u)"));
+    em.line(format!("const int jj = jj0 + u * {warps};"));
     let product_dtype = em.k.ty(product).dtype;
     for r in 0..heads {
         em.open(format!("/* head {r} */"));
-        let sum = em.var("float", "d", &rounded(product_dtype, &format!("acc[{r}]")));
+        let sum = em.var("float", "d", &rounded(product_dtype, &format!("acc[u][{r}]")));
         em.bound.insert(product, sum);
         let x = em.value(a.chunked, &at(&r.to_string(), Some("jj")))?;
         em.line(format!("sc[{} + jj] = {x};", r * slots));
         em.close();
     }
     em.bound.remove(&product);
+    em.close();
     em.close();
     em.close();
     em.line("__syncthreads();");
