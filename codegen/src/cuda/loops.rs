@@ -61,11 +61,7 @@ pub(crate) fn thread_loop(
     let each = extent / t;
     if extent.is_multiple_of(t) && (1..=cap as usize).contains(&each) {
         em.open(format!("/* {var}: all {each} at once */"));
-        em.line("#pragma unroll");
-        em.open(format!("for (int {var}_u = 0; {var}_u < {each}; ++{var}_u)"));
-        em.line(format!("const int {var} = ({first}) + {var}_u * {threads};"));
-        body(em)?;
-        em.close();
+        unrolled(em, var, (&format!("({first})"), &threads.to_string()), each as u32, body)?;
         em.close();
         return Ok(());
     }
@@ -98,11 +94,7 @@ pub(crate) fn batched_loop_of(
     em.line(format!("const int {last} = (int)({end}), {step} = (int)({stride});"));
     em.line(format!("int {trip} = {first};"));
     em.open(format!("for (; {trip} + {} * {step} < {last}; {trip} += {n} * {step})", n - 1));
-    em.line("#pragma unroll");
-    em.open(format!("for (int {var}_u = 0; {var}_u < {n}; ++{var}_u)"));
-    em.line(format!("const int {var} = {trip} + {var}_u * {step};"));
-    body(em)?;
-    em.close();
+    unrolled(em, var, (&trip, &step), n, body)?;
     em.close();
     // The rest one at a time: guarded, unrolled bodies would each be a branch all the same (the
     // compiler does not predicate bodies this large), for seven times the code.
@@ -110,6 +102,22 @@ pub(crate) fn batched_loop_of(
     em.line(format!("const int {var} = {trip};"));
     body(em)?;
     em.close();
+    em.close();
+    Ok(())
+}
+
+/// `n` iterations of `body`, unrolled: `var` is `start + u * step` (C expressions) in the `u`th.
+fn unrolled(
+    em: &mut Emitter,
+    var: &str,
+    (start, step): (&str, &str),
+    n: u32,
+    body: &mut dyn FnMut(&mut Emitter) -> Result<(), CudaError>,
+) -> Result<(), CudaError> {
+    em.line("#pragma unroll");
+    em.open(format!("for (int {var}_u = 0; {var}_u < {n}; ++{var}_u)"));
+    em.line(format!("const int {var} = {start} + {var}_u * {step};"));
+    body(em)?;
     em.close();
     Ok(())
 }
