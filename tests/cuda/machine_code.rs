@@ -59,7 +59,7 @@ fn the_softmax_statistics_issue_a_lanes_loads_together() {
 
 /// A full-attention chunk's warps read two slots' key rows at once, 16 loads a lane each (512-deep
 /// bf16 keys), where a branch around each slot's loads (some head sees it) kept the second slot's
-/// waiting: two stretches of 32 16-bit loads, the keys' and the values' (32 slots at once).
+/// waiting: two stretches of 32 or more 16-bit loads, the keys' and the values' (64 slots at once).
 #[test]
 fn the_attention_chunk_reads_two_key_rows_at_once() {
     let sass = functions_named(e2b_decode_sass_on_h200(), "g4c_attention_");

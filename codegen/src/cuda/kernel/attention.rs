@@ -228,9 +228,10 @@ pub(super) fn attention(
 }
 
 /// Iterations of an attention chunk's key and value loops (`trips` of them per thread) issued
-/// together: all of them, up to 32. At a short context a few chunks' blocks do all the reading,
-/// each a latency per trip (a lane's 16 key elements in one trip, not 2; a feature's 64 values in
-/// 2, not 8).
+/// together: all of them, up to 64. At a short context a few chunks' blocks do all the reading,
+/// and at any context a chunk's block is alone on its SM (64 blocks on an H200's 132 SMs, 32 on
+/// a T4's 40), each waiting a latency per trip: a lane's 16 key elements in one trip, not 2; a
+/// feature's 64 values in 1, not 8. The registers are there: a block per SM leaves a thread 255.
 fn attention_loads_in_flight(trips: usize) -> u32 {
-    (trips as u32).clamp(1, 32)
+    (trips as u32).clamp(1, 64)
 }
