@@ -69,7 +69,7 @@ pub(super) fn attention(
     };
     em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
 
-    // The slots some head sees (padding slots none), and whether the chunk has any.
+    // Whether some head sees a slot of the chunk (padding slots none sees).
     let (cols, key_rank) = (a.scores.cols, em.k.ty(keys).rank());
     em.line("if (threadIdx.x == 0) flag[0] = flag[1] = 0;");
     em.line("__syncthreads();");
@@ -111,7 +111,7 @@ pub(super) fn attention(
     // the next slot's waiting for this one's products, a memory latency per slot.
     let at_once = if slots.is_multiple_of(2 * warps as usize) { 2 } else { 1 };
     let keys_in_flight = attention_loads_in_flight(depth.div_ceil(32));
-    em.open(format!("for (int jj0 = warp; jj0 < {slots}; jj0 += {} * {warps})", at_once));
+    em.open(format!("for (int jj0 = warp; jj0 < {slots}; jj0 += {at_once} * {warps})"));
     em.line(format!("float acc[{at_once}][{heads}] = {{}};"));
     em.open("if (flag[0])");
     em.line("#pragma unroll");
