@@ -6,7 +6,9 @@
 //! input 48 elements per thread, or a sliding layer's weighted sum walking 80 slots per warp,
 //! took tens of microseconds that way for a few hundred kilobytes. `batched_loop` runs
 //! `LOADS_IN_FLIGHT` iterations per trip, unrolled and unguarded, so the compiler issues their
-//! loads together.
+//! loads together. `thread_loop`, for a loop over a block's threads or a warp's lanes, whose
+//! counts per thread codegen knows, sizes its trips to them, and unrolls a share every thread
+//! has alike whole.
 
 use super::elemental::Emitter;
 use super::CudaError;
