@@ -360,7 +360,7 @@ fn plan_traffic_counts_the_attention_chunks_up_to_the_position() {
     let plan = plan.unwrap();
     let calls = plan.entry("decode").unwrap().calls.iter().filter(|c| c.kind == KernelKind::Attention).count();
     assert!(calls > 0, "no attention kernel");
-    let kv = |position| PlanTraffic::of(&plan, &m, position).unwrap().kv_bytes;
+    let kv = |position| PlanTraffic::of(&plan, &m, position).unwrap().bytes.kv_bytes;
     // A key or a value cache: 1100 slots of 64 f16 features.
     let cache = 1100 * 64 * 2;
     assert_eq!(kv(None) - kv(Some(10)), calls as u64 * 2 * (cache - cache / 18));

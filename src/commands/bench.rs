@@ -89,9 +89,9 @@ impl StepBytes {
     /// What the kernel plan's launches move, activations between kernels included (CUDA).
     fn of_plan(t: PlanTraffic) -> StepBytes {
         StepBytes(vec![
-            ("weight_bytes", "weights", t.weight_bytes),
-            ("state_bytes", "KV caches and positions", t.kv_bytes),
-            ("activation_bytes", "activations", t.activation_bytes),
+            ("weight_bytes", "weights", t.bytes.weight_bytes),
+            ("state_bytes", "KV caches and positions", t.bytes.kv_bytes),
+            ("activation_bytes", "activations", t.bytes.activation_bytes),
         ])
     }
 }
@@ -390,7 +390,7 @@ fn project(args: &BenchArgs) -> Result<()> {
             .iter()
             .map(|(name, bw, s, t, tok_s)| {
                 json!({"target": name, "bandwidth_bytes_per_s": bw, "batch": s.batch, "context": s.context,
-                       "weight_bytes": t.weight_bytes, "kv_bytes": t.kv_bytes, "activation_bytes": t.activation_bytes,
+                       "weight_bytes": t.bytes.weight_bytes, "kv_bytes": t.bytes.kv_bytes, "activation_bytes": t.bytes.activation_bytes,
                        "bytes_per_step": t.total(), "launches": t.launches, "tokens_per_s": tok_s})
             })
             .collect();
@@ -404,9 +404,9 @@ fn project(args: &BenchArgs) -> Result<()> {
         text.push_str(&format!(
             "{name:<8} {:>9}/s {:>9}  {:>9}  {:>11}  {:>9}  {:>8}  {tok_s:.1} (batch {}, context {})\n",
             b(*bw),
-            b(t.weight_bytes),
-            b(t.kv_bytes),
-            b(t.activation_bytes),
+            b(t.bytes.weight_bytes),
+            b(t.bytes.kv_bytes),
+            b(t.bytes.activation_bytes),
             b(t.total()),
             t.launches,
             s.batch,

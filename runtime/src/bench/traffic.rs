@@ -41,9 +41,7 @@ impl DecodeTraffic {
 /// sum of its calls' `CallTraffic`. L2 hits are not modelled: this is the DRAM bound.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PlanTraffic {
-    pub weight_bytes: u64,
-    pub kv_bytes: u64,
-    pub activation_bytes: u64,
+    pub bytes: CallTraffic,
     pub launches: usize,
 }
 
@@ -53,18 +51,15 @@ impl PlanTraffic {
     pub fn of(plan: &g4c_ir::plan::KernelPlan, module: &Module, position: Option<usize>) -> Option<PlanTraffic> {
         let decode = module.decode()?;
         let entry = plan.entry(&decode.name)?;
-        let mut t = PlanTraffic { launches: entry.launches().count(), ..Default::default() };
+        let mut bytes = CallTraffic::default();
         for call in &entry.calls {
-            let c = CallTraffic::of(plan, decode, call, position)?;
-            t.weight_bytes += c.weight_bytes;
-            t.kv_bytes += c.kv_bytes;
-            t.activation_bytes += c.activation_bytes;
+            bytes += CallTraffic::of(plan, decode, call, position)?;
         }
-        Some(t)
+        Some(PlanTraffic { bytes, launches: entry.launches().count() })
     }
 
     pub fn total(&self) -> u64 {
-        self.weight_bytes + self.kv_bytes + self.activation_bytes
+        self.bytes.total()
     }
 }
 
@@ -78,6 +73,14 @@ pub struct CallTraffic {
     pub weight_bytes: u64,
     pub kv_bytes: u64,
     pub activation_bytes: u64,
+}
+
+impl std::ops::AddAssign for CallTraffic {
+    fn add_assign(&mut self, other: CallTraffic) {
+        self.weight_bytes += other.weight_bytes;
+        self.kv_bytes += other.kv_bytes;
+        self.activation_bytes += other.activation_bytes;
+    }
 }
 
 impl CallTraffic {
