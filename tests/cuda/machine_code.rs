@@ -53,7 +53,7 @@ fn the_matvec_staging_computes_its_norm_once() {
 fn the_softmax_statistics_issue_a_lanes_loads_together() {
     let sass = e2b_decode_sass_on_h200();
     // The scores are f32 (`LDG.E`), the value cache bf16 (`LDG.E.U16`).
-    let loads = most_loads_without_a_branch(&functions_named(sass, "g4c_dot_"), "LDG.E.CONSTANT");
+    let loads = most_loads_without_a_branch(&functions_named(sass, "g4c_dot_"), "LDG.E R");
     assert!(loads >= 19, "the weighted sum's prelude issues at most {loads} score loads before a branch");
 }
 
@@ -68,14 +68,124 @@ fn the_attention_chunk_reads_two_key_rows_at_once() {
     assert!(long >= 2, "the attention chunk's 16-bit loads between branches: {stretches:?}");
 }
 
+/// A decode step's matvecs ask L2 for their blocks' weight rows before they wait for the kernel
+/// before them (`ACQBULK`, programmatic dependent launch's wait): no kernel writes a weight, so
+/// launched so, their weights' DRAM latency overlaps the previous kernel's tail. On h200 every wait
+/// in E2B's 4-bit matvec kernels (one per call of a launch) comes after a prefetch (`CCTL.E.PF2`).
+/// (The attention scores' matvecs read a cache, which the kernel before them writes.)
+#[test]
+fn the_matvecs_prefetch_their_weights_before_they_wait() {
+    let sass = functions_named(e2b_decode_sass_on_h200(), "g4c_matvec_w4");
+    let waits = prefetched_before_each_wait(&sass);
+    assert!(waits.len() >= 2, "the matvecs' waits: {waits:?}");
+    assert!(waits.iter().all(|&p| p), "a matvec waits before it prefetches: {waits:?}");
+}
+
+/// For each wait for the previous kernel (`ACQBULK`) in `sass`, whether an L2 prefetch comes
+/// before it, since the start of its function or the wait before it.
+fn prefetched_before_each_wait(sass: &str) -> Vec<bool> {
+    let (mut waits, mut prefetched) = (Vec::new(), false);
+    for line in sass.lines() {
+        let text = line.split_once("*/").map_or("", |(_, t)| t);
+        if line.trim().starts_with(".text.") {
+            prefetched = false;
+        } else if text.contains("CCTL.E.PF2") {
+            prefetched = true;
+        } else if text.contains("ACQBULK") {
+            waits.push(std::mem::take(&mut prefetched));
+        }
+    }
+    waits
+}
+
+/// With programmatic dependent launch a kernel's blocks run while the kernel before it still
+/// writes, so what a kernel may write (a call's inputs) must be read after the wait
+/// (`griddepcontrol.wait`), and not through the non-coherent path (`ld.global.nc`), which declares
+/// the data unchanged for the kernel's whole life: ptxas moved such loads of a 4-bit matvec's
+/// staging above the wait. NVVM reads a `__restrict__` input that way when nothing in the kernel
+/// may write it; the wait now takes the inputs' pointers. In the PTX of E2B's decode kernels for
+/// h200 (launches of one call), every load through an input's pointer is coherent and after the
+/// wait.
+#[test]
+fn no_kernel_reads_its_inputs_before_it_waits() {
+    let (plan, program, _) = e2b_decode_on_h200();
+    let ptx = program.ptx.as_deref().expect("NVRTC made PTX");
+    let mut bindings = program.kernels.iter();
+    let mut checked = 0;
+    for calls in plan.entries[0].launches() {
+        let symbol = &bindings.nth(calls.len() - 1).unwrap().symbol;
+        if calls.len() > 1 {
+            continue;
+        }
+        let inputs = plan.kernels.function(&calls[0].kernel).unwrap().params.len();
+        let loads = input_loads(ptx_entry(ptx, symbol), inputs);
+        let early: Vec<_> = loads.iter().filter(|(load, waited)| !waited || load.contains(".nc")).collect();
+        assert!(early.is_empty(), "{symbol} ({}) may read an input before its writer ends: {early:?}", calls[0].kernel);
+        checked += 1;
+    }
+    assert!(checked > 100, "{checked} launches checked");
+}
+
+/// The PTX of entry `symbol` in `ptx`.
+fn ptx_entry<'p>(ptx: &'p str, symbol: &str) -> &'p str {
+    let start = ptx.find(&format!(".entry {symbol}(")).unwrap_or_else(|| panic!("no entry {symbol}"));
+    let rest = &ptx[start..];
+    &rest[..rest[1..].find(".entry ").map_or(rest.len(), |e| e + 1)]
+}
+
+/// The global loads in `entry` (PTX) whose address is computed from one of its first `inputs`
+/// parameters (registers loaded from them, and every register computed from such a register), each
+/// with whether a `griddepcontrol.wait` comes before it.
+fn input_loads(entry: &str, inputs: usize) -> Vec<(String, bool)> {
+    let mut from_input = std::collections::HashSet::new();
+    // Again until no register is added: a loop's registers may be used above where they are set.
+    loop {
+        let (known, mut loads, mut waited) = (from_input.len(), Vec::new(), false);
+        for line in entry.lines().map(str::trim) {
+            waited |= line.starts_with("griddepcontrol.wait");
+            let Some((op, operands)) = line.strip_suffix(';').and_then(|l| l.split_once(char::is_whitespace)) else {
+                continue;
+            };
+            let registers: Vec<&str> = operands
+                .split(|c: char| !(c.is_alphanumeric() || c == '%' || c == '_'))
+                .filter(|r| r.starts_with('%'))
+                .collect();
+            let Some((dest, sources)) = registers.split_first() else { continue };
+            let computed_from_input = sources.iter().any(|r| from_input.contains(*r));
+            if op.starts_with("ld.param") {
+                let param =
+                    operands.rsplit("_param_").next().and_then(|p| p.trim_end_matches(']').parse::<usize>().ok());
+                if param.is_some_and(|p| p < inputs) {
+                    from_input.insert(dest.to_string());
+                }
+            } else if op.starts_with("ld.global") && computed_from_input {
+                loads.push((line.to_string(), waited));
+            } else if !op.starts_with("st.") && computed_from_input {
+                from_input.insert(dest.to_string());
+            }
+        }
+        if from_input.len() == known {
+            return loads;
+        }
+    }
+}
+
 /// The machine code of E2B's decode kernels for h200, made once for the tests reading it.
 fn e2b_decode_sass_on_h200() -> &'static str {
-    static SASS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SASS.get_or_init(|| {
+    &e2b_decode_on_h200().2
+}
+
+/// E2B's decode plan for h200, its program (with PTX and a cubin) and the cubin's machine code,
+/// made once for the tests reading them.
+fn e2b_decode_on_h200() -> &'static (g4c_ir::plan::KernelPlan, DeviceProgram, String) {
+    static DECODE: std::sync::OnceLock<(g4c_ir::plan::KernelPlan, DeviceProgram, String)> = std::sync::OnceLock::new();
+    DECODE.get_or_init(|| {
         let target = Target::by_name("h200").unwrap();
         let mut plan = e2b_plan(target);
         plan.entries.retain(|e| e.entry == "decode");
-        sass_of(&plan, target)
+        let program = g4c_driver::cuda_programs(&plan, target, true).unwrap().programs.remove(0);
+        let sass = disassemble(&program);
+        (plan, program, sass)
     })
 }
 
@@ -111,8 +221,12 @@ fn the_prefill_gemm_issues_its_staging_loads_together() {
 
 /// The machine code (`nvdisasm -c`, as `scripts/setup` installs it) of the first program of `plan`.
 fn sass_of(plan: &g4c_ir::plan::KernelPlan, target: &'static Target) -> String {
-    let program = g4c_driver::cuda_programs(plan, target, true).unwrap().programs.remove(0);
-    let (_, cubin) = program.cubin.expect("ptxas made a cubin");
+    disassemble(&g4c_driver::cuda_programs(plan, target, true).unwrap().programs.remove(0))
+}
+
+/// The machine code of `program`'s cubin.
+fn disassemble(program: &DeviceProgram) -> String {
+    let (_, cubin) = program.cubin.as_ref().expect("ptxas made a cubin");
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("k.cubin");
     std::fs::write(&path, cubin).unwrap();

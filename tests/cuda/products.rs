@@ -7,9 +7,11 @@ use super::*;
 /// than the block's 256 threads, so 32 of them take a second word in the same trip (and the rest
 /// skip it); on the host emulator against the interpreter, for h200: f32 weights (dequantized value
 /// by value), bf16 and f16 ones (in pairs), and f16 weights of bf16 scales as t4g has them, here
-/// scales of about 1e-7 that f16 can not hold (value by value again). And one 12544 deep, more
-/// than a block stages at once (12288 activations in 48 KB): two steps, the second of 32 words.
-/// The tiny models' matvecs are one word per thread or less.
+/// scales of about 1e-7 that f16 can not hold (value by value again). One 6144 deep (E2B's down
+/// projection), 768 words: a thread's first trip of 2 loaded ahead of the staging, its third in
+/// the loop. And one 12544 deep, more than a block stages at once (12288 activations in 48 KB):
+/// two steps, the second of 32 words, none ahead. The tiny models' matvecs are one word per
+/// thread or less.
 #[test]
 fn a_packed_matvec_deeper_than_its_block_computes_what_the_module_does() {
     for (weight, scale, magnitude) in
@@ -17,6 +19,7 @@ fn a_packed_matvec_deeper_than_its_block_computes_what_the_module_does() {
     {
         assert_deep_packed_matvec_agrees(weight, scale, magnitude, 2304);
     }
+    assert_deep_packed_matvec_agrees("bf16", "bf16", 0.01, 6144);
     assert_deep_packed_matvec_agrees("bf16", "bf16", 0.01, 12544);
 }
 

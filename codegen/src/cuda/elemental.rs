@@ -23,6 +23,8 @@ pub(crate) struct Emitter<'k> {
     /// File-scope constant arrays this kernel needs.
     pub constants: Vec<String>,
     lines: Vec<String>,
+    /// What the kernel's blocks do before they wait for the kernel before them (`ahead`).
+    ahead: Vec<String>,
     depth: usize,
     /// Elements already computed, per scope (loop bodies and branches open one).
     scopes: Vec<HashMap<(ValueId, Index), String>>,
@@ -215,6 +217,7 @@ impl<'k> Emitter<'k> {
             weights: Vec::new(),
             constants: Vec::new(),
             lines: Vec::new(),
+            ahead: Vec::new(),
             depth: 1,
             scopes: vec![HashMap::new()],
             bound: HashMap::new(),
@@ -225,9 +228,26 @@ impl<'k> Emitter<'k> {
         }
     }
 
-    /// The statements emitted so far.
-    pub fn take_lines(&mut self) -> Vec<String> {
-        std::mem::take(&mut self.lines)
+    /// The statements emitted so far: those `ahead`, statement `wait` (for the kernel before,
+    /// with programmatic dependent launch), then the others.
+    pub fn take_lines(&mut self, wait: &str) -> Vec<String> {
+        let mut lines = std::mem::take(&mut self.ahead);
+        lines.push(format!("{}{wait}", "  ".repeat(self.depth)));
+        lines.append(&mut self.lines);
+        lines
+    }
+
+    /// Emits `f`'s statements where the kernel's blocks run them before they wait for the kernel
+    /// before them: ahead of everything else, at the top level. They may read only what no kernel
+    /// writes (weights), and their values are not reused by the statements after.
+    pub fn ahead<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> T {
+        let lines = std::mem::replace(&mut self.lines, std::mem::take(&mut self.ahead));
+        let scopes = std::mem::replace(&mut self.scopes, vec![HashMap::new()]);
+        let depth = std::mem::replace(&mut self.depth, 1);
+        let out = f(self);
+        self.ahead = std::mem::replace(&mut self.lines, lines);
+        (self.scopes, self.depth) = (scopes, depth);
+        out
     }
 
     pub fn line(&mut self, text: impl AsRef<str>) {
@@ -276,6 +296,14 @@ impl<'k> Emitter<'k> {
             }
         };
         format!("w{j}")
+    }
+
+    /// The name of the weight `v` is, if it is one.
+    pub(crate) fn weight_name(&self, v: ValueId) -> Option<&'k str> {
+        match &self.k.body[*self.def.get(&v)?].op {
+            Op::Weight { name } => Some(name),
+            _ => None,
+        }
     }
 
     /// The C array holding `v` as stored, element by element, when `v` is a parameter or a weight

@@ -63,6 +63,8 @@ pub fn emit_entry(plan: &KernelPlan, entry: &EntryPlan) -> Result<CudaProgram, C
     let mut source = format!("// g4c kernels of @{} for {}\n{PRELUDE}\n", entry.entry, plan.target);
     let target = Target::by_name(plan.target).map_err(CudaError::Unsupported)?;
     let bf16_math = target.computes_natively(DType::BF16);
+    let gpu =
+        target.gpu.as_ref().ok_or_else(|| CudaError::Unsupported(format!("target {}, not a GPU,", plan.target)))?;
     let mut seen: HashMap<String, String> = HashMap::new();
     let mut kernels = Vec::new();
     for calls in entry.launches() {
@@ -75,7 +77,7 @@ pub fn emit_entry(plan: &KernelPlan, entry: &EntryPlan) -> Result<CudaProgram, C
                     .map_err(|e| CudaError::Kernel { kernel: call.kernel.clone(), message: e.to_string() })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let code = kernel::launch_code(calls, &parts);
+        let code = kernel::launch_code(calls, &parts, gpu.registers_per_sm);
         let symbol = match seen.get(&code) {
             Some(s) => s.clone(),
             None => {

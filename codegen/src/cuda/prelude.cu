@@ -135,14 +135,40 @@ __device__ __forceinline__ void mma_bf16_k16(float* d, const unsigned* a, const 
 // Programmatic dependent launch (sm_90): launched with it, a kernel's blocks may be scheduled while
 // the kernel before it still runs. Every g4c kernel lets the next one be scheduled as it starts,
 // and then waits for the one before it to finish and its writes to be visible, before it reads
-// or writes anything: what the launch saves is the gap between the two. Launched without it, or
-// compiled for an older GPU, both are nothing.
+// or writes anything but weights: what the launch saves is the gap between the two. Launched
+// without it, or compiled for an older GPU, both are nothing.
+//
+// The wait takes the pointers to what a kernel before may write or read (a call's inputs and
+// output) and hands each to an empty asm that may access memory through it: the compiler must
+// then keep their loads and stores after the wait, and reads an input coherently. Otherwise NVVM
+// reads an input the kernel does not write through the non-coherent path (`ld.global.nc`, for
+// data unchanged during the kernel's whole life), and ptxas moved such loads of a matvec's
+// staging above a bare `griddepcontrol.wait`, into the kernel before's last writes.
 #if !defined(G4C_HOST_EMULATION) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void let_next_kernel_start() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-__device__ __forceinline__ void await_previous_kernel() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void written_before(const void* p) { asm volatile("" ::"l"(p) : "memory"); }
+template <typename... Written> __device__ __forceinline__ void await_previous_kernel(const Written*... written) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  (written_before(written), ...);
+}
 #else
 __device__ __forceinline__ void let_next_kernel_start() {}
-__device__ __forceinline__ void await_previous_kernel() {}
+template <typename... Written> __device__ __forceinline__ void await_previous_kernel(const Written*...) {}
+#endif
+// Asks L2 for the global bytes [p, p + bytes), the block's threads a 128-byte line each at a time:
+// what a block will read that no kernel writes (weights), asked for before it awaits the kernel
+// before it (`kernel/ahead.rs`). Nothing where kernels do not wait (before sm_90); the host
+// emulator's checks that the bytes lie within one of the launch's arguments.
+#if !defined(G4C_HOST_EMULATION) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
+  const u8* const first = (const u8*)p;
+  // Lines from the one holding `first`, each asked for by an address of it within the bytes.
+  const unsigned before = (unsigned)(unsigned long long)first & 127;
+  for (unsigned line = threadIdx.x * 128; line < before + bytes; line += blockDim.x * 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(first + (line > before ? line - before : 0)));
+}
+#elif !defined(G4C_HOST_EMULATION)
+__device__ __forceinline__ void prefetch_l2(const void*, unsigned) {}
 #endif
 // IEEE max and min: the canonical NaN if either operand is NaN (fmaxf and fminf return the other
 // one), as the interpreter's. Without a branch: written as `isnan(a) || isnan(b) ? NaN : ...`,

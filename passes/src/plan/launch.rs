@@ -22,6 +22,12 @@ const MATVEC_K_STEP: u32 = 32;
 /// The most sums a thread of a packed matvec keeps (`products × cols × rows`): its columns are as
 /// many as this allows, up to `MATVEC_COLS`.
 const PACKED_SUMS: u32 = 16;
+/// Blocks of a one-row matvec (a decode step's) that the register budget leaves room for on an SM
+/// (128 registers a thread on every GPU g4c targets). Such a block is a chain of latencies (its
+/// prelude, the staging, its weights, the sums) with little work between them; a second block's
+/// chain overlaps it. Given the whole file, ptxas spends it on a packed matvec's first words
+/// loaded ahead of the staging (`kernel/matvec.rs`): 160 registers on h200, one block an SM.
+const ROW_MATVEC_BLOCKS_PER_SM: u32 = 2;
 
 /// A GEMM block's output tile: rows (tokens) and columns (output features); 8 warps of 16 × 32.
 const GEMM_ROWS: u32 = 64;
@@ -180,6 +186,11 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
     }
     let matvec = matches!(kind, KernelKind::MatvecW4 | KernelKind::Matvec).then(|| matvec_of(k)).flatten();
     if let Some(m) = matvec {
+        let registers = match m.rows {
+            1 => registers_per_thread(gpu, BLOCK * ROW_MATVEC_BLOCKS_PER_SM),
+            // Several rows' activations and sums: a t4g prefill's 8-row matvec spilled at 128.
+            _ => registers,
+        };
         let (rows, products) = (m.rows as u32, m.dots.len() as u32);
         let packed = kind == KernelKind::MatvecW4 && PackedWeight::all_of(k, &m).is_some();
         let cols = match packed {

@@ -167,13 +167,19 @@ const WORDS_IN_FLIGHT: u32 = 16;
 /// taking words `t`, `t + 256`, …, and multiply each word's 8 activations per row (read from shared
 /// memory once, in two 128-bit loads) by that word of every column of the block and every product.
 /// So a thread has `cols × products` independent word loads per word it takes (and takes several
-/// at once, up to `WORDS_IN_FLIGHT` loads), every column is spread over all 256 threads however deep
-/// the contraction, and shared memory is read once per `cols × products` words. A warp per column
-/// read its column's words 8 at a time per lane, 8 KB in flight per block, and 4 bytes of shared
-/// memory per weight: the 4-bit matvecs stayed under 10% of the H200's bandwidth. Each thread's
-/// sums are combined over its warp, then over the warps through `part` (in `act`); thread `o`
-/// applies the epilogue to output `o` of the block (row `o % rows` of column `o / rows`). Columns
-/// past the last are read as the last one, and not stored: no branch around the loads.
+/// at once, a trip of up to `WORDS_IN_FLIGHT` loads), every column is spread over all 256 threads
+/// however deep the contraction, and shared memory is read once per `cols × products` words. A warp
+/// per column read its column's words 8 at a time per lane, 8 KB in flight per block, and 4 bytes
+/// of shared memory per weight: the 4-bit matvecs stayed under 10% of the H200's bandwidth. Each
+/// thread's sums are combined over its warp, then over the warps through `part` (in `act`); thread
+/// `o` applies the epilogue to output `o` of the block (row `o % rows` of column `o / rows`).
+/// Columns past the last are read as the last one, and not stored: no branch around the loads.
+///
+/// Where the tile holds the whole contraction (a decode step's matvecs) and the scales are weights,
+/// a thread loads its first trip of words and scales ahead (`Emitter::ahead`), before the block
+/// waits for the kernel before it and stages the activations: the weights' memory latency and the
+/// activations' overlap, where the loads waited for the staging's barrier. The trips after load in
+/// the loop.
 fn packed_matvec(
     em: &mut Emitter,
     (tile, warps): (&Tile, u32),
@@ -191,42 +197,42 @@ fn packed_matvec(
             em.k.name
         )));
     }
+    let trip = PackedTrip { weights, steps, cols, n_total, depth };
+    let first_trip_ahead = depth <= kt as usize && weights.iter().all(|w| em.weight_name(w.scale).is_some());
+    if first_trip_ahead {
+        em.ahead(|em| {
+            trip.declare(em);
+            em.open("/* the thread's first trip */");
+            em.line(format!("const int k0 = 0, wd0 = threadIdx.x, words = {};", depth / 8));
+            trip.load(em)?;
+            em.close();
+            Ok::<(), CudaError>(())
+        })?;
+    }
     em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
     em.line(format!("float acc[{products}][{cols}][{rows}] = {{}};"));
     em.open(format!("for (int k0 = 0; k0 < {depth}; k0 += {kt})"));
     stage_activations(em, m, (rows, kt), warps * 32)?;
     em.line(format!("const int words = min({kt}, {depth} - k0) >> 3;"));
     em.open(format!("for (int wd0 = threadIdx.x; wd0 < words; wd0 += {steps} * blockDim.x)"));
-    em.line(format!("unsigned q[{steps}][{products}][{cols}];"));
-    em.line(format!("float s[{steps}][{products}][{cols}];"));
-    // The words and scales of `steps` words of every column first, then the products: two loops,
-    // so that the loads come first as written rather than as the compiler would schedule one.
-    let each_word = |em: &mut Emitter| {
-        em.line("#pragma unroll");
-        em.open(format!("for (int u = 0; u < {steps}; ++u)"));
-        em.line("const int wd = wd0 + u * blockDim.x;");
-        em.open("if (wd < words)");
-    };
-    let each_column = |em: &mut Emitter| {
-        em.line("#pragma unroll");
-        em.open(format!("for (int c = 0; c < {cols}; ++c)"));
-    };
-    each_word(em);
-    each_column(em);
-    em.line(format!("const int n = min(block * {cols} + c, {});", n_total - 1));
-    for (j, w) in weights.iter().enumerate() {
-        let (word, scale) = packed_loads(em, w, "n", "(k0 + 8 * wd)", depth)?;
-        em.line(format!("q[u][{j}][c] = {word};"));
-        em.line(format!("s[u][{j}][c] = {scale};"));
+    // The words and scales of the trip first, then the products: two loops, so that the loads
+    // come first as written rather than as the compiler would schedule one.
+    match first_trip_ahead {
+        true => {
+            em.open("if (wd0 != threadIdx.x)");
+            trip.load(em)?;
+            em.close();
+        }
+        false => {
+            trip.declare(em);
+            trip.load(em)?;
+        }
     }
-    em.close();
-    em.close();
-    em.close();
-    each_word(em);
+    each_word(em, steps);
     em.line(format!("float a[{rows}][8];"));
     em.line("#pragma unroll");
     em.line(format!("for (int r = 0; r < {rows}; ++r) ld8(act + r * {kt} + 8 * wd, a[r]);"));
-    each_column(em);
+    each_column(em, cols);
     let values: Vec<String> = weights
         .iter()
         .enumerate()
@@ -271,4 +277,54 @@ fn packed_matvec(
     em.close();
     em.close();
     Ok(())
+}
+
+/// A packed matvec thread's trip: `steps` words of every column of the block (`cols`) and every
+/// product, with their scales, in `q[steps][products][cols]` and `s[..]`.
+struct PackedTrip<'w> {
+    weights: &'w [PackedWeight],
+    steps: u32,
+    cols: u32,
+    n_total: usize,
+    depth: usize,
+}
+
+impl PackedTrip<'_> {
+    fn declare(&self, em: &mut Emitter) {
+        let (steps, products, cols) = (self.steps, self.weights.len(), self.cols);
+        em.line(format!("unsigned q[{steps}][{products}][{cols}];"));
+        em.line(format!("float s[{steps}][{products}][{cols}];"));
+    }
+
+    /// Loads the trip of words from `wd0` on (C variables `k0`, `wd0` and `words`: the step's
+    /// first value, the thread's first word and the step's words).
+    fn load(&self, em: &mut Emitter) -> Result<(), CudaError> {
+        each_word(em, self.steps);
+        each_column(em, self.cols);
+        em.line(format!("const int n = min(block * {} + c, {});", self.cols, self.n_total - 1));
+        for (j, w) in self.weights.iter().enumerate() {
+            let (word, scale) = packed_loads(em, w, "n", "(k0 + 8 * wd)", self.depth)?;
+            em.line(format!("q[u][{j}][c] = {word};"));
+            em.line(format!("s[u][{j}][c] = {scale};"));
+        }
+        em.close();
+        em.close();
+        em.close();
+        Ok(())
+    }
+}
+
+/// Opens the loop over a trip's words (`u`, word `wd` of the step), and the branch of those within
+/// the step.
+fn each_word(em: &mut Emitter, steps: u32) {
+    em.line("#pragma unroll");
+    em.open(format!("for (int u = 0; u < {steps}; ++u)"));
+    em.line("const int wd = wd0 + u * blockDim.x;");
+    em.open("if (wd < words)");
+}
+
+/// Opens the loop over the block's columns (`c`).
+fn each_column(em: &mut Emitter, cols: u32) {
+    em.line("#pragma unroll");
+    em.open(format!("for (int c = 0; c < {cols}; ++c)"));
 }

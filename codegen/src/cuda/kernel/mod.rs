@@ -10,6 +10,7 @@
 //! the GEMM. The reducing forms but the last apply the kernel's epilogue to their sums
 //! (`store_root`).
 
+mod ahead;
 mod attention;
 mod gemm;
 mod matvec;
@@ -17,6 +18,7 @@ mod packed;
 mod pointwise;
 mod reduce;
 
+use ahead::prefetch_weights;
 use attention::{attention, attention_shared_arrays};
 use gemm::gemm;
 use matvec::matvec;
@@ -65,6 +67,9 @@ pub(crate) fn kernel_code(
     let mut in_place = None;
     // A split GEMM takes its entry's split-sums buffer after its output.
     let mut split_sums = false;
+    // Every block of a launch runs one call, which waits for the kernel before it once, after
+    // what it does ahead (`Emitter::ahead`): here, asking for the weights it will read.
+    em.ahead(|em| prefetch_weights(em, call))?;
     // After the template's arrays, which are 16-byte aligned, so none is padded.
     let prelude_arrays = match call.launch.prelude {
         Some(_) => prelude(&mut em, call)?,
@@ -130,7 +135,6 @@ pub(crate) fn kernel_code(
             call.launch.smem_bytes
         )));
     }
-    let lines = em.take_lines();
     // (C type, name) of each parameter.
     let mut params: Vec<(String, String)> = k
         .params
@@ -145,16 +149,21 @@ pub(crate) fn kernel_code(
             (ty, format!("in{j}"))
         })
         .collect();
+    // What a kernel before may write or read: all but the weights, which the wait names.
+    let mut written: Vec<String> = params.iter().map(|(_, n)| n.clone()).collect();
     for (j, w) in em.weights.iter().enumerate() {
         let dtype = weight_dtype(k, w).expect("a weight the kernel reads");
         params.push((format!("const {}* __restrict__", storage_type(dtype)), format!("w{j}")));
     }
     if in_place.is_none() {
         params.push((format!("{}* __restrict__", storage_type(k.ty(root).dtype)), "out".into()));
+        written.push("out".into());
     }
     if split_sums {
         params.push(("unsigned char* __restrict__".into(), SPLIT_SUMS.into()));
+        written.push(SPLIT_SUMS.into());
     }
+    let lines = em.take_lines(&format!("await_previous_kernel({});", written.join(", ")));
     let declared: Vec<String> = params.iter().map(|(t, n)| format!("{t} {n}")).collect();
     let mut code = String::new();
     for c in &em.constants {
@@ -196,9 +205,10 @@ pub(crate) fn kernel_code(
 }
 
 /// The CUDA C of one launch, named `NAME`: each call's device function (`{NAME}_{n}`), then the
-/// kernel, whose blocks run the calls' one after the other, each call's block index from 0, once
-/// the kernel before it has finished (`await_previous_kernel`, for programmatic dependent launch).
-pub(crate) fn launch_code(calls: &[KernelCall], parts: &[KernelCode]) -> String {
+/// kernel, whose blocks run the calls' one after the other, each call's block index from 0. It lets
+/// the next kernel start (`let_next_kernel_start`, for programmatic dependent launch); each call
+/// waits for the kernel before it (`kernel_code`).
+pub(crate) fn launch_code(calls: &[KernelCall], parts: &[KernelCode], registers_per_sm: u32) -> String {
     let mut code: String = parts.iter().map(|p| p.code.as_str()).collect();
     let mut params = Vec::new();
     let mut branches = Vec::new();
@@ -217,16 +227,19 @@ pub(crate) fn launch_code(calls: &[KernelCall], parts: &[KernelCode]) -> String 
         branches.push((first_block + call.launch.grid, format!("{NAME}_{n}({}, {block}{region});", args.join(", "))));
         first_block += call.launch.grid;
     }
-    // At least one block per SM: the register budget the plan gives each thread (ptxas otherwise
-    // aims at more resident blocks and spills a tensor-core kernel at 32 registers).
+    // The blocks per SM that the register budget the plan gives each thread leaves room for:
+    // ptxas keeps to that budget (without it, ptxas aims at more resident blocks and spills a
+    // tensor-core kernel at 32 registers).
+    let launch = &calls[0].launch;
     writeln!(
         code,
-        "extern \"C\" __global__ void __launch_bounds__({}, 1) {NAME}({}) {{",
-        calls[0].launch.block,
+        "extern \"C\" __global__ void __launch_bounds__({}, {}) {NAME}({}) {{",
+        launch.block,
+        (registers_per_sm / (launch.block * launch.registers)).max(1),
         params.join(", ")
     )
     .unwrap();
-    code.push_str("  let_next_kernel_start();\n  await_previous_kernel();\n");
+    code.push_str("  let_next_kernel_start();\n");
     // One region for the launch: each block runs one call, and uses that call's arrays only.
     let bytes = launch_smem_bytes(calls);
     if parts.iter().any(|p| p.shared) {

@@ -50,6 +50,10 @@ static std::vector<std::vector<char>> g4c_stacks;
 static unsigned g4c_current;
 static g4c_kernel g4c_running;
 static void* g4c_args[G4C_MAX_ARGS];
+// The bytes of each argument's buffer, and whether a prefetch asked for bytes outside all of them.
+static unsigned long long g4c_arg_bytes[G4C_MAX_ARGS];
+static int g4c_nargs;
+static bool g4c_prefetch_outside;
 
 static void g4c_call() {
   void** a = g4c_args;
@@ -134,6 +138,16 @@ static inline unsigned atomicAdd(unsigned* address, unsigned value) {
   return old;
 }
 static inline float __ldcg(const float* p) { return *p; }
+// An L2 prefetch (`prefetch_l2` in g4c's prelude) fetches nothing here; it checks instead that the
+// bytes asked for lie within one of the launch's arguments, as the GPU's must.
+static inline void prefetch_l2(const void* p, unsigned bytes) {
+  const char* const first = (const char*)p;
+  for (int i = 0; i < g4c_nargs; ++i) {
+    const char* const arg = (const char*)g4c_args[i];
+    if (first >= arg && bytes <= g4c_arg_bytes[i] && (unsigned long long)(first - arg) <= g4c_arg_bytes[i] - bytes) return;
+  }
+  g4c_prefetch_outside = true;
+}
 
 // A warp's butterfly (`warp_butterfly` in g4c's prelude) in one exchange: each lane leaves its
 // value, a barrier, then each computes every step of the butterfly over its warp's 32 values, so it
@@ -187,10 +201,18 @@ static inline void mma_f16_k8(float* d, const unsigned* a, const unsigned* b) { 
 static inline void mma_f16_k16(float* d, const unsigned* a, const unsigned* b) { g4c_mma<16, h2f>(d, a, b); }
 static inline void mma_bf16_k16(float* d, const unsigned* a, const unsigned* b) { g4c_mma<16, g4c_widen_bf16>(d, a, b); }
 
-// Runs `grid` blocks of `block` threads of `kernel` on `args` (at most G4C_MAX_ARGS pointers).
-extern "C" int g4c_emulate(void* kernel, void** args, int nargs, unsigned grid, unsigned block, int synchronizes) {
+// Runs `grid` blocks of `block` threads of `kernel` on `args` (at most G4C_MAX_ARGS pointers, to
+// buffers of `arg_bytes`): 0, or 1 for a launch it cannot run, 2 for one that prefetched bytes
+// outside its arguments.
+extern "C" int g4c_emulate(void* kernel, void** args, const unsigned long long* arg_bytes, int nargs, unsigned grid,
+                           unsigned block, int synchronizes) {
   if (nargs > G4C_MAX_ARGS || block > 1024) return 1;
-  for (int i = 0; i < G4C_MAX_ARGS; ++i) g4c_args[i] = i < nargs ? args[i] : nullptr;
+  for (int i = 0; i < G4C_MAX_ARGS; ++i) {
+    g4c_args[i] = i < nargs ? args[i] : nullptr;
+    g4c_arg_bytes[i] = i < nargs ? arg_bytes[i] : 0;
+  }
+  g4c_nargs = nargs;
+  g4c_prefetch_outside = false;
   g4c_running = (g4c_kernel)kernel;
   blockDim = {block, 1, 1};
   gridDim = {grid, 1, 1};
@@ -224,5 +246,5 @@ extern "C" int g4c_emulate(void* kernel, void** args, int nargs, unsigned grid, 
       }
     }
   }
-  return 0;
+  return g4c_prefetch_outside ? 2 : 0;
 }

@@ -12,13 +12,15 @@ use std::process::Command;
 
 const EMULATOR_H: &str = include_str!("emulator.h");
 
-type Emulate = unsafe extern "C" fn(*mut c_void, *mut *mut c_void, i32, u32, u32, i32) -> i32;
+type Emulate = unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *const u64, i32, u32, u32, i32) -> i32;
 
 pub struct Emulator {
     /// Per program (entry point): its library. Kept loaded while kernels may run.
     libraries: HashMap<String, libloading::Library>,
     /// u64 words, so every element type is aligned.
     buffers: Vec<Vec<u64>>,
+    /// Each buffer's bytes as allocated (its words may hold up to 7 more).
+    sizes: Vec<u64>,
     _dir: tempfile::TempDir,
 }
 
@@ -50,7 +52,7 @@ impl Emulator {
             let lib = unsafe { libloading::Library::new(&library) }.map_err(|e| fail(e.to_string()))?;
             libraries.insert(p.entry.clone(), lib);
         }
-        Ok(Emulator { libraries, buffers: Vec::new(), _dir: dir })
+        Ok(Emulator { libraries, buffers: Vec::new(), sizes: Vec::new(), _dir: dir })
     }
 
     fn bytes_mut(&mut self, b: Buffer) -> &mut [u8] {
@@ -63,6 +65,7 @@ impl Emulator {
 impl Device for Emulator {
     fn alloc(&mut self, bytes: usize) -> Result<Buffer> {
         self.buffers.push(vec![0u64; bytes.div_ceil(8).max(1)]);
+        self.sizes.push(bytes as u64);
         Ok(self.buffers.len() - 1)
     }
 
@@ -90,7 +93,7 @@ impl Device for Emulator {
         let emulate: libloading::Symbol<Emulate> =
             unsafe { lib.get(b"g4c_emulate") }.map_err(|e| RuntimeError::Invalid(e.to_string()))?;
         for launch in &sequence.launches {
-            emulate_launch(lib, &emulate, &mut self.buffers, launch)?;
+            emulate_launch(lib, &emulate, (&mut self.buffers, &self.sizes), launch)?;
         }
         Ok(())
     }
@@ -99,26 +102,34 @@ impl Device for Emulator {
 fn emulate_launch(
     lib: &libloading::Library,
     emulate: &Emulate,
-    buffers: &mut [Vec<u64>],
+    (buffers, sizes): (&mut [Vec<u64>], &[u64]),
     launch: &Launch,
 ) -> Result<()> {
     // SAFETY: the symbol is a kernel the library was built with; it takes `args.len()` pointers to
-    // buffers this emulator owns, sized by the plan.
+    // buffers this emulator owns, sized by the plan, and as many byte counts.
     let rc = unsafe {
         let kernel: libloading::Symbol<*mut c_void> = lib
             .get(launch.symbol.as_bytes())
             .map_err(|e| RuntimeError::Invalid(format!("kernel {}: {e}", launch.symbol)))?;
         let mut pointers: Vec<*mut c_void> =
             launch.args.iter().map(|&b| buffers[b].as_mut_ptr() as *mut c_void).collect();
+        let bytes: Vec<u64> = launch.args.iter().map(|&b| sizes[b]).collect();
         emulate(
             *kernel,
             pointers.as_mut_ptr(),
+            bytes.as_ptr(),
             pointers.len() as i32,
             launch.grid,
             launch.block,
             launch.synchronizes as i32,
         )
     };
+    if rc == 2 {
+        return invalid(format!(
+            "kernel {}: a block prefetched bytes outside every buffer the launch was given",
+            launch.symbol
+        ));
+    }
     if rc != 0 {
         return invalid(format!(
             "kernel {}: the emulator refused a launch of {} arguments and {} threads (at most {MAX_LAUNCH_ARGS} and 1024)",

@@ -1,0 +1,73 @@
+//! What a kernel call's blocks do before they await the kernel before them: ask L2 for the weight
+//! rows they will read.
+//!
+//! Launched with programmatic dependent launch (sm_90, `G4C_CUDA_PDL`), a kernel's blocks start
+//! while the kernel before it still runs, and each waits for it to finish before touching memory
+//! (`await_previous_kernel`). No kernel writes a weight, so a block may fetch its weights before
+//! that wait. A decode step's matvecs read a few megabytes, a few kilobytes per block, each once:
+//! after the wait, a block's first loads waited out the DRAM latency with little else in flight.
+//! Fetched ahead, they wait out only L2's, and the DRAM reads overlap the previous kernel's tail and
+//! the gap between the two. Launched without it, the prefetch comes just before the loads it
+//! serves: a few instructions, no bytes more.
+//!
+//! A matvec's block reads whole rows of each weight, those of its `cols` columns, contiguous in
+//! the weights' row-major layout: a 4-bit weight's words and its scales, or a 16-bit weight. A
+//! GEMM's tiles, an attention's caches and everything written by a kernel are not fetched ahead.
+
+use super::Emitter;
+use crate::cuda::CudaError;
+use g4c_ir::plan::KernelCall;
+use g4c_ir::{TensorType, ValueId};
+use g4c_passes::{matvec_of, Matvec, PackedWeight};
+
+/// Emits the call's prefetches of the weight rows its block reads.
+pub(super) fn prefetch_weights(em: &mut Emitter, call: &KernelCall) -> Result<(), CudaError> {
+    let (Some(tile), Some(m)) = (call.launch.tile, matvec_of(em.k)) else { return Ok(()) };
+    if tile.mma.is_some() {
+        return Ok(());
+    }
+    let cols = tile.cols;
+    // A block's bytes of a weight are counted in 32 bits.
+    let rows: Vec<WeightRows> = m
+        .dots
+        .iter()
+        .flat_map(|&(_, w)| weight_rows(em, &m, w))
+        .filter(|r| r.row_bytes * u64::from(cols) <= u64::from(u32::MAX))
+        .collect();
+    if rows.is_empty() {
+        return Ok(());
+    }
+    em.line(format!("const int ahead_first = block * {cols}, ahead_rows = min({cols}, {} - ahead_first);", m.cols));
+    for WeightRows { array, row_bytes } in rows {
+        em.line(format!(
+            "prefetch_l2((const u8*){array} + (unsigned long long)ahead_first * {row_bytes}, ahead_rows * {row_bytes}u);"
+        ));
+    }
+    Ok(())
+}
+
+/// A weight stored as `N` rows (the matvec's columns) of `row_bytes` each.
+struct WeightRows {
+    array: String,
+    row_bytes: u64,
+}
+
+/// The arrays matvec `m`'s product with weight `w` reads by rows: a 4-bit weight's words and its
+/// scales (when a weight `[N, groups]`), or a weight `[1.., N, depth]` read as stored.
+fn weight_rows(em: &mut Emitter, m: &Matvec, w: ValueId) -> Vec<WeightRows> {
+    let Some(packed) = PackedWeight::of(em.k, w) else {
+        return stored_rows(em, w, m).into_iter().collect();
+    };
+    let words = WeightRows { array: em.weight_arg(&packed.q), row_bytes: m.depth as u64 / 2 };
+    std::iter::once(words).chain(stored_rows(em, packed.scale, m)).collect()
+}
+
+/// Weight `v` as rows of the matvec's columns, when it is a weight `[1.., N, D]` read as stored.
+fn stored_rows(em: &mut Emitter, v: ValueId, m: &Matvec) -> Option<WeightRows> {
+    let name = em.weight_name(v)?;
+    let TensorType { shape, dtype } = em.k.ty(v);
+    let rank = shape.len();
+    let rows = rank >= 2 && shape[rank - 2] == m.cols && shape[..rank - 2].iter().all(|&d| d == 1);
+    let row_bits = shape.last().map(|&d| d as u64 * dtype.bits())?;
+    (rows && row_bits % 8 == 0).then(|| WeightRows { array: em.weight_arg(name), row_bytes: row_bits / 8 })
+}
