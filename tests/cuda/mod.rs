@@ -12,7 +12,7 @@ use crate::common::{
 };
 use g4c_codegen::cuda::{assemble, compile_ptx, emit_entry, CudaProgram};
 use g4c_frontend::{Model, Shapes};
-use g4c_ir::plan::{launch_smem_bytes, print_plan, EntryPlan, KernelCall, KernelPlan};
+use g4c_ir::plan::{launch_smem_bytes, print_plan, EntryPlan, KernelCall, KernelKind, KernelPlan};
 use g4c_ir::Target;
 use g4c_passes::{plan_module, Pass, Pipeline, PipelineOptions};
 use g4c_runtime::backend::cuda::{ptx_isa_version, CudaDevice, Device, DeviceProgram, Emulator};
@@ -374,6 +374,28 @@ fn e2b_decode_plan_on_t4g() {
     insta::with_settings!({ snapshot_path => "../snapshots" }, {
         insta::assert_snapshot!("e2b_w4a16_t4g_decode_plan", print_plan(&plan, false));
     });
+}
+
+/// A decode layer's projections (q, k and v; q alone where the layer reads another's cache)
+/// compute the residual stream they stage (`recompute`) rather than wait for the kernel
+/// materializing it, and run in its launch, one dependent launch fewer: on h200 every layer but the
+/// first (whose input is the embedding); on t4g not the 3 full-attention layers that compute their
+/// own keys and values, whose 640 blocks of projections would recompute more than the preludes'
+/// budget for t4g's 40 SMs.
+#[test]
+fn e2b_projections_run_beside_the_residual_kernel() {
+    for (target, layers) in [("h200", 34), ("t4g", 31)] {
+        let plan = e2b_plan(Target::by_name(target).unwrap());
+        let beside = plan
+            .entry("decode")
+            .unwrap()
+            .launches()
+            .filter(|l| {
+                l[0].kind == KernelKind::Loop && l.len() > 1 && l[1..].iter().all(|c| c.kind == KernelKind::MatvecW4)
+            })
+            .count();
+        assert_eq!(beside, layers, "{target}: launches of the residual kernel and a layer's projections");
+    }
 }
 
 /// E2B's 128-token prefill GEMMs split their contraction where their tiles leave SMs idle

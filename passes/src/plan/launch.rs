@@ -22,12 +22,14 @@ const MATVEC_K_STEP: u32 = 32;
 /// The most sums a thread of a packed matvec keeps (`products × cols × rows`): its columns are as
 /// many as this allows, up to `MATVEC_COLS`.
 const PACKED_SUMS: u32 = 16;
-/// Blocks of a one-row matvec (a decode step's) that the register budget leaves room for on an SM
-/// (128 registers a thread on every GPU g4c targets). Such a block is a chain of latencies (its
-/// prelude, the staging, its weights, the sums) with little work between them; a second block's
-/// chain overlaps it. Given the whole file, ptxas spends it on a packed matvec's first words
-/// loaded ahead of the staging (`kernel/matvec.rs`): 160 registers on h200, one block an SM.
-const ROW_MATVEC_BLOCKS_PER_SM: u32 = 2;
+/// Blocks of a kernel that its register budget leaves room for on an SM (128 registers a thread
+/// on every GPU g4c targets). A decode step's kernels are chains of latencies (a prelude, a
+/// staging, the weights, the sums) with little work between them; a second block's chain overlaps
+/// one's. Given the whole file, ptxas spent it on a packed matvec's first words loaded ahead of
+/// its staging (`kernel/matvec.rs`): 160 registers on h200, one block an SM. The tensor-core GEMM,
+/// the attention chunk (a block alone on its SM either way) and matvecs of several rows (a t4g
+/// prefill's 8-row matvec spilled at 128) take the whole file.
+const BLOCKS_PER_SM: u32 = 2;
 
 /// A GEMM block's output tile: rows (tokens) and columns (output features); 8 warps of 16 × 32.
 const GEMM_ROWS: u32 = 64;
@@ -131,7 +133,7 @@ fn gemm_mma(gpu: &GpuLimits, operand: DType) -> Option<MmaShape> {
 /// over a warp per output or the warps of a block (`ReduceSplit`); every other kernel one thread per
 /// element it writes. Each has its prelude's shared memory besides.
 pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch {
-    let registers = registers_per_thread(gpu, BLOCK);
+    let (registers, whole_file) = (registers_per_thread(gpu, BLOCK * BLOCKS_PER_SM), registers_per_thread(gpu, BLOCK));
     let prelude = prelude_launch(&prelude_of(k), BLOCK);
     let prelude_bytes = prelude.map_or(0, |p| prelude_footprint(&p, BLOCK)) as u32;
     // A decode step's attention: a block per chunk of slots, for every head.
@@ -142,7 +144,7 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
             grid: a.chunks as u32,
             block: BLOCK,
             smem_bytes: attention_footprint(&split) as u32 + prelude_bytes,
-            registers,
+            registers: whole_file,
             tile: None,
             split: None,
             slots: Some(split),
@@ -177,7 +179,7 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
             grid: tiles * splits,
             block: BLOCK,
             smem_bytes: footprint(&tile).smem_bytes as u32 + prelude_bytes,
-            registers,
+            registers: whole_file,
             tile: Some(tile),
             split: None,
             slots: None,
@@ -186,11 +188,7 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
     }
     let matvec = matches!(kind, KernelKind::MatvecW4 | KernelKind::Matvec).then(|| matvec_of(k)).flatten();
     if let Some(m) = matvec {
-        let registers = match m.rows {
-            1 => registers_per_thread(gpu, BLOCK * ROW_MATVEC_BLOCKS_PER_SM),
-            // Several rows' activations and sums: a t4g prefill's 8-row matvec spilled at 128.
-            _ => registers,
-        };
+        let registers = if m.rows == 1 { registers } else { whole_file };
         let (rows, products) = (m.rows as u32, m.dots.len() as u32);
         let packed = kind == KernelKind::MatvecW4 && PackedWeight::all_of(k, &m).is_some();
         let cols = match packed {

@@ -1,5 +1,6 @@
 //! The kernel plan of a module for a CUDA target: fusion (`fusion`) splits each entry point into
-//! kernels, small reductions move into the preludes of the kernels reading them (`prelude`), kernels
+//! kernels, small reductions move into the preludes of the kernels reading them (`prelude`), a
+//! matvec waiting only for an elementwise kernel computes its value itself (`recompute`), kernels
 //! are ordered by dependency level (`schedule`), each kernel becomes an IR function, values between
 //! kernels get slots (`buffers`), each kernel a kind and a launch that fits the target (`launch`),
 //! and independent kernels of a level share launches (`schedule`).
@@ -11,6 +12,7 @@ mod kind;
 mod launch;
 mod mask;
 mod prelude;
+mod recompute;
 mod schedule;
 
 pub(crate) use attention::scores_product;
@@ -66,7 +68,7 @@ fn plan_entry(
 ) -> Result<EntryPlan, PlanError> {
     let unsupported = |message: String| PlanError::Unsupported { entry: f.name.clone(), message };
     let names = g4c_ir::ValueNames::new(f);
-    let groups = prelude::merge(f, fusion::partition(f), gpu);
+    let groups = recompute::beside_producers(f, prelude::merge(f, fusion::partition(f), gpu), gpu);
     let param_index: HashMap<ValueId, usize> = f.params.iter().enumerate().map(|(i, p)| (p.value, i)).collect();
 
     // Cache writes update their state parameter in place; every other root gets a scratch buffer.

@@ -119,10 +119,9 @@ pub(crate) fn merge(f: &Function, mut groups: Vec<Group>, gpu: &GpuLimits) -> Ve
         }
         let merged: Option<Vec<(Group, usize)>> =
             readers.iter().map(|&g| merged_reader(f, &def, &groups[g], reduction, gpu)).collect();
-        let Some(merged) = merged else { continue };
-        if merged.iter().map(|(_, added)| added).sum::<usize>() > WORK_PER_SM_LIMIT * gpu.sm_count as usize {
+        let Some(merged) = merged.filter(|m| within_work_per_sm(m.iter().map(|(_, added)| added).sum(), gpu)) else {
             continue;
-        }
+        };
         for (g, (group, _)) in readers.into_iter().zip(merged) {
             groups[g] = group;
         }
@@ -131,17 +130,23 @@ pub(crate) fn merge(f: &Function, mut groups: Vec<Group>, gpu: &GpuLimits) -> Ve
     groups
 }
 
-/// `reader` with `reduction`'s kernel moved into its prelude, and the input elements all its blocks
-/// then reduce beyond what they did; `None` if that changes its template or launch, or exceeds
-/// `BLOCK_WORK_LIMIT` or the target's shared memory.
-fn merged_reader(
+/// Whether the blocks of a reduction's readers may reduce `added` input elements more in their
+/// preludes, in all, on `gpu` (`WORK_PER_SM_LIMIT`).
+pub(super) fn within_work_per_sm(added: usize, gpu: &GpuLimits) -> bool {
+    added <= WORK_PER_SM_LIMIT * gpu.sm_count as usize
+}
+
+/// `reader` computing `producer`'s kernel inside it (its reductions in the prelude), and the input
+/// elements all its blocks then reduce beyond what they did; `None` if that changes its template
+/// or launch, or exceeds `BLOCK_WORK_LIMIT` or the target's shared memory.
+pub(super) fn merged_reader(
     f: &Function,
     def: &HashMap<ValueId, usize>,
     reader: &Group,
-    reduction: &Group,
+    producer: &Group,
     gpu: &GpuLimits,
 ) -> Option<(Group, usize)> {
-    let instrs: BTreeSet<usize> = reader.instrs.iter().chain(&reduction.instrs).copied().collect();
+    let instrs: BTreeSet<usize> = reader.instrs.iter().chain(&producer.instrs).copied().collect();
     let group = Group::collect(f, reader.root, |v| def.get(&v).copied().filter(|i| instrs.contains(i)));
     let (before, after) = (kernel_function(f, reader, "before".into()), kernel_function(f, &group, "after".into()));
     let (kind, own) = (classify(&before), |k: &Function| reduction_of(k).map(|r| (r.outputs, r.extent, r.contiguous)));

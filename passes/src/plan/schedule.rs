@@ -41,21 +41,25 @@ pub(crate) fn by_level(
 }
 
 /// Marks each call that runs in the launch before it: one of the same level (so independent of
-/// every call there), block size and register budget, whose shared memory still fits a block and
-/// whose arguments (`args`, per call) the launch can still pass.
+/// every call there) and block size, whose shared memory still fits a block and whose arguments
+/// (`args`, per call) the launch can still pass. A launch's calls get the largest register budget
+/// among them (a launch has one).
 pub(crate) fn side_by_side(calls: &mut [KernelCall], args: &[usize], levels: &[usize], gpu: &GpuLimits) {
     let mut first = 0;
     for k in 1..calls.len() {
         let (launch, next) = (&calls[first..k], &calls[k]);
         let fits = levels[k] == levels[first]
             && next.launch.block == launch[0].launch.block
-            && next.launch.registers == launch[0].launch.registers
             && launch_smem_bytes(&calls[first..=k]) <= gpu.smem_per_block
             && args[first..=k].iter().sum::<usize>() <= MAX_LAUNCH_ARGS;
         calls[k].side_by_side = fits;
         if !fits {
             first = k;
         }
+    }
+    for launch in calls.chunk_by_mut(|_, next| next.side_by_side) {
+        let budget = launch.iter().map(|c| c.launch.registers).max().expect("a launch has a call");
+        launch.iter_mut().for_each(|c| c.launch.registers = budget);
     }
 }
 
