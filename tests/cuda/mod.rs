@@ -561,6 +561,10 @@ const TINY_SHORT_PREFILL_CHECKED: (Shapes, Option<usize>) = (Shapes { batch: 1, 
 /// chunks; the random slot positions (counting up from below 64) leave all but the first unseen.
 const TINY_LONG_CHECKED: (Shapes, Option<usize>) = (Shapes { batch: 1, prefill_len: 2, context: 1100 }, Some(8));
 
+/// The tiny model decoding 4 sequences a step (as `g4c serve` batches them): its products are
+/// matvecs of 4 rows.
+const TINY_BATCHED_CHECKED: (Shapes, Option<usize>) = (Shapes { batch: 4, prefill_len: 2, context: 24 }, Some(8));
+
 /// E2B as the kernel checks plan it: a 128-token prefill, context 4096, its own quantization.
 const E2B_CHECKED: (Shapes, Option<usize>) = (Shapes { batch: 1, prefill_len: 128, context: 4096 }, None);
 
@@ -607,6 +611,7 @@ fn every_kernel_on_the_host_computes_what_the_interpreter_does_on_random_inputs(
         assert!(launches > 40, "{target}: {launches} launches");
         assert_kernels_agree(target, &dir, TINY_LONG_CHECKED, &["decode"], emulator);
         assert_kernels_agree(target, &dir, TINY_SHORT_PREFILL_CHECKED, &["prefill"], emulator);
+        assert_kernels_agree(target, &dir, TINY_BATCHED_CHECKED, &["decode"], emulator);
     }
 }
 

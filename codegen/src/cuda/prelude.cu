@@ -158,7 +158,7 @@ template <typename... Written> __device__ __forceinline__ void await_previous_ke
 // Asks L2 for the global bytes [p, p + bytes), the block's threads a 128-byte line each at a time:
 // what a block will read that no kernel writes (weights), asked for before it awaits the kernel
 // before it (`kernel/ahead.rs`). Nothing where kernels do not wait (before sm_90); the host
-// emulator's checks that the bytes lie within one of the launch's arguments.
+// emulator's own checks that the bytes lie within one of the launch's arguments.
 #if !defined(G4C_HOST_EMULATION) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
   const u8* const first = (const u8*)p;
