@@ -108,38 +108,51 @@ pub(crate) fn merge(f: &Function, mut groups: Vec<Group>, gpu: &GpuLimits) -> Ve
         }
         let readers: Vec<usize> =
             (r + 1..groups.len()).filter(|&g| groups[g].inputs.contains(&reduction.root)).collect();
-        // A cache written in place between the reduction and a reader would be read new.
-        let last = readers.last().copied().unwrap_or(r);
-        let overwritten = groups[r + 1..=last].iter().any(|g| match &f.body[def[&g.root]].op {
-            Op::UpdateSlots { operand, .. } => reduction.inputs.contains(operand),
-            _ => false,
-        });
-        if readers.is_empty() || overwritten {
-            continue;
+        if merge_into_readers(f, &def, &mut groups, r, &readers, gpu) {
+            groups.remove(r);
         }
-        let merged: Option<Vec<(Group, usize)>> =
-            readers.iter().map(|&g| merged_reader(f, &def, &groups[g], reduction, gpu)).collect();
-        let Some(merged) = merged.filter(|m| within_work_per_sm(m.iter().map(|(_, added)| added).sum(), gpu)) else {
-            continue;
-        };
-        for (g, (group, _)) in readers.into_iter().zip(merged) {
-            groups[g] = group;
-        }
-        groups.remove(r);
     }
     groups
 }
 
-/// Whether the blocks of a reduction's readers may reduce `added` input elements more in their
-/// preludes, in all, on `gpu` (`WORK_PER_SM_LIMIT`).
-pub(super) fn within_work_per_sm(added: usize, gpu: &GpuLimits) -> bool {
-    added <= WORK_PER_SM_LIMIT * gpu.sm_count as usize
+/// Makes each of `readers` (groups after `producer`, in order) compute group `producer` inside it
+/// (`merged_reader`), if each can, no cache that `producer` reads is written in place before the
+/// last of them (it would be read new), and what all their blocks then reduce more stays within
+/// `WORK_PER_SM_LIMIT`; returns whether it did.
+pub(super) fn merge_into_readers(
+    f: &Function,
+    def: &HashMap<ValueId, usize>,
+    groups: &mut [Group],
+    producer: usize,
+    readers: &[usize],
+    gpu: &GpuLimits,
+) -> bool {
+    let (before, after) = groups.split_at_mut(producer + 1);
+    let (producer, after_first) = (&before[producer], producer + 1);
+    let Some(&last) = readers.last() else { return false };
+    let overwritten = after[..=last - after_first].iter().any(|g| match &f.body[def[&g.root]].op {
+        Op::UpdateSlots { operand, .. } => producer.inputs.contains(operand),
+        _ => false,
+    });
+    if overwritten {
+        return false;
+    }
+    let merged: Option<Vec<(Group, usize)>> =
+        readers.iter().map(|&g| merged_reader(f, def, &after[g - after_first], producer, gpu)).collect();
+    let Some(merged) = merged else { return false };
+    if merged.iter().map(|(_, added)| added).sum::<usize>() > WORK_PER_SM_LIMIT * gpu.sm_count as usize {
+        return false;
+    }
+    for (&g, (group, _)) in readers.iter().zip(merged) {
+        after[g - after_first] = group;
+    }
+    true
 }
 
 /// `reader` computing `producer`'s kernel inside it (its reductions in the prelude), and the input
 /// elements all its blocks then reduce beyond what they did; `None` if that changes its template
 /// or launch, or exceeds `BLOCK_WORK_LIMIT` or the target's shared memory.
-pub(super) fn merged_reader(
+fn merged_reader(
     f: &Function,
     def: &HashMap<ValueId, usize>,
     reader: &Group,

@@ -12,12 +12,12 @@
 //! h200). The kernel stays for its other readers, which come later anyway.
 //!
 //! Only where the matvec keeps its template and launch, and its blocks' prelude stays within the
-//! preludes' budgets (`prelude::merged_reader`).
+//! preludes' budgets (`prelude::merge_into_readers`).
 
 use super::fusion::Group;
 use super::kernel_function;
 use super::kind::classify;
-use super::prelude::{merged_reader, within_work_per_sm};
+use super::prelude::merge_into_readers;
 use g4c_ir::plan::KernelKind;
 use g4c_ir::{Function, GpuLimits, Op, ValueId};
 use std::collections::{BTreeSet, HashMap};
@@ -43,23 +43,7 @@ pub(crate) fn beside_producers(f: &Function, mut groups: Vec<Group>, gpu: &GpuLi
                 waits_only_for_it(&groups[g]) && matches!(kind(&groups[g]), KernelKind::Matvec | KernelKind::MatvecW4)
             })
             .collect();
-        // A cache written in place between the producer and a reader would be read new.
-        let last = readers.last().copied().unwrap_or(p);
-        let overwritten = groups[p + 1..=last].iter().any(|g| match &f.body[def[&g.root]].op {
-            Op::UpdateSlots { operand, .. } => producer.inputs.contains(operand),
-            _ => false,
-        });
-        if readers.is_empty() || overwritten {
-            continue;
-        }
-        let merged: Option<Vec<(Group, usize)>> =
-            readers.iter().map(|&g| merged_reader(f, &def, &groups[g], producer, gpu)).collect();
-        let Some(merged) = merged.filter(|m| within_work_per_sm(m.iter().map(|(_, added)| added).sum(), gpu)) else {
-            continue;
-        };
-        for (g, (group, _)) in readers.into_iter().zip(merged) {
-            groups[g] = group;
-        }
+        merge_into_readers(f, &def, &mut groups, p, &readers, gpu);
     }
     groups
 }
