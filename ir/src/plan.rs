@@ -156,7 +156,10 @@ pub enum ReduceSplit {
     /// extent and combine through shared memory. For reductions along a strided axis, where
     /// adjacent outputs read adjacent inputs (attention's weighted sum of values over cache slots;
     /// the blocks of the heads reading the same 32 features of the cache run one after another).
-    WarpsPerExtent,
+    /// A product whose block's outputs share a row of its left-hand side (a head's probabilities)
+    /// computes `staged` of that row's elements at a time into shared memory for its warps (a
+    /// multiple of the block); other reductions stage nothing (0).
+    WarpsPerExtent { staged: u32 },
 }
 
 /// One kernel launch of an entry point.
@@ -273,7 +276,12 @@ pub fn print_plan(plan: &KernelPlan, bodies: bool) -> String {
             match l.split {
                 Some(ReduceSplit::WarpPerOutput) => tile.push_str(" warp/output"),
                 Some(ReduceSplit::BlockPerOutput) => tile.push_str(" block/output"),
-                Some(ReduceSplit::WarpsPerExtent) => write!(tile, " lane/output extent/{}", l.block / 32).unwrap(),
+                Some(ReduceSplit::WarpsPerExtent { staged }) => {
+                    write!(tile, " lane/output extent/{}", l.block / 32).unwrap();
+                    if staged > 0 {
+                        write!(tile, " staged {staged}").unwrap();
+                    }
+                }
                 None => {}
             }
             if let Some(s) = l.slots {

@@ -57,6 +57,27 @@ fn the_softmax_statistics_issue_a_lanes_loads_together() {
     assert!(loads >= 19, "the weighted sum's prelude issues at most {loads} score loads before a branch");
 }
 
+/// A sliding layer's weighted sum of values stages all 639 probabilities of its head at once (the
+/// plan's `staged 768`), so each warp reads its 80 slots' values in two trips of 48 loads: in
+/// chunks of 256 slots, three rounds of 32 each waited out a score load, a barrier and a value
+/// load.
+#[test]
+fn the_sliding_weighted_sum_reads_its_values_in_two_trips() {
+    let (plan, _, sass) = e2b_decode_on_h200();
+    let staged: Vec<u32> = plan.entries[0]
+        .calls
+        .iter()
+        .filter(|c| c.kind == g4c_ir::plan::KernelKind::Dot)
+        .filter_map(|c| match c.launch.split {
+            Some(g4c_ir::plan::ReduceSplit::WarpsPerExtent { staged }) => Some(staged),
+            _ => None,
+        })
+        .collect();
+    assert!(!staged.is_empty() && staged.iter().all(|&s| s == 768), "the weighted sums stage {staged:?}");
+    let loads = most_loads_without_a_branch(&functions_named(sass, "g4c_dot_"), "LDG.E.U16");
+    assert!(loads >= 48, "the weighted sum issues at most {loads} value loads before a branch");
+}
+
 /// A full-attention chunk's warps read two slots' key rows at once, 16 loads a lane each (512-deep
 /// bf16 keys), where a branch around each slot's loads (some head sees it) kept the second slot's
 /// waiting: two stretches of 32 or more 16-bit loads, the keys' and the values' (64 slots at once).

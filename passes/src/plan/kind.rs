@@ -255,3 +255,14 @@ pub fn own_reductions(k: &Function) -> Vec<ValueId> {
         None => reduction_of(k).map(|r| r.reduction).into_iter().collect(),
     }
 }
+
+/// For a product whose output is `[batch.., rows.., cols..]` (the left side's free axes, then the
+/// right side's), several rows, and whole warps of columns: (rows, cols), per batch element. A
+/// `WarpsPerExtent` block of such a product reads one row of the left side (`staged`).
+pub fn rows_sharing_rhs(k: &Function, op: &Op) -> Option<(usize, usize)> {
+    let Op::DotGeneral { lhs, rhs, dims } = op else { return None };
+    let (lt, rt) = (k.ty(*lhs), k.ty(*rhs));
+    let rows: usize = dims.lhs_free(lt.rank()).iter().map(|&d| lt.shape[d]).product();
+    let cols: usize = dims.rhs_free(rt.rank()).iter().map(|&d| rt.shape[d]).product();
+    (rows > 1 && cols.is_multiple_of(32)).then_some((rows, cols))
+}

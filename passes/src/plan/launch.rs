@@ -4,7 +4,7 @@
 //! with, so the proof and the code cannot disagree.
 
 use super::attention::attention_of;
-use super::kind::{matvec_of, reduction_of, PackedWeight};
+use super::kind::{matvec_of, reduction_of, rows_sharing_rhs, PackedWeight, Reduction};
 use super::prelude::{prelude_footprint, prelude_launch, prelude_of};
 use g4c_ir::plan::{KernelKind, Launch, ReduceSplit, SlotSplit, Tile};
 use g4c_ir::{DType, Function, GpuLimits, MmaShape, Op};
@@ -30,6 +30,9 @@ const PACKED_SUMS: u32 = 16;
 /// the attention chunk (a block alone on its SM either way) and matvecs of several rows (a t4g
 /// prefill's 8-row matvec spilled at 128) take the whole file.
 const BLOCKS_PER_SM: u32 = 2;
+/// The most elements of a reduced extent a `WarpsPerExtent` thread stages (`staged_extent`): 4 KB
+/// of shared memory a block.
+const STAGED_PER_THREAD: u32 = 4;
 
 /// A GEMM block's output tile: rows (tokens) and columns (output features); 8 warps of 16 × 32.
 const GEMM_ROWS: u32 = 64;
@@ -228,7 +231,10 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
         // Along a strided axis, adjacent threads already read adjacent inputs; what a thread per
         // output lacks is parallelism (E2B's 2048 weighted sums of values over 4096 slots would
         // be 8 blocks of threads each walking every slot): the block's warps split the extent.
-        false => (r.extent >= WARPS).then_some((ReduceSplit::WarpsPerExtent, r.outputs.div_ceil(32))),
+        false => {
+            let staged = staged_extent(k, &r);
+            (r.extent >= WARPS).then_some((ReduceSplit::WarpsPerExtent { staged }, r.outputs.div_ceil(32)))
+        }
     });
     if let Some((split, blocks)) = split {
         return Launch {
@@ -299,7 +305,20 @@ pub fn split_footprint(split: ReduceSplit, block: u32) -> u64 {
     match split {
         ReduceSplit::WarpPerOutput => 0,
         ReduceSplit::BlockPerOutput => block as u64 / 32 * 4,
-        ReduceSplit::WarpsPerExtent => block as u64 * 4,
+        ReduceSplit::WarpsPerExtent { staged } => block.max(staged) as u64 * 4,
+    }
+}
+
+/// Elements of the reduced extent a `WarpsPerExtent` block of `k` stages at a time: for a product
+/// whose block's outputs share a row of its left-hand side (`rows_sharing_rhs`), the whole extent
+/// in whole blocks, up to `STAGED_PER_THREAD` a thread; else none. A sliding layer's weighted sum
+/// stages its 639 probabilities at once (768), where chunks of a block's 256 took three rounds of
+/// a score load, a barrier and a value load.
+fn staged_extent(k: &Function, r: &Reduction) -> u32 {
+    let op = k.body.iter().find(|i| i.result == r.reduction).map(|i| &i.op);
+    match op.and_then(|op| rows_sharing_rhs(k, op)) {
+        Some(_) => BLOCK * (r.extent as u32).div_ceil(BLOCK).min(STAGED_PER_THREAD),
+        None => 0,
     }
 }
 

@@ -4,12 +4,12 @@
 
 use super::{reads_per_element, store_root};
 use crate::cuda::elemental::{reduce_combine, reduce_init, rounded, unlinear, value_type, Emitter, Index};
-use crate::cuda::loops::{batched_loop_of, loads_at_once, thread_loop};
+use crate::cuda::loops::{batched_loop_of, loads_at_once, thread_loop, trip_length};
 use crate::cuda::shared::SharedArrays;
 use crate::cuda::CudaError;
 use g4c_ir::plan::{KernelCall, ReduceSplit};
-use g4c_ir::{DotDims, Function, Op, ReduceKind, ValueId};
-use g4c_passes::{prelude_launch, prelude_of, reduction_of};
+use g4c_ir::{DotDims, Op, ReduceKind, ValueId};
+use g4c_passes::{prelude_launch, prelude_of, reduction_of, rows_sharing_rhs};
 
 /// A reduction split over threads: a warp per output (`WarpPerOutput`: its lanes stride the row,
 /// shuffles combine their partial results, lane 0 stores; the grid's blocks stride the outputs),
@@ -35,7 +35,7 @@ pub(super) fn split_reduce(
     em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
     // Rows of the left-hand side whose block's threads stage its elements before its warps multiply.
     let shared_rows = match split {
-        ReduceSplit::WarpsPerExtent => rows_sharing_rhs(em.k, &op),
+        ReduceSplit::WarpsPerExtent { staged } => rows_sharing_rhs(em.k, &op).map(|rows| (rows, staged)),
         _ => None,
     };
     let (first, stride) = match split {
@@ -51,8 +51,8 @@ pub(super) fn split_reduce(
             em.line("const int i = block;");
             ("threadIdx.x", warps * 32)
         }
-        ReduceSplit::WarpsPerExtent => {
-            match shared_rows {
+        ReduceSplit::WarpsPerExtent { .. } => {
+            match shared_rows.map(|(rows, _)| rows) {
                 // Blocks of the rows reading the same 32 columns of the right-hand side (a decode
                 // step's query heads, reading the same features of the value cache) run next to
                 // each other, so that the later ones may find those columns in L2 rather than
@@ -70,8 +70,8 @@ pub(super) fn split_reduce(
     };
     em.line(format!("{} acc = {};", value_type(dtype), reduce_init(kind, dtype)));
     match (&op, shared_rows) {
-        (Op::DotGeneral { lhs, rhs, dims }, Some(_)) => {
-            staged_dot(em, (*lhs, *rhs, dims), &idx, r.outputs, r.extent, warps * 32)?
+        (Op::DotGeneral { lhs, rhs, dims }, Some((_, staged))) => {
+            staged_dot(em, (*lhs, *rhs, dims), &idx, (r.outputs, r.extent), (warps * 32, staged))?
         }
         _ => {
             em.open(format!("if (i < {})", r.outputs));
@@ -80,7 +80,7 @@ pub(super) fn split_reduce(
             // the same for all the threads sharing the output, so control flow stays uniform.
             let masked = match split {
                 ReduceSplit::WarpPerOutput | ReduceSplit::BlockPerOutput => r.visible,
-                ReduceSplit::WarpsPerExtent => None,
+                ReduceSplit::WarpsPerExtent { .. } => None,
             };
             if let Some(mask) = masked {
                 let visible = em.value(mask, &idx)?;
@@ -113,7 +113,7 @@ pub(super) fn split_reduce(
             let step = reduce_combine(kind, "acc", "part[w]");
             em.line(format!("for (int w = 1; w < {warps}; ++w) acc = {step};"));
         }
-        ReduceSplit::WarpsPerExtent => {
+        ReduceSplit::WarpsPerExtent { .. } => {
             em.line("part[threadIdx.x] = acc;");
             em.line("__syncthreads();");
             em.open(format!("if (warp == 0 && i < {})", r.outputs));
@@ -130,43 +130,52 @@ pub(super) fn split_reduce(
 }
 
 /// The products of a block whose threads' outputs share one row of the left-hand side (a head's
-/// probabilities), its warps splitting the `extent` contracted elements: per `threads` of them,
-/// the block computes that row's elements into `part` (a thread each), then each warp multiplies
-/// its elements of the chunk by the right-hand side's. So each element of the row is computed
-/// once per block, not once per warp and iteration, and the warps' loop reads shared memory and
-/// the right-hand side alone, whose loads it then issues together, a warp's 32 of the chunk at
-/// once (computing a softmax's probability in the loop, a division's slow path kept every
-/// iteration waiting for its load; 8 at a time, a sliding layer's 639 slots took 12 trips, 8 of
-/// them a single load in the last, short chunk). Each warp takes the same elements in the same
-/// order as without the staging, and skips a chunk whose staged elements are all 0.
+/// probabilities), its warps splitting the `extent` contracted elements: per `staged` of them (the
+/// plan's, a multiple of the block's `threads`), the block computes that row's elements into
+/// `part` (a few a thread, at once), then each warp multiplies its elements of the chunk by the
+/// right-hand side's. So each element of the row is computed once per block, not once per warp
+/// and iteration, and the warps' loop reads shared memory and the right-hand side alone, whose
+/// loads it then issues together (computing a softmax's probability in the loop, a division's slow
+/// path kept every iteration waiting for its load). A sliding layer's 639 slots are one chunk of
+/// 768: in chunks of the block's 256, each of three waited out a score load, a barrier and a value
+/// load. Each warp takes the same elements in the same order as without the staging, and skips a
+/// chunk whose staged elements are all 0.
 fn staged_dot(
     em: &mut Emitter,
     (lhs, rhs, dims): (ValueId, ValueId, &DotDims),
     idx: &Index,
-    outputs: usize,
-    extent: usize,
-    threads: u32,
+    (outputs, extent): (usize, usize),
+    (threads, staged): (u32, u32),
 ) -> Result<(), CudaError> {
-    em.open(format!("for (int chunk = 0; chunk < {extent}; chunk += {threads})"));
-    em.line("const int cs = chunk + threadIdx.x;");
-    em.line("bool nonzero = false;");
-    if !extent.is_multiple_of(threads as usize) {
-        em.line("part[threadIdx.x] = 0.f;");
+    if staged == 0 || !staged.is_multiple_of(threads) {
+        return Err(CudaError::Unsupported(format!("{}: {staged} staged elements for {threads} threads", em.k.name)));
     }
-    em.open(format!("if (i < {outputs} && cs < {extent})"));
-    let (li, _) = em.dot_operands_at(lhs, rhs, dims, idx, "cs");
-    let a = em.value(lhs, &li)?;
-    em.line(format!("part[threadIdx.x] = {a};"));
-    em.line(format!("nonzero = {a} != 0.f;"));
-    em.close();
+    em.open(format!("for (int chunk = 0; chunk < {extent}; chunk += {staged})"));
+    em.line("bool nonzero = false;");
+    thread_loop(em, "s", ("threadIdx.x", staged as usize, threads), staged / threads, &mut |em| {
+        em.line("const int cs = chunk + s;");
+        if !extent.is_multiple_of(staged as usize) {
+            em.line("part[s] = 0.f;");
+        }
+        em.open(format!("if (i < {outputs} && cs < {extent})"));
+        let (li, _) = em.dot_operands_at(lhs, rhs, dims, idx, "cs");
+        let a = em.value(lhs, &li)?;
+        em.line(format!("part[s] = {a};"));
+        em.line(format!("nonzero = nonzero || {a} != 0.f;"));
+        em.close();
+        Ok(())
+    })?;
     // A chunk of zeros (the probabilities of slots no query sees) adds nothing, its right-hand
     // side being finite (values in a cache): the block reads none of it. The vote is a barrier,
     // taken by every thread.
     em.open(format!("if (__syncthreads_or(nonzero) && i < {outputs})"));
-    // All of a warp's 32 elements of the chunk at once: past the extent, the right-hand side is
-    // read at its last element (finite) and multiplied by the staged 0.
-    let (warps, end) = (threads / 32, format!("chunk + {threads}"));
-    batched_loop_of(em, "c", ("chunk + warp", &end, &warps.to_string()), threads / warps, &mut |em| {
+    // A warp's elements of the chunk in as few trips as `VALUES_AT_ONCE` loads allow: past the
+    // extent, the right-hand side is read at its last element (finite) and multiplied by the
+    // staged 0.
+    let (warps, end) = (threads / 32, format!("chunk + {staged}"));
+    let per_warp = (staged / warps) as usize;
+    let at_once = trip_length((per_warp, per_warp), VALUES_AT_ONCE);
+    batched_loop_of(em, "c", ("chunk + warp", &end, &warps.to_string()), at_once, &mut |em| {
         em.line(format!("const int cc = min(c, {});", extent - 1));
         let (_, ri) = em.dot_operands_at(lhs, rhs, dims, idx, "cc");
         let b = em.value(rhs, &ri)?;
@@ -179,15 +188,8 @@ fn staged_dot(
     Ok(())
 }
 
-/// For a product whose output is `[batch.., rows.., cols..]` (the left side's free axes, then the
-/// right side's), several rows, and whole warps of columns: (rows, cols), per batch element.
-fn rows_sharing_rhs(k: &Function, op: &Op) -> Option<(usize, usize)> {
-    let Op::DotGeneral { lhs, rhs, dims } = op else { return None };
-    let (lt, rt) = (k.ty(*lhs), k.ty(*rhs));
-    let rows: usize = dims.lhs_free(lt.rank()).iter().map(|&d| lt.shape[d]).product();
-    let cols: usize = dims.rhs_free(rt.rank()).iter().map(|&d| rt.shape[d]).product();
-    (rows > 1 && cols.is_multiple_of(32)).then_some((rows, cols))
-}
+/// The most right-hand side loads a warp of a staged product issues before it waits for one.
+const VALUES_AT_ONCE: u32 = 64;
 
 /// The prelude: each reduction the body reads, computed once per block into the shared array
 /// `pre{n}` and read from there by the body (and by later reductions of the prelude). Returns the
