@@ -314,10 +314,7 @@ impl<'k> Emitter<'k> {
         }
         match self.def.get(&v) {
             None => self.inputs.get(&v).map(|j| format!("in{j}")),
-            Some(&i) => match &self.k.body[i].op {
-                Op::Weight { name } => Some(self.weight_arg(name)),
-                _ => None,
-            },
+            Some(_) => self.weight_name(v).map(|name| self.weight_arg(name)),
         }
     }
 

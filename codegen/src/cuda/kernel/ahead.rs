@@ -15,35 +15,32 @@
 //! GEMM's tiles, an attention's caches and everything written by a kernel are not fetched ahead.
 
 use super::Emitter;
-use crate::cuda::CudaError;
-use g4c_ir::plan::KernelCall;
+use g4c_ir::plan::Tile;
 use g4c_ir::{TensorType, ValueId};
-use g4c_passes::{matvec_of, Matvec, PackedWeight};
+use g4c_passes::{Matvec, PackedWeight};
 
-/// Emits the call's prefetches of the weight rows its block reads.
-pub(super) fn prefetch_weights(em: &mut Emitter, call: &KernelCall) -> Result<(), CudaError> {
-    let (Some(tile), Some(m)) = (call.launch.tile, matvec_of(em.k)) else { return Ok(()) };
-    if tile.mma.is_some() {
-        return Ok(());
-    }
+/// Emits, ahead of the wait (`Emitter::ahead`), the prefetches of the weight rows a block of
+/// matvec `m` tiled by `tile` reads.
+pub(super) fn prefetch_weights(em: &mut Emitter, tile: &Tile, m: &Matvec) {
     let cols = tile.cols;
     // A block's bytes of a weight are counted in 32 bits.
     let rows: Vec<WeightRows> = m
         .dots
         .iter()
-        .flat_map(|&(_, w)| weight_rows(em, &m, w))
+        .flat_map(|&(_, w)| weight_rows(em, m, w))
         .filter(|r| r.row_bytes * u64::from(cols) <= u64::from(u32::MAX))
         .collect();
     if rows.is_empty() {
-        return Ok(());
+        return;
     }
-    em.line(format!("const int ahead_first = block * {cols}, ahead_rows = min({cols}, {} - ahead_first);", m.cols));
-    for WeightRows { array, row_bytes } in rows {
-        em.line(format!(
-            "prefetch_l2((const u8*){array} + (unsigned long long)ahead_first * {row_bytes}, ahead_rows * {row_bytes}u);"
-        ));
-    }
-    Ok(())
+    em.ahead(|em| {
+        em.line(format!("const int ahead_first = block * {cols}, ahead_rows = min({cols}, {} - ahead_first);", m.cols));
+        for WeightRows { array, row_bytes } in rows {
+            em.line(format!(
+                "prefetch_l2((const u8*){array} + (unsigned long long)ahead_first * {row_bytes}, ahead_rows * {row_bytes}u);"
+            ));
+        }
+    });
 }
 
 /// A weight stored as `N` rows (the matvec's columns) of `row_bytes` each.
@@ -56,14 +53,14 @@ struct WeightRows {
 /// scales (when a weight `[N, groups]`), or a weight `[1.., N, depth]` read as stored.
 fn weight_rows(em: &mut Emitter, m: &Matvec, w: ValueId) -> Vec<WeightRows> {
     let Some(packed) = PackedWeight::of(em.k, w) else {
-        return stored_rows(em, w, m).into_iter().collect();
+        return weight_as_rows(em, w, m).into_iter().collect();
     };
     let words = WeightRows { array: em.weight_arg(&packed.q), row_bytes: m.depth as u64 / 2 };
-    std::iter::once(words).chain(stored_rows(em, packed.scale, m)).collect()
+    std::iter::once(words).chain(weight_as_rows(em, packed.scale, m)).collect()
 }
 
 /// Weight `v` as rows of the matvec's columns, when it is a weight `[1.., N, D]` read as stored.
-fn stored_rows(em: &mut Emitter, v: ValueId, m: &Matvec) -> Option<WeightRows> {
+fn weight_as_rows(em: &mut Emitter, v: ValueId, m: &Matvec) -> Option<WeightRows> {
     let name = em.weight_name(v)?;
     let TensorType { shape, dtype } = em.k.ty(v);
     let rank = shape.len();

@@ -2,6 +2,7 @@
 //! output column for 16-bit weights (`matvec`), the block's threads splitting the contraction a
 //! word at a time for 4-bit ones (`packed_matvec`).
 
+use super::ahead::prefetch_weights;
 use super::packed::{packed_loads, packed_value};
 use super::{activation_at, reads_per_element, store_root};
 use crate::cuda::elemental::Emitter;
@@ -21,6 +22,7 @@ pub(super) fn matvec(
     m: &Matvec,
     root: ValueId,
 ) -> Result<(), CudaError> {
+    prefetch_weights(em, tile, m);
     if tile.packed {
         let unsupported = || CudaError::Unsupported(format!("{}: a packed tile of weights not packed", em.k.name));
         let weights = PackedWeight::all_of(em.k, m).ok_or_else(unsupported)?;

@@ -18,7 +18,6 @@ mod packed;
 mod pointwise;
 mod reduce;
 
-use ahead::prefetch_weights;
 use attention::{attention, attention_shared_arrays};
 use gemm::gemm;
 use matvec::matvec;
@@ -68,8 +67,7 @@ pub(crate) fn kernel_code(
     // A split GEMM takes its entry's split-sums buffer after its output.
     let mut split_sums = false;
     // Every block of a launch runs one call, which waits for the kernel before it once, after
-    // what it does ahead (`Emitter::ahead`): here, asking for the weights it will read.
-    em.ahead(|em| prefetch_weights(em, call))?;
+    // what its template does ahead (`Emitter::ahead`; a matvec asks for its weights).
     // After the template's arrays, which are 16-byte aligned, so none is padded.
     let prelude_arrays = match call.launch.prelude {
         Some(_) => prelude(&mut em, call)?,
