@@ -138,3 +138,15 @@ fn pack_quantized_checkpoints_match_their_goldens() {
         }
     }
 }
+
+/// The deep model (a 768-wide MLP, deep enough for the CUDA prefill GEMMs to split their
+/// contraction) and its pack-quantized twin in groups of 32, as the published QAT checkpoints have,
+/// on the interpreter in both layouts.
+#[test]
+fn deep_checkpoints_match_their_goldens() {
+    for model in ["deep", "deep-qat"] {
+        for layout in ["hf", "published"] {
+            check_model(model, layout);
+        }
+    }
+}

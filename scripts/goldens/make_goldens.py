@@ -3,7 +3,9 @@
 numeric tests compare against (tests/goldens/). Run by hand, never in CI:
 
     python3 -m venv /tmp/gv && /tmp/gv/bin/pip install torch transformers==5.23.0 safetensors numpy
-    /tmp/gv/bin/python scripts/goldens/make_goldens.py tests/goldens
+    /tmp/gv/bin/python scripts/goldens/make_goldens.py tests/goldens [MODEL...]
+
+(every model of MODELS unless some are named).
 
 For each model it writes
   hf/         the checkpoint as transformers saves it (text-only config, f32, `model.` keys)
@@ -87,6 +89,27 @@ MODELS = {
             "long": [2, 5, 77, 301, 12, 200, 31, 8, 150, 383, 64, 9, 91, 250, 4],
         },
         new_tokens=20,
+    ),
+    # A deep MLP (768 wide, single-wide): a prefill's down projection is deep enough for the GEMM
+    # to split its contraction over blocks (split-K) in the layers that write caches (the KV-shared
+    # layers run on the last token alone); hidden size and attention as the tiny model's.
+    "deep": dict(
+        config=dict(
+            vocab_size=512, vocab_size_per_layer_input=512, hidden_size=64, intermediate_size=768,
+            use_double_wide_mlp=False, num_hidden_layers=4, layer_types=[S, F, S, F],
+            num_attention_heads=4, num_key_value_heads=1, head_dim=32, global_head_dim=64,
+            sliding_window=4, num_kv_shared_layers=2, hidden_size_per_layer_input=8,
+            final_logit_softcapping=30.0, rope_parameters=ROPE, rms_norm_eps=1e-6,
+            hidden_activation="gelu_pytorch_tanh", attention_k_eq_v=False, enable_moe_block=False,
+            tie_word_embeddings=True, attention_bias=False, pad_token_id=0, bos_token_id=2, eos_token_id=1,
+        ),
+        seed=21,
+        prompts={
+            "single": [2],
+            "short": [2, 40, 301, 9],
+            "long": [2, 40, 301, 9, 77, 480, 13, 256, 5, 150, 64, 333],
+        },
+        new_tokens=16,
     ),
 }
 
@@ -204,7 +227,9 @@ def write_golden(model, label, prompts, new_tokens, out, made_by, provenance):
 
 def main():
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "tests/goldens")
-    for name, spec in MODELS.items():
+    names = sys.argv[2:] or list(MODELS)
+    for name in names:
+        spec = MODELS[name]
         torch.manual_seed(spec["seed"])
         config = Gemma4TextConfig(**spec["config"])
         config._attn_implementation = "eager"

@@ -5,7 +5,7 @@ transformers (which decompresses them) and writes golden fixtures for them. Run 
 
     python3 -m venv /tmp/gv && /tmp/gv/bin/pip install torch transformers==5.23.0 safetensors numpy \\
         compressed-tensors==0.20.1
-    /tmp/gv/bin/python scripts/goldens/make_qat_goldens.py tests/goldens
+    /tmp/gv/bin/python scripts/goldens/make_qat_goldens.py tests/goldens [MODEL...]
 
 For each model it writes tests/goldens/<model>-qat/:
   hf/         the quantized checkpoint as transformers saves it (text-only config, `model.` keys):
@@ -51,6 +51,9 @@ from make_goldens import MODELS, write_golden  # noqa: E402
 QUANT = {
     "tiny": dict(group=8, ignore=["lm_head"], new_tokens=20),
     "gqa": dict(group=8, ignore=["lm_head", "re:.*per_layer_projection$"], new_tokens=20),
+    # Groups of 32, as the published QAT checkpoints have, through the deep model's split-K GEMMs;
+    # `per_layer_projection` (8 inputs) stays bf16.
+    "deep": dict(group=32, ignore=["lm_head", "re:.*per_layer_projection$"], new_tokens=16),
 }
 
 
@@ -99,7 +102,8 @@ def write_published(hf, out):
 
 def main():
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "tests/goldens")
-    for name, q in QUANT.items():
+    for name in sys.argv[2:] or list(QUANT):
+        q = QUANT[name]
         spec = MODELS[name]
         out = root / f"{name}-qat"
         model, compressor = quantize(root / name / "hf", q["group"], q["ignore"])

@@ -183,12 +183,20 @@ fn each_entry_point_runs_one_fixed_launch_sequence() {
 /// steps over the caches it wrote) is no further from the goldens than transformers' own run in the
 /// same dtype. For a100 the tiny model's bf16 weights go through Ampere's m16n8k16 bf16 fragments;
 /// for t4g the pack-quantized model's 4-bit weights are dequantized while staged, 8 from each word,
-/// into Turing's m16n8k8 f16 fragments.
+/// into Turing's m16n8k8 f16 fragments. The deep model's 768-deep down projections split their
+/// contraction over 3 blocks (split-K), whose partial sums the last block of a tile adds: in bf16
+/// on a100, and from 4-bit weights in groups of 32 on t4g.
 #[test]
 fn tensor_core_prefill_on_the_host_is_no_worse_than_transformers() {
-    for (model, target) in [("tiny", "a100"), ("tiny-qat", "t4g")] {
+    let runs = [("tiny", "a100", 1), ("tiny-qat", "t4g", 1), ("deep", "a100", 3), ("deep-qat", "t4g", 3)];
+    for (model, target, most_splits) in runs {
         let mut case = golden_cases(model).into_iter().find(|c| c.name == "long").unwrap();
         assert!(case.prompt_ids.len() > g4c_ir::plan::MATVEC_MAX_ROWS, "the prompt must take the GEMM");
+        let shapes = Shapes { batch: 1, prefill_len: case.prompt_ids.len(), context: 32 };
+        let plan = planned(&golden_dir(model).join("hf"), Target::by_name(target).unwrap(), shapes, None).2;
+        let gemms =
+            plan.entry("prefill").unwrap().calls.iter().filter_map(|c| c.launch.tile.filter(|t| t.mma.is_some()));
+        assert_eq!(gemms.map(|t| t.splits).max(), Some(most_splits), "{model} on {target}: most splits of a GEMM");
         case.generated_ids.truncate(4);
         let rows = crate::common::forced_logits(Backend::CudaHost, &golden_dir(model).join("hf"), target, &case);
         let mean = |v: &[f32]| v.iter().sum::<f32>() / v.len() as f32;
