@@ -12,7 +12,8 @@
 //!
 //! A matvec's block reads whole rows of each weight, those of its `cols` columns, contiguous in
 //! the weights' row-major layout: a 4-bit weight's words and its scales, or a 16-bit weight. A
-//! GEMM's tiles, an attention's caches and everything written by a kernel are not fetched ahead.
+//! GEMM's tiles are not fetched ahead (a GEMM loads its first step's weights ahead itself, into
+//! registers: `gemm.rs`), nor are an attention's caches and everything written by a kernel.
 
 use super::Emitter;
 use g4c_ir::plan::Tile;

@@ -1,10 +1,9 @@
 //! The tensor-core GEMM of a prefill: a tile of outputs per block, its steps staged in shared
 //! memory, optionally split over blocks whose partial sums the last one adds (`add_split_sums`).
 
-use super::packed::packed_values;
-use super::{activation_at, clamped, reads_per_element, store_root, SPLIT_SUMS};
+use super::packed::{packed_loads, packed_value};
+use super::{activation_at, clamped, store_root, SPLIT_SUMS};
 use crate::cuda::elemental::Emitter;
-use crate::cuda::loops::{batched_loop_of, thread_loop, LOADS_IN_FLIGHT};
 use crate::cuda::CudaError;
 use g4c_ir::plan::Tile;
 use g4c_ir::{DType, ValueId};
@@ -16,6 +15,12 @@ use g4c_passes::{footprint, Matvec, PackedWeight, SplitSumsBytes};
 /// 16-bit MMA operands in shared memory; each of the 8 warps then multiplies a 16 × 32 block of
 /// them with `mma.sync` (m16n8k8 on Turing, m16n8k16 after), f32 accumulators in the fragment
 /// layout of the PTX ISA, and applies the epilogue to its accumulators' elements.
+///
+/// A thread loads the next step's elements into registers before this step's products and stores
+/// them after its barrier (`StepStaging`): each step's memory latency overlaps the step before's
+/// MMAs, where a step waited out its loads and then multiplied (on the H200, 32-deep steps took
+/// about 3 µs each, mostly waiting). Registers rather than a second stage of shared memory, which
+/// Turing's 64 KiB would halve the tile's depth for, and Turing has no asynchronous copies.
 /// `split`: the offset and sizes of a split GEMM's part of the split-sums buffer.
 pub(super) fn gemm(
     em: &mut Emitter,
@@ -39,51 +44,55 @@ pub(super) fn gemm(
     em.line("const int wm = (warp & 3) * 16, wn = (warp >> 2) * 32;");
     // Split `splits` ways: block `b` adds tile `b / splits`'s steps from `split · steps / splits`
     // to `(split + 1) · steps / splits`, `split` being `b % splits`.
-    em.line(format!("const int tile = block / {splits}, split = block % {splits};"));
-    em.line(format!("const int m0 = tile / {} * {bm}, n0 = tile % {} * {bn};", cols.div_ceil(bn), cols.div_ceil(bn)));
+    let place = |em: &mut Emitter| {
+        em.line(format!("const int tile = block / {splits}, split = block % {splits};"));
+        em.line(format!(
+            "const int m0 = tile / {} * {bm}, n0 = tile % {} * {bn};",
+            cols.div_ceil(bn),
+            cols.div_ceil(bn)
+        ));
+        em.line(format!(
+            "const int k_first = split * {steps} / {splits} * {bk}, k_end = (split + 1) * {steps} / {splits} * {bk};"
+        ));
+    };
+    let staging = StepStaging::new(em, (tile, threads), m, to_word)?;
+    // The first step's weights, read from weights alone, load before the block waits for the
+    // kernel before it (`Emitter::ahead`): with programmatic dependent launch their latency
+    // overlaps that kernel's tail.
+    let weights_ahead = staging.weights_only(em);
+    if weights_ahead {
+        em.ahead(|em| {
+            place(em);
+            staging.declare_weights(em);
+            em.open("/* the block's first step's weights */");
+            em.line("const int k0 = k_first;");
+            staging.load_weights(em)?;
+            em.close();
+            Ok::<(), CudaError>(())
+        })?;
+    } else {
+        place(em);
+        staging.declare_weights(em);
+    }
     em.line(format!("float acc[{products}][4][4];"));
     em.line("#pragma unroll");
     em.line(format!("for (int j = 0; j < {products}; ++j) for (int f = 0; f < 4; ++f) for (int r = 0; r < 4; ++r) acc[j][f][r] = 0.f;"));
-    em.open(format!(
-        "for (int k0 = split * {steps} / {splits} * {bk}; k0 < (split + 1) * {steps} / {splits} * {bk}; k0 += {bk})"
-    ));
-    // Stage the activations, then each product's weights, as 16-bit words; zeros past the edges.
-    // As many activations at once as keep about `GEMM_STAGING_READS` reads in flight, in whole
-    // trips (a power of two, as the elements per thread are) so that none is left to run alone.
-    let per_thread = (bm * bk).div_ceil(threads as usize) as u32;
-    let fitting = GEMM_STAGING_READS / reads_per_element(em.k, m.lhs).max(1);
-    let power_of_two = 1 << fitting.max(1).ilog2();
-    let at_once = power_of_two.clamp(LOADS_IN_FLIGHT, per_thread.max(LOADS_IN_FLIGHT));
-    batched_loop_of(em, "e", ("threadIdx.x", &(bm * bk).to_string(), "blockDim.x"), at_once, &mut |em| {
-        em.line(format!("const int r = m0 + e / {bk}, kk = k0 + e % {bk};"));
-        activation_at(em, m, "a", "r", "kk")?;
-        em.line(format!("as_[e / {bk} * {stride} + e % {bk}] = {to_word}(a);"));
-        Ok(())
-    })?;
-    for (j, &(_, w)) in m.dots.iter().enumerate() {
-        let staged = j * bn * stride as usize;
-        if let Some(p) = PackedWeight::of(em.k, w) {
-            // A packed 4-bit weight: a thread stages 8 values from one word and one scale.
-            let words = bk / 8;
-            thread_loop(em, "e", ("threadIdx.x", bn * words, threads), LOADS_IN_FLIGHT, &mut |em| {
-                em.line(format!("const int n = n0 + e / {words}, kk = k0 + e % {words} * 8;"));
-                em.line(format!("u16* const dst = ws_ + {staged} + e / {words} * {stride} + e % {words} * 8;"));
-                let (inside, n, kk) = clamped(em, ("n", cols), ("kk", depth), 8);
-                let value = packed_values(em, &p, &n, &kk, depth)?;
-                em.line(format!("for (int i = 0; i < 8; ++i) dst[i] = {inside} ? {to_word}({value}) : 0;"));
-                Ok(())
-            })?;
-            continue;
-        }
-        thread_loop(em, "e", ("threadIdx.x", bn * bk, threads), LOADS_IN_FLIGHT, &mut |em| {
-            em.line(format!("const int n = n0 + e / {bk}, kk = k0 + e % {bk};"));
-            let (inside, n, kk) = clamped(em, ("n", cols), ("kk", depth), 1);
-            let x = em.value(w, &[n, kk])?;
-            em.line(format!("ws_[{staged} + e / {bk} * {stride} + e % {bk}] = {inside} ? {to_word}({x}) : 0;"));
-            Ok(())
-        })?;
+    staging.declare_activations(em);
+    em.open("/* the block's first step */");
+    em.line("const int k0 = k_first;");
+    staging.load_activations(em)?;
+    if !weights_ahead {
+        staging.load_weights(em)?;
     }
+    em.close();
+    em.open(format!("for (int k_step = k_first; k_step < k_end; k_step += {bk})"));
+    staging.store(em)?;
     em.line("__syncthreads();");
+    // The next step's loads, issued before this step's products: their latency overlaps the MMAs.
+    em.open(format!("if (k_step + {bk} < k_end)"));
+    em.line(format!("const int k0 = k_step + {bk};"));
+    staging.load(em)?;
+    em.close();
     let (mk, regs_a, regs_b) = (mma.k as usize, mma.k as usize / 4, mma.k as usize / 8);
     let instruction = format!("mma_{operand}_k{mk}");
     em.line("#pragma unroll");
@@ -186,7 +195,165 @@ fn add_split_sums(
     Ok(())
 }
 
-/// Reads a GEMM thread keeps in flight while staging its activations: all of a 128-deep step's 32
-/// elements of an activation read as it is (the down projection's), 8 of those of a norm's
-/// prologue (7 reads each, for 56).
-const GEMM_STAGING_READS: u32 = 64;
+/// What each thread of a GEMM block stages per step, held in registers from the step's loads to
+/// its stores to shared memory: its elements `e = threadIdx.x + u · threads` of the activation
+/// rows (`bm × bk`, the prologue computed, as 16-bit words) and of each product's weight rows
+/// (`bn × bk` 16-bit words, or `bn × bk / 8` packed words with their scales, dequantized when
+/// stored). Past the edges a thread reads the nearest element inside and stages 0. Every count is
+/// a whole number per thread, so each array is indexed by unrolled loops alone (registers).
+struct StepStaging<'m> {
+    m: &'m Matvec,
+    /// Each product's weight, when packed.
+    packed: Vec<Option<PackedWeight>>,
+    tile: Tile,
+    threads: usize,
+    to_word: &'static str,
+}
+
+impl<'m> StepStaging<'m> {
+    fn new(
+        em: &Emitter,
+        (tile, threads): (&Tile, u32),
+        m: &'m Matvec,
+        to_word: &'static str,
+    ) -> Result<Self, CudaError> {
+        let packed = m.dots.iter().map(|&(_, w)| PackedWeight::of(em.k, w)).collect();
+        let staging = StepStaging { m, packed, tile: *tile, threads: threads as usize, to_word };
+        let (bm, bn, bk) = staging.tile_dims();
+        let counts = [bm * bk, bn * bk, bn * bk / 8];
+        if let Some(c) = counts.iter().find(|&&c| c % staging.threads != 0) {
+            return Err(CudaError::Unsupported(format!(
+                "{}: a GEMM step stages {c} elements of a {bm}x{bn}x{bk} tile, not a whole number for each of {threads} threads",
+                em.k.name
+            )));
+        }
+        Ok(staging)
+    }
+
+    fn tile_dims(&self) -> (usize, usize, usize) {
+        (self.tile.rows as usize, self.tile.cols as usize, self.tile.k as usize)
+    }
+
+    /// Elements of `n` a thread stages.
+    fn each(&self, n: usize) -> usize {
+        n / self.threads
+    }
+
+    fn declare_activations(&self, em: &mut Emitter) {
+        let (bm, _, bk) = self.tile_dims();
+        em.line(format!("unsigned a_st[{}];", self.each(bm * bk) / 2));
+    }
+
+    fn declare_weights(&self, em: &mut Emitter) {
+        let (_, bn, bk) = self.tile_dims();
+        for (j, p) in self.packed.iter().enumerate() {
+            match p {
+                Some(_) => em.line(format!("unsigned q{j}_st[{n}]; float s{j}_st[{n}];", n = self.each(bn * bk / 8))),
+                None => em.line(format!("unsigned w{j}_st[{}];", self.each(bn * bk) / 2)),
+            }
+        }
+    }
+
+    /// Whether every weight the step stages is read from weights alone (a packed weight's scales
+    /// too), which no kernel writes: what a block may load before it waits for the kernel before.
+    fn weights_only(&self, em: &Emitter) -> bool {
+        self.packed.iter().zip(&self.m.dots).all(|(p, &(_, w))| match p {
+            Some(p) => em.weight_name(p.scale).is_some(),
+            None => em.weight_name(w).is_some(),
+        })
+    }
+
+    /// Opens an unrolled loop over a thread's `n` elements (`e`).
+    fn open_each(&self, em: &mut Emitter, n: usize) {
+        em.line("#pragma unroll");
+        em.open(format!("for (int u = 0; u < {}; ++u)", self.each(n)));
+        em.line(format!("const int e = threadIdx.x + u * {};", self.threads));
+    }
+
+    /// Loads the step from `k0` (a C variable) into the registers.
+    fn load(&self, em: &mut Emitter) -> Result<(), CudaError> {
+        self.load_activations(em)?;
+        self.load_weights(em)
+    }
+
+    fn load_activations(&self, em: &mut Emitter) -> Result<(), CudaError> {
+        let ((bm, _, bk), to_word) = (self.tile_dims(), self.to_word);
+        self.open_each(em, bm * bk);
+        em.line(format!("const int r = m0 + e / {bk}, kk = k0 + e % {bk};"));
+        activation_at(em, self.m, "a", "r", "kk")?;
+        em.line(pack_word("a_st", &format!("{to_word}(a)")));
+        em.close();
+        Ok(())
+    }
+
+    fn load_weights(&self, em: &mut Emitter) -> Result<(), CudaError> {
+        let ((_, bn, bk), to_word) = (self.tile_dims(), self.to_word);
+        let (cols, depth) = (self.m.cols, self.m.depth);
+        for (j, (p, &(_, w))) in self.packed.iter().zip(&self.m.dots).enumerate() {
+            match p {
+                Some(p) => {
+                    let words = bk / 8;
+                    self.open_each(em, bn * words);
+                    em.line(format!("const int n = n0 + e / {words}, kk = k0 + e % {words} * 8;"));
+                    let (inside, n, kk) = clamped(em, ("n", cols), ("kk", depth), 8);
+                    let (word, scale) = packed_loads(em, p, &n, &kk, depth)?;
+                    let word = em.var("unsigned", "q", &word);
+                    // Outside, a word of zeros scaled by 0: +0 for each of its 8 values.
+                    em.line(format!("q{j}_st[u] = {inside} ? {word} : 0u;"));
+                    em.line(format!("s{j}_st[u] = {inside} ? {scale} : 0.f;"));
+                }
+                None => {
+                    self.open_each(em, bn * bk);
+                    em.line(format!("const int n = n0 + e / {bk}, kk = k0 + e % {bk};"));
+                    let (inside, n, kk) = clamped(em, ("n", cols), ("kk", depth), 1);
+                    let x = em.value(w, &[n, kk])?;
+                    em.line(pack_word(&format!("w{j}_st"), &format!("{inside} ? {to_word}({x}) : 0")));
+                }
+            }
+            em.close();
+        }
+        Ok(())
+    }
+
+    /// Stores the registers into the staged arrays `as_` and `ws_`.
+    fn store(&self, em: &mut Emitter) -> Result<(), CudaError> {
+        let ((bm, bn, bk), to_word) = (self.tile_dims(), self.to_word);
+        let stride = footprint(&self.tile).row_stride;
+        self.open_each(em, bm * bk);
+        em.line(format!("as_[e / {bk} * {stride} + e % {bk}] = {};", unpack_word("a_st")));
+        em.close();
+        for (j, p) in self.packed.iter().enumerate() {
+            let staged = j * bn * stride as usize;
+            match p {
+                Some(p) => {
+                    let words = bk / 8;
+                    self.open_each(em, bn * words);
+                    em.line(format!("u16* const dst = ws_ + {staged} + e / {words} * {stride} + e % {words} * 8;"));
+                    let value = packed_value(em, p, &format!("q{j}_st[u]"), &format!("s{j}_st[u]"));
+                    em.line(format!("for (int i = 0; i < 8; ++i) dst[i] = {to_word}({value});"));
+                }
+                None => {
+                    self.open_each(em, bn * bk);
+                    em.line(format!(
+                        "ws_[{staged} + e / {bk} * {stride} + e % {bk}] = {};",
+                        unpack_word(&format!("w{j}_st"))
+                    ));
+                }
+            }
+            em.close();
+        }
+        Ok(())
+    }
+}
+
+/// Stores 16-bit word `word` as element `u` (an unrolled loop's index) of `array`, two to each of
+/// its 32-bit elements: a register holds two, where a `u16` would take one of its own (E2B's
+/// per-layer gate GEMM, 7 reads for each of 32 activations, spilled on sm_90 with them unpacked).
+fn pack_word(array: &str, word: &str) -> String {
+    format!("{array}[u >> 1] = (u & 1) ? ({array}[u >> 1] | (unsigned)({word}) << 16) : (unsigned)({word});")
+}
+
+/// Element `u` of an array `pack_word` filled.
+fn unpack_word(array: &str) -> String {
+    format!("(u16)({array}[u >> 1] >> (u & 1) * 16)")
+}

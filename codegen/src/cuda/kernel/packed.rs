@@ -42,18 +42,3 @@ pub(super) fn packed_value(em: &mut Emitter, w: &PackedWeight, word: &str, scale
     }
     rounded(w.dtype, &format!("(float)nib({word}, i) * {scale}"))
 }
-
-/// Loads the word of packed weight `w` holding its 8 values from `(n, k)` on and their scale into
-/// variables; returns the f32 expression of value `i` among them.
-pub(super) fn packed_values(
-    em: &mut Emitter,
-    w: &PackedWeight,
-    n: &str,
-    k: &str,
-    depth: usize,
-) -> Result<String, CudaError> {
-    let (word, scale) = packed_loads(em, w, n, k, depth)?;
-    let word = em.var("unsigned", "q", &word);
-    let scale = em.var("float", "s", &scale);
-    Ok(packed_value(em, w, &word, &scale))
-}
