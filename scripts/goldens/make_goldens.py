@@ -46,19 +46,21 @@ ROPE = {
 
 S, F = "sliding_attention", "full_attention"
 
+# gemma4.md §7: MQA 4:1, head dims 32/64, period-5 pattern, 5 KV-shared layers reading 3 and 4,
+# double-wide MLP, window 4, PLE of width 8.
+TINY = dict(
+    vocab_size=512, vocab_size_per_layer_input=512, hidden_size=64, intermediate_size=128,
+    use_double_wide_mlp=True, num_hidden_layers=10, layer_types=[S, S, S, S, F] * 2,
+    num_attention_heads=4, num_key_value_heads=1, head_dim=32, global_head_dim=64,
+    sliding_window=4, num_kv_shared_layers=5, hidden_size_per_layer_input=8,
+    final_logit_softcapping=30.0, rope_parameters=ROPE, rms_norm_eps=1e-6,
+    hidden_activation="gelu_pytorch_tanh", attention_k_eq_v=False, enable_moe_block=False,
+    tie_word_embeddings=True, attention_bias=False, pad_token_id=0, bos_token_id=2, eos_token_id=1,
+)
+
 MODELS = {
-    # gemma4.md §7: MQA 4:1, head dims 32/64, period-5 pattern, 5 KV-shared layers reading 3 and 4,
-    # double-wide MLP, window 4, PLE of width 8.
     "tiny": dict(
-        config=dict(
-            vocab_size=512, vocab_size_per_layer_input=512, hidden_size=64, intermediate_size=128,
-            use_double_wide_mlp=True, num_hidden_layers=10, layer_types=[S, S, S, S, F] * 2,
-            num_attention_heads=4, num_key_value_heads=1, head_dim=32, global_head_dim=64,
-            sliding_window=4, num_kv_shared_layers=5, hidden_size_per_layer_input=8,
-            final_logit_softcapping=30.0, rope_parameters=ROPE, rms_norm_eps=1e-6,
-            hidden_activation="gelu_pytorch_tanh", attention_k_eq_v=False, enable_moe_block=False,
-            tie_word_embeddings=True, attention_bias=False, pad_token_id=0, bos_token_id=2, eos_token_id=1,
-        ),
+        config=TINY,
         seed=1234,
         # shorter than, equal to and longer than the window of 4; a single-token prompt
         prompts={
@@ -95,13 +97,8 @@ MODELS = {
     # layers run on the last token alone); hidden size and attention as the tiny model's.
     "deep": dict(
         config=dict(
-            vocab_size=512, vocab_size_per_layer_input=512, hidden_size=64, intermediate_size=768,
-            use_double_wide_mlp=False, num_hidden_layers=4, layer_types=[S, F, S, F],
-            num_attention_heads=4, num_key_value_heads=1, head_dim=32, global_head_dim=64,
-            sliding_window=4, num_kv_shared_layers=2, hidden_size_per_layer_input=8,
-            final_logit_softcapping=30.0, rope_parameters=ROPE, rms_norm_eps=1e-6,
-            hidden_activation="gelu_pytorch_tanh", attention_k_eq_v=False, enable_moe_block=False,
-            tie_word_embeddings=True, attention_bias=False, pad_token_id=0, bos_token_id=2, eos_token_id=1,
+            TINY, intermediate_size=768, use_double_wide_mlp=False, num_hidden_layers=4,
+            layer_types=[S, F, S, F], num_kv_shared_layers=2,
         ),
         seed=21,
         prompts={
