@@ -71,6 +71,36 @@ pub(crate) fn thread_loop(
     batched_loop_of(em, var, (first, &extent.to_string(), &threads.to_string()), n, body)
 }
 
+/// `thread_loop` for a loop whose body only combines into the accumulator `acc` (a C variable):
+/// where the threads' counts differ by one (the extent is not a multiple of the threads) and the
+/// most fit `cap`, one unrolled run of the most, an iteration past a thread's count reading the
+/// last element (its index clamped) and leaving `acc` as it was. A sliding layer's softmax
+/// statistics over 639 slots, 19 or 20 a lane, waited out a trip of 19 loads and then one more.
+pub(crate) fn reduction_loop(
+    em: &mut Emitter,
+    var: &str,
+    (first, extent, threads): (&str, usize, u32),
+    cap: u32,
+    acc: &str,
+    body: &mut dyn FnMut(&mut Emitter) -> Result<(), CudaError>,
+) -> Result<(), CudaError> {
+    let most = extent.div_ceil(threads as usize);
+    if extent == 0 || extent.is_multiple_of(threads as usize) || most > cap as usize {
+        return thread_loop(em, var, (first, extent, threads), cap, body);
+    }
+    em.open(format!("/* {var}: all {most} at once, past the extent clamped */"));
+    em.line("#pragma unroll");
+    em.open(format!("for (int {var}_u = 0; {var}_u < {most}; ++{var}_u)"));
+    em.line(format!("const int {var}_x = ({first}) + {var}_u * {threads};"));
+    em.line(format!("const int {var} = min({var}_x, {});", extent - 1));
+    em.line(format!("const auto {var}_kept = {acc};"));
+    body(em)?;
+    em.line(format!("if ({var}_x >= {extent}) {acc} = {var}_kept;"));
+    em.close();
+    em.close();
+    Ok(())
+}
+
 /// The iterations per whole trip, at most `cap`, that keep the threads of a loop waiting least,
 /// its threads running between `fewest` and `most` iterations each: a thread waits out a memory
 /// latency once per whole trip and once per iteration left after them, and a warp as long as its

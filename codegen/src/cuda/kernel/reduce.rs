@@ -4,7 +4,7 @@
 
 use super::{reads_per_element, store_root};
 use crate::cuda::elemental::{reduce_combine, reduce_init, rounded, unlinear, value_type, Emitter, Index};
-use crate::cuda::loops::{batched_loop_of, loads_at_once, thread_loop, trip_length};
+use crate::cuda::loops::{batched_loop_of, loads_at_once, reduction_loop, thread_loop, trip_length};
 use crate::cuda::shared::SharedArrays;
 use crate::cuda::CudaError;
 use g4c_ir::plan::{KernelCall, ReduceSplit};
@@ -87,7 +87,7 @@ pub(super) fn split_reduce(
                 em.open(format!("if ({visible})"));
             }
             let reads = op.operands().iter().map(|&v| reads_per_element(em.k, v)).sum();
-            thread_loop(em, "c", (first, r.extent, stride), loads_at_once(reads), &mut |em| match &op {
+            reduction_loop(em, "c", (first, r.extent, stride), loads_at_once(reads), "acc", &mut |em| match &op {
                 Op::Reduce { input, kind, axes } => em.reduce_step(*input, *kind, axes, &idx, "c", "acc"),
                 Op::DotGeneral { lhs, rhs, dims } => em.dot_step(*lhs, *rhs, dims, &idx, "c", "acc"),
                 _ => Err(unsupported()),
@@ -221,7 +221,7 @@ pub(super) fn prelude(em: &mut Emitter, call: &KernelCall) -> Result<SharedArray
         em.open(format!("for (int po = 0; po < {}; ++po)", r.outputs));
         em.line(format!("{acc} pacc = {};", reduce_init(kind, dtype)));
         let at_once = loads_at_once(reads_per_element(em.k, input));
-        thread_loop(em, "pc", ("threadIdx.x", r.extent, call.launch.block), at_once, &mut |em| {
+        reduction_loop(em, "pc", ("threadIdx.x", r.extent, call.launch.block), at_once, "pacc", &mut |em| {
             em.reduce_step(input, kind, &axes, &unlinear("po", &shape), "pc", "pacc")
         })?;
         em.line(format!("pacc = warp_{}(pacc);", kind.name()));
@@ -269,7 +269,7 @@ impl WarpPerOutput<'_> {
         em.line(format!("{} pacc = {};", value_type(dtype), reduce_init(kind, dtype)));
         em.open(format!("if (po < {outputs})"));
         let at_once = loads_at_once(reads_per_element(em.k, input));
-        thread_loop(em, "pc", ("threadIdx.x & 31", *extent, 32), at_once, &mut |em| {
+        reduction_loop(em, "pc", ("threadIdx.x & 31", *extent, 32), at_once, "pacc", &mut |em| {
             em.reduce_step(input, kind, &axes, &index("po"), "pc", "pacc")
         })?;
         em.close();
