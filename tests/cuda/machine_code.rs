@@ -243,7 +243,7 @@ fn functions_named(sass: &str, prefix: &str) -> String {
 }
 
 /// A prefill GEMM stages its tile's elements without a branch around each (it reads at clamped
-/// indices and selects 0 past the edges), so the loads of a trip of staged elements issue
+/// indices and selects 0 past the edges), so the loads of a step's staged elements issue
 /// together; guarded, each element's loads were a branch of their own and waited out a memory
 /// latency each (the H200 profile had 32-deep steps at about 3 µs).
 #[test]

@@ -239,7 +239,8 @@ impl<'k> Emitter<'k> {
 
     /// Emits `f`'s statements where the kernel's blocks run them before they wait for the kernel
     /// before them: ahead of everything else, at the top level. They may read only what no kernel
-    /// writes (weights), and their values are not reused by the statements after.
+    /// writes (weights). The C variables they declare stay in scope after (a GEMM's tile indices
+    /// and first weights), but the values they compute are not reused from the emitter's cache.
     pub fn ahead<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> T {
         let lines = std::mem::replace(&mut self.lines, std::mem::take(&mut self.ahead));
         let scopes = std::mem::replace(&mut self.scopes, vec![HashMap::new()]);

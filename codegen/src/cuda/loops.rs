@@ -85,18 +85,19 @@ pub(crate) fn reduction_loop(
     body: &mut dyn FnMut(&mut Emitter) -> Result<(), CudaError>,
 ) -> Result<(), CudaError> {
     let most = extent.div_ceil(threads as usize);
-    if extent == 0 || extent.is_multiple_of(threads as usize) || most > cap as usize {
+    // With fewer elements than threads, each thread waits for one load whichever way.
+    if most < 2 || extent.is_multiple_of(threads as usize) || most > cap as usize {
         return thread_loop(em, var, (first, extent, threads), cap, body);
     }
     em.open(format!("/* {var}: all {most} at once, past the extent clamped */"));
-    em.line("#pragma unroll");
-    em.open(format!("for (int {var}_u = 0; {var}_u < {most}; ++{var}_u)"));
-    em.line(format!("const int {var}_x = ({first}) + {var}_u * {threads};"));
-    em.line(format!("const int {var} = min({var}_x, {});", extent - 1));
-    em.line(format!("const auto {var}_kept = {acc};"));
-    body(em)?;
-    em.line(format!("if ({var}_x >= {extent}) {acc} = {var}_kept;"));
-    em.close();
+    let x = format!("{var}_x");
+    unrolled(em, &x, (&format!("({first})"), &threads.to_string()), most as u32, &mut |em| {
+        em.line(format!("const int {var} = min({x}, {});", extent - 1));
+        em.line(format!("const auto {var}_kept = {acc};"));
+        body(em)?;
+        em.line(format!("if ({x} >= {extent}) {acc} = {var}_kept;"));
+        Ok(())
+    })?;
     em.close();
     Ok(())
 }
@@ -138,8 +139,9 @@ pub(crate) fn batched_loop_of(
     Ok(())
 }
 
-/// `n` iterations of `body`, unrolled: `var` is `start + u * step` (C expressions) in the `u`th.
-fn unrolled(
+/// `n` iterations of `body`, unrolled: `var` is `start + u * step` (C expressions) in the `u`th,
+/// `u` being the C variable `{var}_u`.
+pub(crate) fn unrolled(
     em: &mut Emitter,
     var: &str,
     (start, step): (&str, &str),

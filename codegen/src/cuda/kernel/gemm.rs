@@ -2,8 +2,9 @@
 //! memory, optionally split over blocks whose partial sums the last one adds (`add_split_sums`).
 
 use super::packed::{packed_loads, packed_value};
-use super::{activation_at, clamped, store_root, SPLIT_SUMS};
+use super::{activation_at, clamped, reads_only_weights, store_root, SPLIT_SUMS};
 use crate::cuda::elemental::Emitter;
+use crate::cuda::loops::unrolled;
 use crate::cuda::CudaError;
 use g4c_ir::plan::Tile;
 use g4c_ir::{DType, ValueId};
@@ -16,11 +17,12 @@ use g4c_passes::{footprint, Matvec, PackedWeight, SplitSumsBytes};
 /// them with `mma.sync` (m16n8k8 on Turing, m16n8k16 after), f32 accumulators in the fragment
 /// layout of the PTX ISA, and applies the epilogue to its accumulators' elements.
 ///
-/// A thread loads the next step's elements into registers before this step's products and stores
-/// them after its barrier (`StepStaging`): each step's memory latency overlaps the step before's
-/// MMAs, where a step waited out its loads and then multiplied (on the H200, 32-deep steps took
-/// about 3 µs each, mostly waiting). Registers rather than a second stage of shared memory, which
-/// Turing's 64 KiB would halve the tile's depth for, and Turing has no asynchronous copies.
+/// A thread loads the next step's elements into registers between this step's first barrier and
+/// its products, and stores them to shared memory after the step's closing barrier
+/// (`StepStaging`): each step's memory latency overlaps the step before's MMAs, where a step
+/// waited out its loads and then multiplied (on the H200, 32-deep steps took about 3 µs each,
+/// mostly waiting). Registers rather than a second stage of shared memory, which would halve the
+/// tile's depth within Turing's shared memory, and Turing has no asynchronous copies.
 /// `split`: the offset and sizes of a split GEMM's part of the split-sums buffer.
 pub(super) fn gemm(
     em: &mut Emitter,
@@ -196,11 +198,12 @@ fn add_split_sums(
 }
 
 /// What each thread of a GEMM block stages per step, held in registers from the step's loads to
-/// its stores to shared memory: its elements `e = threadIdx.x + u · threads` of the activation
-/// rows (`bm × bk`, the prologue computed, as 16-bit words) and of each product's weight rows
-/// (`bn × bk` 16-bit words, or `bn × bk / 8` packed words with their scales, dequantized when
-/// stored). Past the edges a thread reads the nearest element inside and stages 0. Every count is
-/// a whole number per thread, so each array is indexed by unrolled loops alone (registers).
+/// its stores to shared memory: its elements `e = threadIdx.x + e_u · threads` of the activation
+/// rows (`bm × bk`, the prologue computed, as 16-bit words, two to a register) and of each
+/// product's weight rows (`bn × bk` 16-bit words likewise, or `bn × bk / 8` packed words with their
+/// scales, dequantized when stored). Past the edges a thread reads the nearest element inside and
+/// stages 0. Every count is a whole number per thread (even, for words two to a register), so
+/// each array is indexed by unrolled loops alone: registers, not local memory.
 struct StepStaging<'m> {
     m: &'m Matvec,
     /// Each product's weight, when packed.
@@ -217,13 +220,19 @@ impl<'m> StepStaging<'m> {
         m: &'m Matvec,
         to_word: &'static str,
     ) -> Result<Self, CudaError> {
-        let packed = m.dots.iter().map(|&(_, w)| PackedWeight::of(em.k, w)).collect();
+        let packed: Vec<_> = m.dots.iter().map(|&(_, w)| PackedWeight::of(em.k, w)).collect();
         let staging = StepStaging { m, packed, tile: *tile, threads: threads as usize, to_word };
         let (bm, bn, bk) = staging.tile_dims();
-        let counts = [bm * bk, bn * bk, bn * bk / 8];
-        if let Some(c) = counts.iter().find(|&&c| c % staging.threads != 0) {
+        // Elements of the step, and whether a thread keeps them two to a register.
+        let mut counts = vec![(bm * bk, true)];
+        counts.extend(staging.packed.iter().map(|p| match p {
+            Some(_) => (bn * staging.words(), false),
+            None => (bn * bk, true),
+        }));
+        let uneven = |&&(c, paired): &&(usize, bool)| c % staging.threads != 0 || paired && staging.each(c) % 2 != 0;
+        if let Some((c, _)) = counts.iter().find(uneven) {
             return Err(CudaError::Unsupported(format!(
-                "{}: a GEMM step stages {c} elements of a {bm}x{bn}x{bk} tile, not a whole number for each of {threads} threads",
+                "{}: a GEMM step stages {c} elements of a {bm}x{bn}x{bk} tile, not a whole (even) number for each of {threads} threads",
                 em.k.name
             )));
         }
@@ -232,6 +241,11 @@ impl<'m> StepStaging<'m> {
 
     fn tile_dims(&self) -> (usize, usize, usize) {
         (self.tile.rows as usize, self.tile.cols as usize, self.tile.k as usize)
+    }
+
+    /// Packed words of a weight row's step.
+    fn words(&self) -> usize {
+        self.tile.k as usize / 8
     }
 
     /// Elements of `n` a thread stages.
@@ -248,26 +262,32 @@ impl<'m> StepStaging<'m> {
         let (_, bn, bk) = self.tile_dims();
         for (j, p) in self.packed.iter().enumerate() {
             match p {
-                Some(_) => em.line(format!("unsigned q{j}_st[{n}]; float s{j}_st[{n}];", n = self.each(bn * bk / 8))),
+                Some(_) => {
+                    em.line(format!("unsigned q{j}_st[{n}]; float s{j}_st[{n}];", n = self.each(bn * self.words())))
+                }
                 None => em.line(format!("unsigned w{j}_st[{}];", self.each(bn * bk) / 2)),
             }
         }
     }
 
-    /// Whether every weight the step stages is read from weights alone (a packed weight's scales
-    /// too), which no kernel writes: what a block may load before it waits for the kernel before.
+    /// Whether every weight the step stages is computed from weights alone (a packed weight's
+    /// scales too), which no kernel writes: what a block may load before it waits for the kernel
+    /// before.
     fn weights_only(&self, em: &Emitter) -> bool {
         self.packed.iter().zip(&self.m.dots).all(|(p, &(_, w))| match p {
-            Some(p) => em.weight_name(p.scale).is_some(),
-            None => em.weight_name(w).is_some(),
+            Some(p) => reads_only_weights(em.k, p.scale),
+            None => reads_only_weights(em.k, w),
         })
     }
 
-    /// Opens an unrolled loop over a thread's `n` elements (`e`).
-    fn open_each(&self, em: &mut Emitter, n: usize) {
-        em.line("#pragma unroll");
-        em.open(format!("for (int u = 0; u < {}; ++u)", self.each(n)));
-        em.line(format!("const int e = threadIdx.x + u * {};", self.threads));
+    /// `body` for each of a thread's `n` elements, unrolled (`e`, and its place `e_u`).
+    fn each_element(
+        &self,
+        em: &mut Emitter,
+        n: usize,
+        body: &mut dyn FnMut(&mut Emitter) -> Result<(), CudaError>,
+    ) -> Result<(), CudaError> {
+        unrolled(em, "e", ("threadIdx.x", &self.threads.to_string()), self.each(n) as u32, body)
     }
 
     /// Loads the step from `k0` (a C variable) into the registers.
@@ -278,82 +298,77 @@ impl<'m> StepStaging<'m> {
 
     fn load_activations(&self, em: &mut Emitter) -> Result<(), CudaError> {
         let ((bm, _, bk), to_word) = (self.tile_dims(), self.to_word);
-        self.open_each(em, bm * bk);
-        em.line(format!("const int r = m0 + e / {bk}, kk = k0 + e % {bk};"));
-        activation_at(em, self.m, "a", "r", "kk")?;
-        em.line(pack_word("a_st", &format!("{to_word}(a)")));
-        em.close();
-        Ok(())
+        self.each_element(em, bm * bk, &mut |em| {
+            em.line(format!("const int r = m0 + e / {bk}, kk = k0 + e % {bk};"));
+            activation_at(em, self.m, "a", "r", "kk")?;
+            em.line(pack_word("a_st", &format!("{to_word}(a)")));
+            Ok(())
+        })
     }
 
     fn load_weights(&self, em: &mut Emitter) -> Result<(), CudaError> {
-        let ((_, bn, bk), to_word) = (self.tile_dims(), self.to_word);
+        let ((_, bn, bk), to_word, words) = (self.tile_dims(), self.to_word, self.words());
         let (cols, depth) = (self.m.cols, self.m.depth);
         for (j, (p, &(_, w))) in self.packed.iter().zip(&self.m.dots).enumerate() {
             match p {
-                Some(p) => {
-                    let words = bk / 8;
-                    self.open_each(em, bn * words);
+                Some(p) => self.each_element(em, bn * words, &mut |em| {
                     em.line(format!("const int n = n0 + e / {words}, kk = k0 + e % {words} * 8;"));
                     let (inside, n, kk) = clamped(em, ("n", cols), ("kk", depth), 8);
                     let (word, scale) = packed_loads(em, p, &n, &kk, depth)?;
                     let word = em.var("unsigned", "q", &word);
                     // Outside, a word of zeros scaled by 0: +0 for each of its 8 values.
-                    em.line(format!("q{j}_st[u] = {inside} ? {word} : 0u;"));
-                    em.line(format!("s{j}_st[u] = {inside} ? {scale} : 0.f;"));
-                }
-                None => {
-                    self.open_each(em, bn * bk);
+                    em.line(format!("q{j}_st[e_u] = {inside} ? {word} : 0u;"));
+                    em.line(format!("s{j}_st[e_u] = {inside} ? {scale} : 0.f;"));
+                    Ok(())
+                })?,
+                None => self.each_element(em, bn * bk, &mut |em| {
                     em.line(format!("const int n = n0 + e / {bk}, kk = k0 + e % {bk};"));
                     let (inside, n, kk) = clamped(em, ("n", cols), ("kk", depth), 1);
                     let x = em.value(w, &[n, kk])?;
                     em.line(pack_word(&format!("w{j}_st"), &format!("{inside} ? {to_word}({x}) : 0")));
-                }
+                    Ok(())
+                })?,
             }
-            em.close();
         }
         Ok(())
     }
 
     /// Stores the registers into the staged arrays `as_` and `ws_`.
     fn store(&self, em: &mut Emitter) -> Result<(), CudaError> {
-        let ((bm, bn, bk), to_word) = (self.tile_dims(), self.to_word);
+        let ((bm, bn, bk), to_word, words) = (self.tile_dims(), self.to_word, self.words());
         let stride = footprint(&self.tile).row_stride;
-        self.open_each(em, bm * bk);
-        em.line(format!("as_[e / {bk} * {stride} + e % {bk}] = {};", unpack_word("a_st")));
-        em.close();
+        self.each_element(em, bm * bk, &mut |em| {
+            em.line(format!("as_[e / {bk} * {stride} + e % {bk}] = {};", unpack_word("a_st")));
+            Ok(())
+        })?;
         for (j, p) in self.packed.iter().enumerate() {
             let staged = j * bn * stride as usize;
             match p {
-                Some(p) => {
-                    let words = bk / 8;
-                    self.open_each(em, bn * words);
+                Some(p) => self.each_element(em, bn * words, &mut |em| {
                     em.line(format!("u16* const dst = ws_ + {staged} + e / {words} * {stride} + e % {words} * 8;"));
-                    let value = packed_value(em, p, &format!("q{j}_st[u]"), &format!("s{j}_st[u]"));
+                    let value = packed_value(em, p, &format!("q{j}_st[e_u]"), &format!("s{j}_st[e_u]"));
                     em.line(format!("for (int i = 0; i < 8; ++i) dst[i] = {to_word}({value});"));
-                }
-                None => {
-                    self.open_each(em, bn * bk);
-                    em.line(format!(
-                        "ws_[{staged} + e / {bk} * {stride} + e % {bk}] = {};",
-                        unpack_word(&format!("w{j}_st"))
-                    ));
-                }
+                    Ok(())
+                })?,
+                None => self.each_element(em, bn * bk, &mut |em| {
+                    let word = unpack_word(&format!("w{j}_st"));
+                    em.line(format!("ws_[{staged} + e / {bk} * {stride} + e % {bk}] = {word};"));
+                    Ok(())
+                })?,
             }
-            em.close();
         }
         Ok(())
     }
 }
 
-/// Stores 16-bit word `word` as element `u` (an unrolled loop's index) of `array`, two to each of
-/// its 32-bit elements: a register holds two, where a `u16` would take one of its own (E2B's
+/// Stores 16-bit word `word` as element `e_u` (an unrolled loop's index) of `array`, two to each
+/// of its 32-bit elements: a register holds two, where a `u16` would take one of its own (E2B's
 /// per-layer gate GEMM, 7 reads for each of 32 activations, spilled on sm_90 with them unpacked).
 fn pack_word(array: &str, word: &str) -> String {
-    format!("{array}[u >> 1] = (u & 1) ? ({array}[u >> 1] | (unsigned)({word}) << 16) : (unsigned)({word});")
+    format!("{array}[e_u >> 1] = (e_u & 1) ? ({array}[e_u >> 1] | (unsigned)({word}) << 16) : (unsigned)({word});")
 }
 
-/// Element `u` of an array `pack_word` filled.
+/// Element `e_u` of an array `pack_word` filled.
 fn unpack_word(array: &str) -> String {
-    format!("(u16)({array}[u >> 1] >> (u & 1) * 16)")
+    format!("(u16)({array}[e_u >> 1] >> (e_u & 1) * 16)")
 }

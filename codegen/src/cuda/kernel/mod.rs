@@ -309,6 +309,24 @@ fn clamped(
     (inside, row, kk)
 }
 
+/// Whether `v` in kernel `k` is computed from weights (and constants) alone, elementwise: no
+/// kernel input, which the kernel before may write, and no reduction, which a prelude computes
+/// after the wait. What a block may compute before it waits for the kernel before it.
+fn reads_only_weights(k: &Function, v: ValueId) -> bool {
+    let def: HashMap<ValueId, &Op> = k.body.iter().map(|i| (i.result, &i.op)).collect();
+    let (mut stack, mut seen) = (vec![v], HashSet::new());
+    while let Some(v) = stack.pop() {
+        if !seen.insert(v) {
+            continue;
+        }
+        match def.get(&v) {
+            None | Some(Op::Reduce { .. } | Op::DotGeneral { .. }) => return false,
+            Some(op) => stack.extend(op.operands()),
+        }
+    }
+    true
+}
+
 /// The memory reads computing one element of `v` in kernel `k` takes: the kernel's inputs and
 /// weights it is computed from (each read once per element).
 fn reads_per_element(k: &Function, v: ValueId) -> u32 {
