@@ -229,7 +229,9 @@ impl<'m> StepStaging<'m> {
             Some(_) => (bn * staging.words(), false),
             None => (bn * bk, true),
         }));
-        let uneven = |&&(c, paired): &&(usize, bool)| c % staging.threads != 0 || paired && staging.each(c) % 2 != 0;
+        let uneven = |&&(c, paired): &&(usize, bool)| {
+            !c.is_multiple_of(staging.threads) || paired && !staging.each(c).is_multiple_of(2)
+        };
         if let Some((c, _)) = counts.iter().find(uneven) {
             return Err(CudaError::Unsupported(format!(
                 "{}: a GEMM step stages {c} elements of a {bm}x{bn}x{bk} tile, not a whole (even) number for each of {threads} threads",
