@@ -4,7 +4,7 @@
 
 use super::ahead::prefetch_weights;
 use super::packed::{packed_loads, packed_value};
-use super::{activation_at, reads_per_element, store_root};
+use super::{activation_at, reads_only_weights, reads_per_element, store_root};
 use crate::cuda::elemental::Emitter;
 use crate::cuda::loops::{batched_loop, batched_loop_of, loads_at_once, thread_loop, trip_length, LOADS_IN_FLIGHT};
 use crate::cuda::CudaError;
@@ -177,11 +177,11 @@ const WORDS_IN_FLIGHT: u32 = 16;
 /// `o` applies the epilogue to output `o` of the block (row `o % rows` of column `o / rows`).
 /// Columns past the last are read as the last one, and not stored: no branch around the loads.
 ///
-/// Where the tile holds the whole contraction (a decode step's matvecs) and the scales are weights,
-/// a thread loads its first trip of words and scales ahead (`Emitter::ahead`), before the block
-/// waits for the kernel before it and stages the activations: the weights' memory latency and the
-/// activations' overlap, where the loads waited for the staging's barrier. The trips after load in
-/// the loop.
+/// Where the tile holds the whole contraction (a decode step's matvecs) and the scales are computed
+/// from weights alone (`reads_only_weights`, the GEMM's rule too), a thread loads its first trip of
+/// words and scales ahead (`Emitter::ahead`), before the block waits for the kernel before it and
+/// stages the activations: the weights' memory latency and the activations' overlap, where the
+/// loads waited for the staging's barrier. The trips after load in the loop.
 fn packed_matvec(
     em: &mut Emitter,
     (tile, warps): (&Tile, u32),
@@ -200,7 +200,7 @@ fn packed_matvec(
         )));
     }
     let trip = PackedTrip { weights, steps, cols, n_total, depth };
-    let first_trip_ahead = depth <= kt as usize && weights.iter().all(|w| em.weight_name(w.scale).is_some());
+    let first_trip_ahead = depth <= kt as usize && weights.iter().all(|w| reads_only_weights(em.k, w.scale));
     if first_trip_ahead {
         em.ahead(|em| {
             trip.declare(em);
