@@ -24,6 +24,25 @@ fn engine(batch: usize) -> BatchEngine {
     BatchEngine::new(ready.executor, session.source.config.sliding_window).unwrap()
 }
 
+/// `engine`'s shapes on `target`'s CUDA kernels run by the host emulator. The module is the
+/// checkpoint's as emitted (f32, 4-bit weights as ingested): the engine hands back tokens, not
+/// logits, so a token is compared exactly and the target's 16-bit arithmetic would be a second,
+/// unrelated difference from transformers (`cuda_kernels_on_the_host_match_the_goldens` holds the
+/// logits of that path).
+fn cuda_host_engine(model: &str, target: &str, batch: usize) -> BatchEngine {
+    let dir = golden_dir(model).join("hf");
+    let options = SessionOptions {
+        backend: Backend::CudaHost,
+        target: Some(target.to_string()),
+        use_cache: false,
+        ..Default::default()
+    };
+    let session = Session::open(&dir, options).unwrap();
+    let module = session.source.emit(&Shapes { batch, prefill_len: 4, context: 40 }).unwrap();
+    let ready = session.executor(Arc::new(module), &Feedback::silent()).unwrap();
+    BatchEngine::new(ready.executor, session.source.config.sliding_window).unwrap()
+}
+
 /// Records a sequence's events; says it is gone once it has `gone_after` tokens.
 #[derive(Clone, Default)]
 struct Recorder {
@@ -105,6 +124,33 @@ fn sequences_joining_at_different_steps_each_generate_their_golden_tokens() {
     for (c, recorder) in &running {
         assert!(recorder.finished(), "{}: {:?}", c.name, recorder.events.lock().unwrap());
         assert_eq!(recorder.tokens(), c.generated_ids, "{} beside 7 others", c.name);
+    }
+}
+
+/// Batched decode and prefill through the CUDA kernels: each matvec and attention kernel over 4
+/// rows at 4 different positions (two sequences join 5 steps late, so rows sit at different ring
+/// slots), every row its own golden's tokens, for the f32 checkpoint and the 4-bit one.
+#[test]
+fn batched_cuda_kernels_on_the_host_generate_each_sequences_golden_tokens() {
+    for model in ["tiny", "tiny-qat"] {
+        let cases = golden_cases(model);
+        let mut engine = cuda_host_engine(model, "t4g", 4);
+        let mut running = vec![];
+        for wave in [&["long", "single"][..], &["window", "short"]] {
+            for name in wave {
+                let c = case(&cases, name);
+                running.push((c, admit(&mut engine, greedy(&c.prompt_ids, c.generated_ids.len()))));
+            }
+            for _ in 0..5 {
+                engine.step().unwrap();
+            }
+        }
+        assert_eq!(engine.occupied(), 4);
+        drain(&mut engine);
+        for (c, recorder) in &running {
+            assert!(recorder.finished(), "{model}/{}: {:?}", c.name, recorder.events.lock().unwrap());
+            assert_eq!(recorder.tokens(), c.generated_ids, "{model}/{} in a batch of 4 on t4g's kernels", c.name);
+        }
     }
 }
 
