@@ -171,10 +171,11 @@ fn small_reductions_run_in_their_readers_preludes() {
 }
 
 /// Kernels that do not depend on each other share a launch, each on its own blocks: a decode
-/// layer's q, k and v projections (one launch reading the normed activation), then the queries'
-/// norm and RoPE beside the key and value cache writes. No call of a launch reads or writes what
-/// another writes (`plans_on_the_cpu_match_the_goldens` runs each launch's calls reading before any
-/// writes, as a GPU may), they share a block size, and their shared memory fits together.
+/// layer's q, k and v projections (one launch reading the normed activation), with the key and
+/// value cache writes on the last blocks of their projections (tails). No call of a launch reads or
+/// writes what another writes, but that a tail reads its host's output once the host is done
+/// (`plans_on_the_cpu_match_the_goldens` runs each launch's calls reading before any writes, as a
+/// GPU may, and then its tails), they share a block size, and their shared memory fits together.
 #[test]
 fn independent_kernels_run_side_by_side() {
     let t4g = Target::by_name("t4g").unwrap();
@@ -182,9 +183,13 @@ fn independent_kernels_run_side_by_side() {
     for e in &plan.entries {
         for calls in e.launches() {
             for (n, c) in calls.iter().enumerate() {
-                let others = calls.iter().enumerate().filter(|&(m, _)| m != n).map(|(_, o)| o);
-                for o in others {
-                    assert!(!c.inputs.contains(&o.output) && c.output != o.output, "{} beside {}", c.kernel, o.kernel);
+                let others = calls.iter().enumerate().filter(|&(m, _)| m != n);
+                for (m, o) in others {
+                    // A tail reads its host's output (the call before it) only after the host.
+                    let hosts = |tail: usize, host: usize| calls[tail].tail && tail == host + 1;
+                    let reads = c.inputs.contains(&o.output) && !hosts(n, m);
+                    let read = o.inputs.contains(&c.output) && !hosts(m, n);
+                    assert!(!reads && !read && c.output != o.output, "{} beside {}", c.kernel, o.kernel);
                 }
                 assert_eq!(c.launch.block, calls[0].launch.block, "{}", c.kernel);
             }
@@ -192,12 +197,24 @@ fn independent_kernels_run_side_by_side() {
         }
     }
     let decode = plan.entry("decode").unwrap();
-    let projections =
-        decode.launches().find(|calls| calls.len() >= 3 && calls.iter().all(|c| c.kind == KernelKind::MatvecW4));
+    let projections = decode.launches().find(|calls| {
+        let called: Vec<_> = calls.iter().filter(|c| !c.tail).collect();
+        called.len() >= 3 && called.iter().all(|c| c.kind == KernelKind::MatvecW4)
+    });
     let projections = projections.expect("a launch of q, k and v projections");
-    assert!(projections.iter().all(|c| c.inputs == projections[0].inputs), "one activation read by all three");
-    let writes = decode.launches().filter(|calls| calls.iter().filter(|c| c.kind == KernelKind::Scatter).count() >= 2);
-    assert!(writes.count() > 0, "key and value cache writes in one launch");
+    let called: Vec<_> = projections.iter().filter(|c| !c.tail).collect();
+    assert!(called.iter().all(|c| c.inputs == called[0].inputs), "one activation read by all three");
+    // The key and value cache writes run on the last blocks of their projections, as tails.
+    let tails: Vec<_> = projections.windows(2).filter(|w| w[1].tail).collect();
+    assert_eq!(tails.len(), 2, "{}", print_plan(&plan, false));
+    for w in tails {
+        assert!(
+            w[1].kind == KernelKind::Scatter && w[1].inputs.contains(&w[0].output),
+            "{} writes {}",
+            w[1].kernel,
+            w[0].kernel
+        );
+    }
 }
 
 /// A decode step's queries are normed and rotated (RoPE) where the scores' matvec stages them,
@@ -343,10 +360,12 @@ fn a_reduction_of_a_cache_stays_before_the_cache_is_written() {
     let m = g4c_ir::parse_module(text).unwrap();
     let plan = plan_module(&m, Target::by_name("t4g").unwrap()).unwrap();
     let decode = plan.entry("decode").unwrap();
-    let kinds: Vec<KernelKind> = decode.calls.iter().map(|c| c.kind).collect();
-    assert_eq!(kinds, [KernelKind::Reduce, KernelKind::Scatter, KernelKind::Loop]);
-    // Nor does the write run side by side with the reduction reading the old cache.
-    assert_eq!(decode.launches().count(), 3, "{}", print_plan(&plan, false));
+    // Nor does the write run side by side with the reduction reading the old cache; the sum reads
+    // the new cache on the write's last block, as its tail.
+    let launches: Vec<Vec<(KernelKind, bool)>> =
+        decode.launches().map(|calls| calls.iter().map(|c| (c.kind, c.tail)).collect()).collect();
+    let want = [vec![(KernelKind::Reduce, false)], vec![(KernelKind::Scatter, false), (KernelKind::Loop, true)]];
+    assert_eq!(launches, want, "{}", print_plan(&plan, false));
 }
 
 /// A decode step's traffic counts, of each attention chunk kernel's key and value caches, the

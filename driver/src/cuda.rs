@@ -58,7 +58,7 @@ pub fn cuda_programs(plan: &KernelPlan, target: &Target, compile: bool) -> Resul
 
 /// The `kernels` section of the compile report: the target's limits, and per entry point every
 /// launch's footprint beside them, with what ptxas found in its function where it ran, and the
-/// calls it runs side by side.
+/// calls it runs side by side (and as tails).
 pub fn kernel_report(plan: &KernelPlan, build: &CudaBuild, target: &Target) -> Value {
     let gpu = target.gpu.as_ref().expect("a CUDA target");
     let entries: Vec<Value> = plan
@@ -78,6 +78,7 @@ pub fn kernel_report(plan: &KernelPlan, build: &CudaBuild, target: &Target) -> V
                             json!({
                                 "kernel": c.kernel,
                                 "kind": c.kind.name(),
+                                "tail": c.tail,
                                 "grid": c.launch.grid,
                                 "smem_bytes": c.launch.smem_bytes,
                                 "tile": c.launch.tile.map(|t| json!({"rows": t.rows, "cols": t.cols, "k": t.k, "stages": t.stages})),

@@ -173,18 +173,25 @@ pub struct KernelCall {
     /// Where its result is written; an input's slot when it updates that input in place.
     pub output: Slot,
     pub launch: Launch,
-    /// Whether it runs in the launch of the call before it, on the blocks after that call's: the
-    /// calls of one launch neither read what another writes nor write what another reads, and
-    /// take the same block size (`EntryPlan::launches`).
+    /// Whether it runs in the launch of the call before it, on the blocks after that call's (or,
+    /// a `tail`, on one of them): the calls of one launch neither read what another writes nor
+    /// write what another reads, but that a tail reads its own call's output, and take the same
+    /// block size (`EntryPlan::launches`).
     pub side_by_side: bool,
     /// Where a GEMM split over blocks (`Tile::splits`) keeps its partial sums and its tiles'
-    /// counts of finished blocks: the entry's split-sums buffer, which holds no value.
+    /// counts of finished blocks, or where a `tail` counts its call's: the entry's split-sums
+    /// buffer, which holds no value.
     pub split_sums: Option<SplitSums>,
+    /// Whether it is the tail of the call before it: it runs in that call's launch (so it is also
+    /// `side_by_side`), on the last of that call's blocks to finish, once all have, as one block
+    /// (`launch.grid` is 1). It reads what that call wrote without a launch between (a cache
+    /// write of the key a projection just computed).
+    pub tail: bool,
 }
 
 /// A call's part of its entry's split-sums buffer: from `offset`, a count of finished blocks per
 /// tile (`u32`, zero between launches: the last block of a tile resets it), then each block's
-/// partial sums (`f32`).
+/// partial sums (`f32`); for a tail, the count of its call's finished blocks alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SplitSums {
     pub buffer: Slot,
@@ -217,9 +224,9 @@ impl EntryPlan {
 /// emulator calls a kernel with (`G4C_MAX_ARGS`); a GPU takes 4 KB of them.
 pub const MAX_LAUNCH_ARGS: usize = 64;
 
-/// A launch's grid: its calls' grids, one after the other.
+/// A launch's grid: its calls' grids, one after the other (a tail runs on a block of its call's).
 pub fn launch_grid(calls: &[KernelCall]) -> u32 {
-    calls.iter().map(|c| c.launch.grid).sum()
+    calls.iter().filter(|c| !c.tail).map(|c| c.launch.grid).sum()
 }
 
 /// A launch's static shared memory: one region, which each block uses for its own call's arrays
@@ -243,7 +250,8 @@ impl KernelPlan {
 }
 
 /// The plan in text form: per entry its buffers, then one line per kernel (`+`: in the launch of
-/// the line before; `prelude r/o`: r reductions of o outputs in all computed before the body); with
+/// the line before; `>`: the tail of the line before; `prelude r/o`: r reductions of o outputs in
+/// all computed before the body); with
 /// `bodies`, each kernel's function after its line.
 pub fn print_plan(plan: &KernelPlan, bodies: bool) -> String {
     let mut out = String::new();
@@ -291,12 +299,17 @@ pub fn print_plan(plan: &KernelPlan, bodies: bool) -> String {
                 write!(tile, " prelude {}/{}", p.reductions, p.outputs).unwrap();
             }
             if let Some(s) = c.split_sums {
-                write!(tile, " sums {}+{}", s.buffer.label(), s.offset).unwrap();
+                let what = if c.tail { "count" } else { "sums" };
+                write!(tile, " {what} {}+{}", s.buffer.label(), s.offset).unwrap();
             }
+            let placement = match (c.tail, c.side_by_side) {
+                (true, _) => " >",
+                (false, true) => " +",
+                (false, false) => "  ",
+            };
             writeln!(
                 out,
-                "{} {} {} ({}) -> {} : {}  grid {} block {} smem {} regs {}{tile}  ops {}",
-                if c.side_by_side { " +" } else { "  " },
+                "{placement} {} {} ({}) -> {} : {}  grid {} block {} smem {} regs {}{tile}  ops {}",
                 c.kernel,
                 c.kind.name(),
                 inputs.join(", "),

@@ -3,6 +3,7 @@
 
 use super::products::{bf16_plan_for_h200, deep_matvec_module, Products};
 use super::*;
+use g4c_runtime::backend::cuda::launch_bindings;
 
 /// The down projection's shape on h200 (12288 deep, 4-bit, bf16): in the machine code ptxas makes
 /// of the packed matvec, its main loop issues 16 word loads (and their scales) before the first
@@ -155,7 +156,7 @@ fn inputs_read_after_the_wait(plan: &g4c_ir::plan::KernelPlan, program: &DeviceP
             continue;
         }
         let inputs = plan.kernels.function(&calls[0].kernel).unwrap().params.len();
-        let loads = input_loads(ptx_entry(ptx, symbol), inputs);
+        let loads = param_loads(ptx_entry(ptx, symbol), |p| p < inputs);
         let early: Vec<_> = loads.iter().filter(|(load, waited)| !waited || load.contains(".nc")).collect();
         assert!(early.is_empty(), "{symbol} ({}) may read an input before its writer ends: {early:?}", calls[0].kernel);
         checked += 1;
@@ -170,10 +171,49 @@ fn ptx_entry<'p>(ptx: &'p str, symbol: &str) -> &'p str {
     &rest[..rest[1..].find(".entry ").map_or(rest.len(), |e| e + 1)]
 }
 
-/// The global loads in `entry` (PTX) whose address is computed from one of its first `inputs`
-/// parameters (registers loaded from them, and every register computed from such a register), each
-/// with whether a `griddepcontrol.wait` comes before it.
-fn input_loads(entry: &str, inputs: usize) -> Vec<(String, bool)> {
+/// A tail reads its host's output, which the host's blocks wrote during the same kernel, so never
+/// through the non-coherent path (`ld.global.nc`, for data no thread of the kernel writes). In the
+/// PTX of the tiny model's decode for t4g (whose kernels do not wait for the one before, which
+/// otherwise keeps their inputs off that path) and for h200, every load through a tail's inputs is
+/// coherent; without `written_in_this_kernel` on t4g, all were not.
+#[test]
+fn a_tail_reads_its_hosts_output_coherently() {
+    for target in ["t4g", "h200"] {
+        let mut plan = tiny_plan(target, 4);
+        plan.entries.retain(|e| e.entry == "decode");
+        let program =
+            g4c_driver::cuda_programs(&plan, Target::by_name(target).unwrap(), true).unwrap().programs.remove(0);
+        let ptx = program.ptx.as_deref().expect("NVRTC made PTX");
+        let mut checked = 0;
+        for (calls, bindings) in launch_bindings(&plan.entries[0], &program.kernels) {
+            let entry = ptx_entry(ptx, &bindings[0].symbol);
+            // Each call's parameters follow the ones before (`launch_of`).
+            let mut first = 0;
+            for (call, binding) in calls.iter().zip(bindings) {
+                let inputs = first..first + call.inputs.len();
+                if call.tail {
+                    let loads = param_loads(entry, |p| inputs.contains(&p));
+                    assert!(!loads.is_empty(), "{target}: {} loads no input", call.kernel);
+                    let nc: Vec<_> = loads.iter().filter(|(load, _)| load.contains(".nc")).collect();
+                    assert!(
+                        nc.is_empty(),
+                        "{target}: {} reads its inputs through the non-coherent path: {nc:?}",
+                        call.kernel
+                    );
+                    checked += 1;
+                }
+                let output = usize::from(!call.inputs.contains(&call.output));
+                first += call.inputs.len() + binding.weights.len() + output + usize::from(call.split_sums.is_some());
+            }
+        }
+        assert!(checked >= 2, "{target}: {checked} tails checked");
+    }
+}
+
+/// The global loads in `entry` (PTX) whose address is computed from one of the `params` (registers
+/// loaded from them, and every register computed from such a register), each with whether a
+/// `griddepcontrol.wait` comes before it.
+fn param_loads(entry: &str, params: impl Fn(usize) -> bool) -> Vec<(String, bool)> {
     let mut from_input = std::collections::HashSet::new();
     // Again until no register is added: a loop's registers may be used above where they are set.
     loop {
@@ -192,7 +232,7 @@ fn input_loads(entry: &str, inputs: usize) -> Vec<(String, bool)> {
             if op.starts_with("ld.param") {
                 let param =
                     operands.rsplit("_param_").next().and_then(|p| p.trim_end_matches(']').parse::<usize>().ok());
-                if param.is_some_and(|p| p < inputs) {
+                if param.is_some_and(&params) {
                     from_input.insert(dest.to_string());
                 }
             } else if op.starts_with("ld.global") && computed_from_input {

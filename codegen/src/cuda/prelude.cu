@@ -144,9 +144,13 @@ __device__ __forceinline__ void mma_bf16_k16(float* d, const unsigned* a, const 
 // reads an input the kernel does not write through the non-coherent path (`ld.global.nc`, for
 // data unchanged during the kernel's whole life), and ptxas moved such loads of a matvec's
 // staging above a bare `griddepcontrol.wait`, into the kernel before's last writes.
+#ifndef G4C_HOST_EMULATION
+__device__ __forceinline__ void written_before(const void* p) { asm volatile("" ::"l"(p) : "memory"); }
+#else
+__device__ __forceinline__ void written_before(const void*) {}
+#endif
 #if !defined(G4C_HOST_EMULATION) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void let_next_kernel_start() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-__device__ __forceinline__ void written_before(const void* p) { asm volatile("" ::"l"(p) : "memory"); }
 template <typename... Written> __device__ __forceinline__ void await_previous_kernel(const Written*... written) {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   (written_before(written), ...);
@@ -155,6 +159,25 @@ template <typename... Written> __device__ __forceinline__ void await_previous_ke
 __device__ __forceinline__ void let_next_kernel_start() {}
 template <typename... Written> __device__ __forceinline__ void await_previous_kernel(const Written*...) {}
 #endif
+// A call's tail (`KernelCall::tail`) runs on the last of the call's blocks to finish, which
+// `last_block_of` tells each block: every block counts itself in `count` once its writes are
+// fenced, and the last, fenced after its count, sees them all; it resets the count for the next
+// launch. Every thread of the block calls it. The tail reads what the call wrote during this very
+// kernel: its pointers go through `written_in_this_kernel`, so that none is read through the
+// non-coherent path, which is for data no thread of the kernel writes.
+__device__ __forceinline__ bool last_block_of(unsigned* count, unsigned blocks) {
+  __threadfence();
+  __syncthreads();
+  const bool last = __syncthreads_or(threadIdx.x == 0 && atomicAdd(count, 1u) == blocks - 1);
+  if (last) {
+    __threadfence();
+    if (threadIdx.x == 0) *count = 0;
+  }
+  return last;
+}
+template <typename... Written> __device__ __forceinline__ void written_in_this_kernel(const Written*... written) {
+  (written_before(written), ...);
+}
 // Asks L2 for the global bytes [p, p + bytes), the block's threads a 128-byte line each at a time:
 // what a block will read that no kernel writes (weights), asked for before it awaits the kernel
 // before it (`kernel/ahead.rs`). Nothing where kernels do not wait (before sm_90); the host

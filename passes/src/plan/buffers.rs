@@ -2,7 +2,7 @@
 //! gets one for as long as a kernel may read it; a buffer is reused once its value is dead.
 
 use super::fusion::Group;
-use super::launch::split_sums_bytes;
+use super::launch::{split_sums_bytes, SplitSumsBytes};
 use g4c_ir::plan::{KernelCall, Slot, SplitSums};
 use g4c_ir::{Function, ValueId};
 use std::collections::HashMap;
@@ -67,17 +67,21 @@ pub(crate) fn assign(
     Scratch { slot, bytes }
 }
 
-/// Gives the split GEMMs (`Tile::splits`) their parts of one more buffer, which holds no value and
-/// starts zeroed: the calls of a launch run at once, so each takes its own part; a launch starts
-/// once the one before has finished, and leaves its counts at zero, so the next reuses the parts.
+/// Gives the split GEMMs (`Tile::splits`) and the tails their parts of one more buffer, which
+/// holds no value and starts zeroed: the calls of a launch run at once, so each takes its own
+/// part; a launch starts once the one before has finished, and leaves its counts at zero, so the
+/// next reuses the parts.
 pub(crate) fn split_sums(calls: &mut [KernelCall], buffers: &mut Vec<u64>) {
     let buffer = Slot::Scratch(buffers.len());
     let mut largest = 0;
     for launch in calls.chunk_by_mut(|_, next| next.side_by_side) {
         let mut end = 0;
         for call in launch {
-            let Some(tile) = call.launch.tile.filter(|t| t.splits > 1) else { continue };
-            let bytes = split_sums_bytes(&tile, call.launch.grid, call.launch.block);
+            let bytes = match call.launch.tile.filter(|t| t.splits > 1) {
+                Some(tile) => split_sums_bytes(&tile, call.launch.grid, call.launch.block),
+                None if call.tail => SplitSumsBytes { counts: 4, partials: 0 },
+                None => continue,
+            };
             call.split_sums = Some(SplitSums { buffer, offset: end });
             end += (bytes.counts + bytes.partials).next_multiple_of(16);
         }

@@ -3,7 +3,8 @@
 //! matvec waiting only for an elementwise kernel computes its value itself (`recompute`), kernels
 //! are ordered by dependency level (`schedule`), each kernel becomes an IR function, values between
 //! kernels get slots (`buffers`), each kernel a kind and a launch that fits the target (`launch`),
-//! and independent kernels of a level share launches (`schedule`).
+//! and independent kernels of a level share launches (`schedule`), a small kernel reading one
+//! kernel's output in the launch before running on that kernel's last block (`schedule::tails`).
 
 mod attention;
 mod buffers;
@@ -144,14 +145,31 @@ fn plan_entry(
             launch,
             side_by_side: false,
             split_sums: None,
+            tail: false,
         });
         args.push(schedule::arguments(&function, calls.last().expect("pushed")));
         kernels.functions.push(function);
     }
     schedule::side_by_side(&mut calls, &args, &levels, gpu);
+    schedule::tails(&mut calls, &mut args, gpu);
+    schedule::share_register_budgets(&mut calls);
+    number_in_launch_order(f, &mut calls, kernels);
     let mut buffers = scratch.bytes;
     buffers::split_sums(&mut calls, &mut buffers);
     Ok(EntryPlan { entry: f.name.clone(), buffers, calls, results: results.iter().map(|&v| slot(v)).collect() })
+}
+
+/// Names the entry's kernels (the last of `kernels`, one per call) `{entry}.k{n}` in the order of
+/// `calls` again, and orders them so: tails moved calls into earlier launches.
+fn number_in_launch_order(f: &Function, calls: &mut [KernelCall], kernels: &mut Module) {
+    let first = kernels.functions.len() - calls.len();
+    let order: HashMap<String, usize> = calls.iter().enumerate().map(|(n, c)| (c.kernel.clone(), n)).collect();
+    let functions = &mut kernels.functions[first..];
+    functions.sort_by_key(|k| order[&k.name]);
+    for (n, (k, call)) in functions.iter_mut().zip(calls).enumerate() {
+        k.name = format!("{}.k{n}", f.name);
+        call.kernel = k.name.clone();
+    }
 }
 
 /// The group as a function: its inputs as parameters, its instructions, its root as the result.

@@ -5,7 +5,8 @@
 //!
 //! Each kernel gets a level, one past the latest of the kernels it must follow: those computing a
 //! value it reads, and those reading the old contents of a cache it writes in place. Kernels run
-//! level by level (as early as they can), each level in as few launches as fit a block.
+//! level by level (as early as they can), each level in as few launches as fit a block. A small
+//! call reading what one call of the launch before wrote runs at that launch's end, as its tail.
 
 use super::fusion::Group;
 use g4c_ir::plan::{launch_smem_bytes, KernelCall, MAX_LAUNCH_ARGS};
@@ -42,8 +43,7 @@ pub(crate) fn by_level(
 
 /// Marks each call that runs in the launch before it: one of the same level (so independent of
 /// every call there) and block size, whose shared memory still fits a block and whose arguments
-/// (`args`, per call) the launch can still pass. A launch's calls get the largest register budget
-/// among them (a launch has one).
+/// (`args`, per call) the launch can still pass.
 pub(crate) fn side_by_side(calls: &mut [KernelCall], args: &[usize], levels: &[usize], gpu: &GpuLimits) {
     let mut first = 0;
     for k in 1..calls.len() {
@@ -57,6 +57,73 @@ pub(crate) fn side_by_side(calls: &mut [KernelCall], args: &[usize], levels: &[u
             first = k;
         }
     }
+}
+
+/// The most blocks a call may have been planned with to become a tail, which runs them on one:
+/// E2B's cache writes of a key or value row take 1 or 2.
+const TAIL_MOST_BLOCKS: u32 = 4;
+
+/// Makes tails (`KernelCall::tail`): a launch of small grid-stride calls, each reading the output
+/// of one call of the launch before and nothing else written there, moves into that launch, each
+/// call to run on its host call's last block once the host is done. E2B's decode layers wrote
+/// their key and value rows a launch after projecting them. A launch is moved whole or not at all:
+/// a tail alone would not save its launch, only put its work after its host's instead of beside it.
+/// `args`: per call, as `side_by_side` takes them (a tail passes one more, its count).
+pub(crate) fn tails(calls: &mut Vec<KernelCall>, args: &mut Vec<usize>, gpu: &GpuLimits) {
+    let mut start = 0;
+    while start < calls.len() {
+        let len = 1 + calls[start + 1..].iter().take_while(|c| c.side_by_side).count();
+        // Moving a call leaves the indices of the calls after it as they were.
+        let (mut moved, mut moved_args) = (calls.clone(), args.clone());
+        if (start..start + len).all(|s| make_tail(&mut moved, &mut moved_args, s, gpu)) {
+            (*calls, *args) = (moved, moved_args);
+        }
+        start += len;
+    }
+}
+
+/// Makes call `s` the tail of its host in the launch before, if it has one (`tail_host`).
+fn make_tail(calls: &mut Vec<KernelCall>, args: &mut Vec<usize>, s: usize, gpu: &GpuLimits) -> bool {
+    let Some(host) = tail_host(calls, args, s, gpu) else { return false };
+    let mut tail = calls.remove(s);
+    let passes = args.remove(s) + 1;
+    // The call after it starts its launch now, if it did.
+    if !tail.side_by_side && s < calls.len() {
+        calls[s].side_by_side = false;
+    }
+    (tail.side_by_side, tail.tail, tail.launch.grid) = (true, true, 1);
+    calls.insert(host + 1, tail);
+    args.insert(host + 1, passes);
+    true
+}
+
+/// The call that call `s` can be the tail of: the one call of the launch before writing what `s`
+/// reads, neither a tail nor with one yet, the same block size, not a split GEMM (whose output is not its last
+/// argument), and room in its launch for `s`'s shared memory and arguments; no other call there
+/// may write what `s` reads, or read or write what `s` writes.
+fn tail_host(calls: &[KernelCall], args: &[usize], s: usize, gpu: &GpuLimits) -> Option<usize> {
+    let (call, l) = (&calls[s], &calls[s].launch);
+    if call.tail || l.tile.is_some() || l.split.is_some() || l.slots.is_some() || l.grid > TAIL_MOST_BLOCKS {
+        return None;
+    }
+    let start_of =
+        |end: usize| (0..=end).rev().find(|&i| !calls[i].side_by_side).expect("the first call starts a launch");
+    let own = start_of(s);
+    let before = start_of(own.checked_sub(1)?)..own;
+    let writers: Vec<usize> = before.clone().filter(|&i| call.inputs.contains(&calls[i].output)).collect();
+    let &[host] = writers.as_slice() else { return None };
+    let h = &calls[host];
+    let free = !h.tail && !calls[host + 1..own].first().is_some_and(|next| next.tail);
+    let split = h.launch.tile.is_some_and(|t| t.splits > 1);
+    let touches = before.clone().any(|i| calls[i].output == call.output || calls[i].inputs.contains(&call.output));
+    let smem = launch_smem_bytes(&calls[before.clone()]).max(l.smem_bytes);
+    let passed: usize = args[before].iter().sum::<usize>() + args[s] + 1;
+    let fits = smem <= gpu.smem_per_block && passed <= MAX_LAUNCH_ARGS && h.launch.block == l.block;
+    (free && !split && !touches && fits).then_some(host)
+}
+
+/// A launch's calls get the largest register budget among them (a launch has one).
+pub(crate) fn share_register_budgets(calls: &mut [KernelCall]) {
     for launch in calls.chunk_by_mut(|_, next| next.side_by_side) {
         let budget = launch.iter().map(|c| c.launch.registers).max().expect("a launch has a call");
         launch.iter_mut().for_each(|c| c.launch.registers = budget);

@@ -1,9 +1,9 @@
 //! A kernel plan run on the CPU: each kernel's function by the interpreter, reading its inputs from
 //! the slots the plan names and writing its output into the plan's slot, scratch buffers reused as
 //! the plan reuses them and state updated in place; the kernels of one launch all read before any
-//! writes, as side by side on a GPU they may. What a GPU runs differs only in the kernel
-//! bodies, so this checks fusion, buffer assignment and in-place writes against the goldens before
-//! any GPU runs them.
+//! writes, as side by side on a GPU they may, and then its tails likewise. What a GPU runs differs
+//! only in the kernel bodies, so this checks fusion, buffer assignment and in-place writes against
+//! the goldens before any GPU runs them.
 
 use super::interp::host_tensors;
 use crate::error::{invalid, Result, RuntimeError};
@@ -11,7 +11,7 @@ use crate::executor::{bind_args, initial_state, keep_outputs, Executor, StepInpu
 use crate::tensor::Tensor;
 use crate::weights::WeightStore;
 use crate::Interpreter;
-use g4c_ir::plan::{KernelPlan, Slot};
+use g4c_ir::plan::{KernelCall, KernelPlan, Slot};
 use g4c_ir::Module;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -54,10 +54,15 @@ impl Executor for PlanExecutor {
                 scratch[b].clone().ok_or_else(|| RuntimeError::Invalid(format!("buffer b{b} read before written")))
             }
         };
-        for calls in plan.launches() {
-            // The calls of a launch run side by side: each reads what was there before any writes.
+        // The calls of a launch run side by side: each reads what was there before any writes. Its
+        // tails run after their calls, side by side too.
+        let phases = plan.launches().flat_map(|calls| {
+            let (tails, calls): (Vec<&KernelCall>, Vec<&KernelCall>) = calls.iter().partition(|c| c.tail);
+            [calls, tails].into_iter().filter(|phase| !phase.is_empty())
+        });
+        for calls in phases {
             let mut outs = Vec::with_capacity(calls.len());
-            for call in calls {
+            for call in &calls {
                 let args = call.inputs.iter().map(|&s| read(s, &params, &scratch)).collect::<Result<Vec<_>>>()?;
                 outs.push(self.kernels.call(&call.kernel, args)?.remove(0));
             }

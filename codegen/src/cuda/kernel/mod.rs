@@ -161,7 +161,12 @@ pub(crate) fn kernel_code(
         params.push(("unsigned char* __restrict__".into(), SPLIT_SUMS.into()));
         written.push(SPLIT_SUMS.into());
     }
-    let lines = em.take_lines(&format!("await_previous_kernel({});", written.join(", ")));
+    // A tail runs after its call, which waited.
+    let wait = match call.tail {
+        true => "written_in_this_kernel",
+        false => "await_previous_kernel",
+    };
+    let lines = em.take_lines(&format!("{wait}({});", written.join(", ")));
     let declared: Vec<String> = params.iter().map(|(t, n)| format!("{t} {n}")).collect();
     let mut code = String::new();
     for c in &em.constants {
@@ -203,24 +208,44 @@ pub(crate) fn kernel_code(
 }
 
 /// The CUDA C of one launch, named `NAME`: each call's device function (`{NAME}_{n}`), then the
-/// kernel, whose blocks run the calls' one after the other, each call's block index from 0. It lets
-/// the next kernel start (`let_next_kernel_start`, for programmatic dependent launch); each call
-/// waits for the kernel before it (`kernel_code`).
+/// kernel, whose blocks run the calls' one after the other, each call's block index from 0, and a
+/// call's tail on its last block to finish (`last_block_of`, counting in the tail's part of the
+/// split-sums buffer, its last argument). It lets the next kernel start (`let_next_kernel_start`,
+/// for programmatic dependent launch); each call waits for the kernel before it (`kernel_code`).
 pub(crate) fn launch_code(calls: &[KernelCall], parts: &[KernelCode], registers_per_sm: u32) -> String {
     let mut code: String = parts.iter().map(|p| p.code.as_str()).collect();
     let mut params = Vec::new();
-    let mut branches = Vec::new();
+    let mut branches: Vec<(u32, String)> = Vec::new();
     let mut first_block = 0;
     for (n, (call, part)) in calls.iter().zip(parts).enumerate() {
         let args: Vec<String> = (params.len()..params.len() + part.params.len()).map(|a| format!("a{a}")).collect();
-        params.extend(part.params.iter().zip(&args).map(|(t, a)| format!("{t} {a}")));
-        let block = match first_block {
-            0 => "blockIdx.x".to_string(),
-            b => format!("blockIdx.x - {b}"),
-        };
+        // A tail reads its host's output, which the host writes: neither pointer is the only one
+        // to that buffer in the kernel (the host's output is its last parameter, unless in place).
+        let hosting = calls.get(n + 1).is_some_and(|next| next.tail);
+        let aliased = |j: usize| call.tail || (hosting && j + 1 == part.params.len());
+        params.extend(part.params.iter().zip(&args).enumerate().map(|(j, (t, a))| match aliased(j) {
+            true => format!("{} {a}", t.replace(" __restrict__", "")),
+            false => format!("{t} {a}"),
+        }));
         let region = match part.shared {
             true => format!(", {REGION}"),
             false => String::new(),
+        };
+        if call.tail {
+            let (count, host) = (format!("a{}", params.len()), &calls[n - 1]);
+            params.push(format!("unsigned char* __restrict__ {count}"));
+            let offset = call.split_sums.expect("a tail has its count's place").offset;
+            let (_, host_call) = branches.last_mut().expect("a tail follows its call");
+            *host_call = format!(
+                "{{ {host_call} if (last_block_of(reinterpret_cast<unsigned*>({count} + {offset}), {})) {NAME}_{n}({}, 0{region}); }}",
+                host.launch.grid,
+                args.join(", ")
+            );
+            continue;
+        }
+        let block = match first_block {
+            0 => "blockIdx.x".to_string(),
+            b => format!("blockIdx.x - {b}"),
         };
         branches.push((first_block + call.launch.grid, format!("{NAME}_{n}({}, {block}{region});", args.join(", "))));
         first_block += call.launch.grid;

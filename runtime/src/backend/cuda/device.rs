@@ -46,7 +46,7 @@ pub fn launch_bindings<'a>(
 /// The launch of one launch's `calls` (with their bindings `parts`, as `launch_bindings` pairs
 /// them) over the buffers `buffer` and `weight` name: each call's arguments one after the other,
 /// its inputs, then its weights, then its output unless it updates an input in place, then a split
-/// GEMM's split sums.
+/// GEMM's split sums or a tail's count.
 pub fn launch_of(
     calls: &[KernelCall],
     parts: &[KernelBinding],
@@ -68,7 +68,8 @@ pub fn launch_of(
         symbol: parts[0].symbol.clone(),
         grid: launch_grid(calls),
         block: calls[0].launch.block,
-        synchronizes: calls.iter().any(|c| c.launch.synchronizes()),
+        // A tail's block waits for its call's at a barrier.
+        synchronizes: calls.iter().any(|c| c.launch.synchronizes() || c.tail),
         args,
         bytes: 0,
     }
