@@ -104,27 +104,38 @@ fn case<'a>(cases: &'a [GoldenCase], name: &str) -> &'a GoldenCase {
     cases.iter().find(|c| c.name == name).unwrap()
 }
 
-#[test]
-fn sequences_joining_at_different_steps_each_generate_their_golden_tokens() {
-    let cases = golden_cases("tiny");
-    let mut engine = engine(8);
-    // Two of each golden case, joining in three waves while the others run.
+/// Golden cases joining in waves, each wave 5 steps after the one before while the others run,
+/// until the engine is full; then run to their ends. Asserts each finished with its golden's tokens
+/// (`what`: where it ran, for the message).
+fn assert_waves_generate_their_golden_tokens(
+    engine: &mut BatchEngine,
+    cases: &[GoldenCase],
+    waves: &[&[&str]],
+    what: &str,
+) {
     let mut running = vec![];
-    for wave in [&["long", "single"][..], &["short", "window", "long"], &["single", "short", "window"]] {
-        for name in wave {
-            let c = case(&cases, name);
-            running.push((c, admit(&mut engine, greedy(&c.prompt_ids, c.generated_ids.len()))));
+    for wave in waves {
+        for name in *wave {
+            let c = case(cases, name);
+            running.push((c, admit(engine, greedy(&c.prompt_ids, c.generated_ids.len()))));
         }
         for _ in 0..5 {
             engine.step().unwrap();
         }
     }
-    assert_eq!(engine.occupied(), 8);
-    drain(&mut engine);
+    assert_eq!(engine.occupied(), running.len(), "{what}: every row taken");
+    drain(engine);
     for (c, recorder) in &running {
-        assert!(recorder.finished(), "{}: {:?}", c.name, recorder.events.lock().unwrap());
-        assert_eq!(recorder.tokens(), c.generated_ids, "{} beside 7 others", c.name);
+        assert!(recorder.finished(), "{what}, {}: {:?}", c.name, recorder.events.lock().unwrap());
+        assert_eq!(recorder.tokens(), c.generated_ids, "{what}, {}", c.name);
     }
+}
+
+#[test]
+fn sequences_joining_at_different_steps_each_generate_their_golden_tokens() {
+    // Two of each golden case, joining in three waves while the others run.
+    let waves: [&[&str]; 3] = [&["long", "single"], &["short", "window", "long"], &["single", "short", "window"]];
+    assert_waves_generate_their_golden_tokens(&mut engine(8), &golden_cases("tiny"), &waves, "beside 7 others");
 }
 
 /// Batched decode and prefill through the CUDA kernels: each matvec and attention kernel over 4
@@ -132,25 +143,11 @@ fn sequences_joining_at_different_steps_each_generate_their_golden_tokens() {
 /// slots), every row its own golden's tokens, for the f32 checkpoint and the 4-bit one.
 #[test]
 fn batched_cuda_kernels_on_the_host_generate_each_sequences_golden_tokens() {
+    let waves: [&[&str]; 2] = [&["long", "single"], &["window", "short"]];
     for model in ["tiny", "tiny-qat"] {
-        let cases = golden_cases(model);
         let mut engine = cuda_host_engine(model, "t4g", 4);
-        let mut running = vec![];
-        for wave in [&["long", "single"][..], &["window", "short"]] {
-            for name in wave {
-                let c = case(&cases, name);
-                running.push((c, admit(&mut engine, greedy(&c.prompt_ids, c.generated_ids.len()))));
-            }
-            for _ in 0..5 {
-                engine.step().unwrap();
-            }
-        }
-        assert_eq!(engine.occupied(), 4);
-        drain(&mut engine);
-        for (c, recorder) in &running {
-            assert!(recorder.finished(), "{model}/{}: {:?}", c.name, recorder.events.lock().unwrap());
-            assert_eq!(recorder.tokens(), c.generated_ids, "{model}/{} in a batch of 4 on t4g's kernels", c.name);
-        }
+        let what = format!("{model} in a batch of 4 on t4g's kernels");
+        assert_waves_generate_their_golden_tokens(&mut engine, &golden_cases(model), &waves, &what);
     }
 }
 
