@@ -189,13 +189,16 @@ pub struct KernelCall {
     pub tail: bool,
 }
 
-/// A call's part of its entry's split-sums buffer: from `offset`, a count of finished blocks per
-/// tile (`u32`, zero between launches: the last block of a tile resets it), then each block's
-/// partial sums (`f32`); for a tail, the count of its call's finished blocks alone.
+/// A call's parts of its entry's split-sums buffer, which holds every launch's counts first and
+/// then every launch's partial sums, so that no count lies where a launch before left partial sums:
+/// from `counts`, a count of finished blocks per tile of a split GEMM, or of a tail's host's (`u32`,
+/// zero between launches: the last block resets it); from `partials`, a split GEMM's blocks'
+/// partial sums (`f32`; a tail has none).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SplitSums {
     pub buffer: Slot,
-    pub offset: u64,
+    pub counts: u64,
+    pub partials: u64,
 }
 
 /// The plan of one entry point.
@@ -298,9 +301,10 @@ pub fn print_plan(plan: &KernelPlan, bodies: bool) -> String {
             if let Some(p) = l.prelude {
                 write!(tile, " prelude {}/{}", p.reductions, p.outputs).unwrap();
             }
-            if let Some(s) = c.split_sums {
-                let what = if c.tail { "count" } else { "sums" };
-                write!(tile, " {what} {}+{}", s.buffer.label(), s.offset).unwrap();
+            match c.split_sums {
+                Some(s) if c.tail => write!(tile, " count {}+{}", s.buffer.label(), s.counts).unwrap(),
+                Some(s) => write!(tile, " sums {}+{},{}", s.buffer.label(), s.counts, s.partials).unwrap(),
+                None => {}
             }
             let placement = match (c.tail, c.side_by_side) {
                 (true, _) => " >",

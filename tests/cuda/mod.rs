@@ -399,8 +399,9 @@ fn e2b_projections_run_beside_the_residual_kernel() {
             .unwrap()
             .launches()
             .filter(|l| {
-                let mut projections = l[1..].iter().filter(|c| !c.tail);
-                l[0].kind == KernelKind::Loop && l.len() > 1 && projections.all(|c| c.kind == KernelKind::MatvecW4)
+                let projections: Vec<_> = l[1..].iter().filter(|c| !c.tail).collect();
+                let matvecs = !projections.is_empty() && projections.iter().all(|c| c.kind == KernelKind::MatvecW4);
+                l[0].kind == KernelKind::Loop && matvecs
             })
             .count();
         assert_eq!(beside, layers, "{target}: launches of the residual kernel and a layer's projections");
@@ -427,6 +428,41 @@ fn e2b_prefill_gemms_split_where_tiles_leave_sms_idle() {
         };
         let got = [splits(1536, 6144), splits(256, 1536), splits(4096, 1536)];
         assert_eq!(got, want.map(|s| vec![s]), "{target}: splits of the down, key and full-query products");
+    }
+}
+
+/// Every launch's counts of finished blocks (split GEMMs', tails') lie before every launch's partial
+/// sums in the split-sums buffer: a count must start at zero, and partial sums stay where a launch
+/// left them. E2B's prefill has split GEMMs of 8 tiles (32 bytes of counts) and of 64 (256 bytes):
+/// laid out launch by launch from one offset, the wider one's counts began on the narrower one's
+/// partial sums, and most of its tiles would never have counted to their last block.
+#[test]
+fn no_count_lies_where_partial_sums_were_left() {
+    for target in ["h200", "t4g"] {
+        let plan = e2b_plan(Target::by_name(target).unwrap());
+        for e in &plan.entries {
+            let (mut counts_end, mut partials_start, mut tiles) = (0, u64::MAX, std::collections::BTreeSet::new());
+            for c in &e.calls {
+                let Some(sums) = c.split_sums else { continue };
+                let counts = match c.launch.tile.filter(|t| t.splits > 1) {
+                    Some(t) => {
+                        tiles.insert(c.launch.grid / t.splits);
+                        partials_start = partials_start.min(sums.partials);
+                        g4c_passes::split_sums_bytes(&t, c.launch.grid, c.launch.block).counts
+                    }
+                    None => 4,
+                };
+                counts_end = counts_end.max(sums.counts + counts);
+            }
+            assert!(
+                counts_end <= partials_start,
+                "{target} @{}: counts up to {counts_end}, sums from {partials_start}",
+                e.entry
+            );
+            if e.entry == "prefill" {
+                assert!(tiles.len() > 1, "{target}: split GEMMs of {tiles:?} tiles");
+            }
+        }
     }
 }
 

@@ -129,8 +129,10 @@ pub(super) fn assert_split_gemm_agrees<D: Device + 'static>(
         let launch = plan.entries[0].launches().next().unwrap();
         let what = format!("{target}, {t}, {products} products: {}", print_plan(&plan, false));
         assert_eq!(launch.len(), products, "{what}");
-        // The calls' parts of the split sums, which the host runs one after another, do not overlap.
-        let mut end = 0;
+        // The calls' parts of the split sums, which the host runs one after another, do not
+        // overlap, and the counts come before every partial sum.
+        let first_partial = launch.iter().filter_map(|c| c.split_sums).map(|s| s.partials).min().unwrap_or(0);
+        let (mut counts_end, mut end) = (0, first_partial);
         for call in launch {
             let tile = call.launch.tile.unwrap();
             assert!(tile.splits > 1, "{what}");
@@ -142,8 +144,9 @@ pub(super) fn assert_split_gemm_agrees<D: Device + 'static>(
             );
             let sums = call.split_sums.unwrap_or_else(|| panic!("{what}: no split sums"));
             let bytes = g4c_passes::split_sums_bytes(&tile, call.launch.grid, call.launch.block);
-            assert!(sums.offset >= end, "{what}");
-            end = sums.offset + bytes.counts + bytes.partials;
+            assert!(sums.counts >= counts_end && sums.partials >= end, "{what}");
+            (counts_end, end) = (sums.counts + bytes.counts, sums.partials + bytes.partials);
+            assert!(counts_end <= first_partial, "{what}");
             let g4c_ir::plan::Slot::Scratch(b) = sums.buffer else { panic!("{what}: split sums in a parameter") };
             assert!(plan.entries[0].buffers[b] >= end, "{what}");
         }

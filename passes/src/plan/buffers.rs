@@ -69,25 +69,33 @@ pub(crate) fn assign(
 
 /// Gives the split GEMMs (`Tile::splits`) and the tails their parts of one more buffer, which
 /// holds no value and starts zeroed: the calls of a launch run at once, so each takes its own
-/// part; a launch starts once the one before has finished, and leaves its counts at zero, so the
-/// next reuses the parts.
+/// parts; every launch reads and writes its parts after the launch before has finished (its blocks
+/// wait for it before anything but weights), and leaves its counts at zero, so the next reuses the
+/// parts. The counts of every launch come first, then the partial sums: a count must start at zero,
+/// and a partial sum a launch before left is not.
 pub(crate) fn split_sums(calls: &mut [KernelCall], buffers: &mut Vec<u64>) {
+    let bytes_of = |call: &KernelCall| match call.launch.tile.filter(|t| t.splits > 1) {
+        Some(tile) => Some(split_sums_bytes(&tile, call.launch.grid, call.launch.block)),
+        None => call.tail.then_some(SplitSumsBytes { counts: 4, partials: 0 }),
+    };
+    let launches = || calls.chunk_by(|_, next| next.side_by_side);
+    let counts_of = |launch: &[KernelCall]| -> u64 {
+        launch.iter().filter_map(bytes_of).map(|b| b.counts.next_multiple_of(16)).sum()
+    };
+    let counts = launches().map(counts_of).max().unwrap_or(0);
     let buffer = Slot::Scratch(buffers.len());
-    let mut largest = 0;
+    let mut end = counts;
     for launch in calls.chunk_by_mut(|_, next| next.side_by_side) {
-        let mut end = 0;
+        let (mut count, mut partial) = (0, counts);
         for call in launch {
-            let bytes = match call.launch.tile.filter(|t| t.splits > 1) {
-                Some(tile) => split_sums_bytes(&tile, call.launch.grid, call.launch.block),
-                None if call.tail => SplitSumsBytes { counts: 4, partials: 0 },
-                None => continue,
-            };
-            call.split_sums = Some(SplitSums { buffer, offset: end });
-            end += (bytes.counts + bytes.partials).next_multiple_of(16);
+            let Some(bytes) = bytes_of(call) else { continue };
+            call.split_sums = Some(SplitSums { buffer, counts: count, partials: partial });
+            count += bytes.counts.next_multiple_of(16);
+            partial += bytes.partials.next_multiple_of(16);
         }
-        largest = largest.max(end);
+        end = end.max(partial);
     }
-    if largest > 0 {
-        buffers.push(largest);
+    if end > 0 {
+        buffers.push(end);
     }
 }

@@ -151,7 +151,8 @@ fn plan_entry(
         kernels.functions.push(function);
     }
     schedule::side_by_side(&mut calls, &args, &levels, gpu);
-    schedule::tails(&mut calls, &mut args, gpu);
+    schedule::tails(&mut calls, &mut args);
+    schedule::check_launches(&calls).map_err(unsupported)?;
     schedule::share_register_budgets(&mut calls);
     number_in_launch_order(f, &mut calls, kernels);
     let mut buffers = scratch.bytes;

@@ -59,23 +59,25 @@ pub(crate) fn side_by_side(calls: &mut [KernelCall], args: &[usize], levels: &[u
     }
 }
 
-/// The most blocks a call may have been planned with to become a tail, which runs them on one:
-/// E2B's cache writes of a key or value row take 1 or 2.
+/// The most blocks a grid-stride call may have been planned with to become a tail, which runs them
+/// on one: E2B's cache writes of a key or value row take 1 or 2.
 const TAIL_MOST_BLOCKS: u32 = 4;
 
-/// Makes tails (`KernelCall::tail`): a launch of small grid-stride calls, each reading the output
-/// of one call of the launch before and nothing else written there, moves into that launch, each
-/// call to run on its host call's last block once the host is done. E2B's decode layers wrote
-/// their key and value rows a launch after projecting them. A launch is moved whole or not at all:
-/// a tail alone would not save its launch, only put its work after its host's instead of beside it.
+/// Makes tails (`KernelCall::tail`): a launch of small calls (of one block, or grid-stride over a
+/// few), each reading the output of one call of the launch before and nothing else written there,
+/// moves into that launch, each call to run on its host call's last block once the host is done.
+/// E2B's decode layers wrote their key and value rows a launch after projecting them, and its final
+/// norm's statistics and greedy token were each a launch of one block. A launch is moved whole or
+/// not at all: a tail alone would not save its launch, only put its work after its host's instead
+/// of beside it.
 /// `args`: per call, as `side_by_side` takes them (a tail passes one more, its count).
-pub(crate) fn tails(calls: &mut Vec<KernelCall>, args: &mut Vec<usize>, gpu: &GpuLimits) {
+pub(crate) fn tails(calls: &mut Vec<KernelCall>, args: &mut Vec<usize>) {
     let mut start = 0;
     while start < calls.len() {
         let len = 1 + calls[start + 1..].iter().take_while(|c| c.side_by_side).count();
         // Moving a call leaves the indices of the calls after it as they were.
         let (mut moved, mut moved_args) = (calls.clone(), args.clone());
-        if (start..start + len).all(|s| make_tail(&mut moved, &mut moved_args, s, gpu)) {
+        if (start..start + len).all(|s| make_tail(&mut moved, &mut moved_args, s)) {
             (*calls, *args) = (moved, moved_args);
         }
         start += len;
@@ -83,8 +85,8 @@ pub(crate) fn tails(calls: &mut Vec<KernelCall>, args: &mut Vec<usize>, gpu: &Gp
 }
 
 /// Makes call `s` the tail of its host in the launch before, if it has one (`tail_host`).
-fn make_tail(calls: &mut Vec<KernelCall>, args: &mut Vec<usize>, s: usize, gpu: &GpuLimits) -> bool {
-    let Some(host) = tail_host(calls, args, s, gpu) else { return false };
+fn make_tail(calls: &mut Vec<KernelCall>, args: &mut Vec<usize>, s: usize) -> bool {
+    let Some(host) = tail_host(calls, args, s) else { return false };
     let mut tail = calls.remove(s);
     let passes = args.remove(s) + 1;
     // The call after it starts its launch now, if it did.
@@ -98,12 +100,16 @@ fn make_tail(calls: &mut Vec<KernelCall>, args: &mut Vec<usize>, s: usize, gpu: 
 }
 
 /// The call that call `s` can be the tail of: the one call of the launch before writing what `s`
-/// reads, neither a tail nor with one yet, the same block size, not a split GEMM (whose output is not its last
-/// argument), and room in its launch for `s`'s shared memory and arguments; no other call there
-/// may write what `s` reads, or read or write what `s` writes.
-fn tail_host(calls: &[KernelCall], args: &[usize], s: usize, gpu: &GpuLimits) -> Option<usize> {
+/// reads, neither a tail nor with one yet, of the same block size, not a split GEMM (whose output
+/// is not its last argument), in a launch with room for `s`'s arguments and already asking as much
+/// shared memory and as many registers as `s` needs; no other call there may write what `s`
+/// reads, or read or write what `s` writes.
+fn tail_host(calls: &[KernelCall], args: &[usize], s: usize) -> Option<usize> {
     let (call, l) = (&calls[s], &calls[s].launch);
-    if call.tail || l.tile.is_some() || l.split.is_some() || l.slots.is_some() || l.grid > TAIL_MOST_BLOCKS {
+    // Templates index by the call's block (from 0) and loop over the grid they were planned for;
+    // a grid-stride one covers a smaller grid as well.
+    let grid_stride = l.tile.is_none() && l.split.is_none() && l.slots.is_none();
+    if call.tail || !(l.grid == 1 || grid_stride && l.grid <= TAIL_MOST_BLOCKS) {
         return None;
     }
     let start_of =
@@ -116,10 +122,34 @@ fn tail_host(calls: &[KernelCall], args: &[usize], s: usize, gpu: &GpuLimits) ->
     let free = !h.tail && !calls[host + 1..own].first().is_some_and(|next| next.tail);
     let split = h.launch.tile.is_some_and(|t| t.splits > 1);
     let touches = before.clone().any(|i| calls[i].output == call.output || calls[i].inputs.contains(&call.output));
-    let smem = launch_smem_bytes(&calls[before.clone()]).max(l.smem_bytes);
+    // What the launch asks of an SM stays as it is: a tail must not cost its host blocks.
+    let registers = calls[before.clone()].iter().map(|c| c.launch.registers).max().unwrap_or(0);
+    let smem = launch_smem_bytes(&calls[before.clone()]);
     let passed: usize = args[before].iter().sum::<usize>() + args[s] + 1;
-    let fits = smem <= gpu.smem_per_block && passed <= MAX_LAUNCH_ARGS && h.launch.block == l.block;
-    (free && !split && !touches && fits).then_some(host)
+    let fits = l.smem_bytes <= smem && l.registers <= registers && h.launch.block == l.block;
+    (free && !split && !touches && fits && passed <= MAX_LAUNCH_ARGS).then_some(host)
+}
+
+/// Checks what `side_by_side` and `tails` promise of each launch, independently of how they chose:
+/// no call reads or writes what another writes, but that a tail reads its host's output (the call
+/// before it), which it follows in the launch on one block of the same size.
+pub(crate) fn check_launches(calls: &[KernelCall]) -> Result<(), String> {
+    for launch in calls.chunk_by(|_, next| next.side_by_side) {
+        for (n, c) in launch.iter().enumerate() {
+            if c.tail
+                && (n == 0 || launch[n - 1].tail || c.launch.grid != 1 || c.launch.block != launch[n - 1].launch.block)
+            {
+                return Err(format!("{} is a tail without a call of its block size before it to run on", c.kernel));
+            }
+            for (m, o) in launch.iter().enumerate().filter(|&(m, _)| m != n) {
+                let host = c.tail && m + 1 == n;
+                if (c.inputs.contains(&o.output) && !host) || c.output == o.output {
+                    return Err(format!("{} reads or writes what {} writes, in the same launch", c.kernel, o.kernel));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A launch's calls get the largest register budget among them (a launch has one).

@@ -6,9 +6,9 @@ use super::{activation_at, clamped, reads_only_weights, store_root, SPLIT_SUMS};
 use crate::cuda::elemental::Emitter;
 use crate::cuda::loops::unrolled;
 use crate::cuda::CudaError;
-use g4c_ir::plan::Tile;
+use g4c_ir::plan::{SplitSums, Tile};
 use g4c_ir::{DType, ValueId};
-use g4c_passes::{footprint, Matvec, PackedWeight, SplitSumsBytes};
+use g4c_passes::{footprint, Matvec, PackedWeight};
 
 /// The tensor-core GEMM: a block computes `tile.rows × tile.cols` outputs. Per `tile.k` step it
 /// stages the activation rows (the prologue computed once per element) and each product's weight
@@ -23,13 +23,13 @@ use g4c_passes::{footprint, Matvec, PackedWeight, SplitSumsBytes};
 /// waited out its loads and then multiplied (on the H200, 32-deep steps took about 3 µs each,
 /// mostly waiting). Registers rather than a second stage of shared memory, which would halve the
 /// tile's depth within Turing's shared memory, and Turing has no asynchronous copies.
-/// `split`: the offset and sizes of a split GEMM's part of the split-sums buffer.
+/// `split`: a split GEMM's parts of the split-sums buffer.
 pub(super) fn gemm(
     em: &mut Emitter,
     (tile, threads): (&Tile, u32),
     m: &Matvec,
     root: ValueId,
-    split: Option<(u64, SplitSumsBytes)>,
+    split: Option<SplitSums>,
 ) -> Result<(), CudaError> {
     let mma = tile.mma.expect("a GEMM tile");
     let (bm, bn, bk, stride) = (tile.rows as usize, tile.cols as usize, tile.k as usize, footprint(tile).row_stride);
@@ -125,8 +125,8 @@ pub(super) fn gemm(
     em.close();
     em.line("__syncthreads();");
     em.close();
-    if let Some((offset, bytes)) = split {
-        add_split_sums(em, (tile, threads), offset, bytes)?;
+    if let Some(sums) = split {
+        add_split_sums(em, (tile, threads), sums)?;
     }
     // Accumulator r of n-tile f: row g (+ 8 for r >= 2), column 2t + (r & 1).
     em.line("#pragma unroll");
@@ -145,18 +145,14 @@ pub(super) fn gemm(
     Ok(())
 }
 
-/// A split GEMM's blocks each leave their partial sums in the split-sums buffer (from `offset`: the
-/// tiles' counts of finished blocks, then the sums, thread-minor so a block's stores coalesce); the
-/// last of a tile's blocks to count itself finished adds all of them, in split order whichever
-/// finished last, and goes on to the epilogue, while the others return. It also resets the count
-/// for the next launch. The fences order each block's sums before its count (and the last block's
-/// reads after every count); the sums are read past L1 (`__ldcg`), which other SMs wrote.
-fn add_split_sums(
-    em: &mut Emitter,
-    (tile, threads): (&Tile, u32),
-    offset: u64,
-    bytes: SplitSumsBytes,
-) -> Result<(), CudaError> {
+/// A split GEMM's blocks each leave their partial sums in the split-sums buffer (its tiles' counts
+/// of finished blocks from `sums.counts`, the sums from `sums.partials`, thread-minor so a block's
+/// stores coalesce); the last of a tile's blocks to count itself finished adds all of them, in
+/// split order whichever finished last, and goes on to the epilogue, while the others return. It
+/// also resets the count for the next launch. The fences order each block's sums before its count
+/// (and the last block's reads after every count); the sums are read past L1 (`__ldcg`), which
+/// other SMs wrote.
+fn add_split_sums(em: &mut Emitter, (tile, threads): (&Tile, u32), sums: SplitSums) -> Result<(), CudaError> {
     let (splits, products) = (tile.splits, tile.products);
     // The template's accumulators: 4 n-tiles of 4 per product (a warp's 16 × 32 outputs).
     let per_thread = products * 16;
@@ -167,10 +163,10 @@ fn add_split_sums(
             tile.rows, tile.cols
         )));
     }
-    em.line(format!("unsigned* const count = reinterpret_cast<unsigned*>({SPLIT_SUMS} + {offset}) + tile;"));
+    em.line(format!("unsigned* const count = reinterpret_cast<unsigned*>({SPLIT_SUMS} + {}) + tile;", sums.counts));
     em.line(format!(
         "float* const partial = reinterpret_cast<float*>({SPLIT_SUMS} + {}) + tile * {} + threadIdx.x;",
-        offset + bytes.counts,
+        sums.partials,
         splits * per_thread * threads
     ));
     let each = |em: &mut Emitter, body: &str| {

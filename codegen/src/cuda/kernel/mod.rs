@@ -29,7 +29,7 @@ use super::shared::{SharedArrays, REGION};
 use super::CudaError;
 use g4c_ir::plan::{launch_smem_bytes, KernelCall, KernelKind};
 use g4c_ir::{DType, Function, Op, ValueId};
-use g4c_passes::{attention_of, footprint, matvec_of, reduction_of, split_footprint, split_sums_bytes, Matvec};
+use g4c_passes::{attention_of, footprint, matvec_of, reduction_of, split_footprint, Matvec};
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 
@@ -95,7 +95,7 @@ pub(crate) fn kernel_code(
             shared.aligned("u16", "ws_", f.staged_weights / 2);
             let split = match (tile.splits > 1, call.split_sums) {
                 (false, _) => None,
-                (true, Some(sums)) => Some((sums.offset, split_sums_bytes(&tile, grid, call.launch.block))),
+                (true, Some(sums)) => Some(sums),
                 (true, None) => {
                     return Err(CudaError::Unsupported(format!("{}: a split GEMM without its split sums", k.name)))
                 }
@@ -220,9 +220,13 @@ pub(crate) fn launch_code(calls: &[KernelCall], parts: &[KernelCode], registers_
     for (n, (call, part)) in calls.iter().zip(parts).enumerate() {
         let args: Vec<String> = (params.len()..params.len() + part.params.len()).map(|a| format!("a{a}")).collect();
         // A tail reads its host's output, which the host writes: neither pointer is the only one
-        // to that buffer in the kernel (the host's output is its last parameter, unless in place).
+        // to that buffer in the kernel (an output in place is not `__restrict__` already).
         let hosting = calls.get(n + 1).is_some_and(|next| next.tail);
-        let aliased = |j: usize| call.tail || (hosting && j + 1 == part.params.len());
+        let output = call.inputs.len() + part.weights.len();
+        let aliased = |j: usize| match call.tail {
+            true => call.inputs.get(j) == Some(&calls[n - 1].output),
+            false => hosting && j == output,
+        };
         params.extend(part.params.iter().zip(&args).enumerate().map(|(j, (t, a))| match aliased(j) {
             true => format!("{} {a}", t.replace(" __restrict__", "")),
             false => format!("{t} {a}"),
@@ -234,7 +238,7 @@ pub(crate) fn launch_code(calls: &[KernelCall], parts: &[KernelCode], registers_
         if call.tail {
             let (count, host) = (format!("a{}", params.len()), &calls[n - 1]);
             params.push(format!("unsigned char* __restrict__ {count}"));
-            let offset = call.split_sums.expect("a tail has its count's place").offset;
+            let offset = call.split_sums.expect("a tail has its count's place").counts;
             let (_, host_call) = branches.last_mut().expect("a tail follows its call");
             *host_call = format!(
                 "{{ {host_call} if (last_block_of(reinterpret_cast<unsigned*>({count} + {offset}), {})) {NAME}_{n}({}, 0{region}); }}",
