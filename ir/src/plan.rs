@@ -254,8 +254,7 @@ impl KernelPlan {
 
 /// The plan in text form: per entry its buffers, then one line per kernel (`+`: in the launch of
 /// the line before; `>`: the tail of the line before; `prelude r/o`: r reductions of o outputs in
-/// all computed before the body); with
-/// `bodies`, each kernel's function after its line.
+/// all computed before the body); with `bodies`, each kernel's function after its line.
 pub fn print_plan(plan: &KernelPlan, bodies: bool) -> String {
     let mut out = String::new();
     for e in &plan.entries {

@@ -175,7 +175,7 @@ fn ptx_entry<'p>(ptx: &'p str, symbol: &str) -> &'p str {
 /// through the non-coherent path (`ld.global.nc`, for data no thread of the kernel writes). In the
 /// PTX of the tiny model's decode for t4g (whose kernels do not wait for the one before, which
 /// otherwise keeps their inputs off that path) and for h200, every load through a tail's inputs is
-/// coherent; without `written_in_this_kernel` on t4g, all were not.
+/// coherent; without `written_in_this_kernel`, t4g's went through that path.
 #[test]
 fn a_tail_reads_its_hosts_output_coherently() {
     for target in ["t4g", "h200"] {

@@ -163,9 +163,9 @@ template <typename... Written> __device__ __forceinline__ void await_previous_ke
 // `last_block_of` tells each block: every block counts itself in `count` once its writes are
 // fenced, and the last, fenced after its count, sees them all; it resets the count for the next
 // launch, whose blocks touch it only once they have waited for this one. Every thread of the block
-// calls it. The tail reads what the call wrote during this very
-// kernel: its pointers go through `written_in_this_kernel`, so that none is read through the
-// non-coherent path, which is for data no thread of the kernel writes.
+// calls it. The tail reads what the call wrote during this very kernel: its pointers go through
+// `written_in_this_kernel`, so that none is read through the non-coherent path, which is for data
+// no thread of the kernel writes.
 __device__ __forceinline__ bool last_block_of(unsigned* count, unsigned blocks) {
   __threadfence();
   __syncthreads();

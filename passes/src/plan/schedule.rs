@@ -69,8 +69,7 @@ const TAIL_MOST_BLOCKS: u32 = 4;
 /// E2B's decode layers wrote their key and value rows a launch after projecting them, and its final
 /// norm's statistics and greedy token were each a launch of one block. A launch is moved whole or
 /// not at all: a tail alone would not save its launch, only put its work after its host's instead
-/// of beside it.
-/// `args`: per call, as `side_by_side` takes them (a tail passes one more, its count).
+/// of beside it. `args`: per call, as `side_by_side` takes them (a tail passes one more, its count).
 pub(crate) fn tails(calls: &mut Vec<KernelCall>, args: &mut Vec<usize>) {
     let mut start = 0;
     while start < calls.len() {
