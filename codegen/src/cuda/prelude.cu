@@ -159,11 +159,12 @@ template <typename... Written> __device__ __forceinline__ void await_previous_ke
 __device__ __forceinline__ void let_next_kernel_start() {}
 template <typename... Written> __device__ __forceinline__ void await_previous_kernel(const Written*...) {}
 #endif
-// A call's tail (`KernelCall::tail`) runs on the last of the call's blocks to finish, which
-// `last_block_of` tells each block: every block counts itself in `count` once its writes are
-// fenced, and the last, fenced after its count, sees them all; it resets the count for the next
-// launch, whose blocks touch it only once they have waited for this one. Every thread of the block
-// calls it. The tail reads what the call wrote during this very kernel: its pointers go through
+// Work that needs what several blocks wrote runs on the last of them to finish (a split GEMM's sum
+// of its tile's partial sums, a call's tail `KernelCall::tail`), which `last_block_of` tells each
+// of `blocks` blocks: every block counts itself in `count` once its writes are fenced, and the
+// last, fenced after its count, sees them all; it resets the count for the next launch, whose
+// blocks touch it only once they have waited for this one. Every thread of the block calls it.
+// A tail reads what its call wrote during this very kernel: its pointers go through
 // `written_in_this_kernel`, so that none is read through the non-coherent path, which is for data
 // no thread of the kernel writes.
 __device__ __forceinline__ bool last_block_of(unsigned* count, unsigned blocks) {

@@ -148,10 +148,9 @@ pub(super) fn gemm(
 /// A split GEMM's blocks each leave their partial sums in the split-sums buffer (its tiles' counts
 /// of finished blocks from `sums.counts`, the sums from `sums.partials`, thread-minor so a block's
 /// stores coalesce); the last of a tile's blocks to count itself finished adds all of them, in
-/// split order whichever finished last, and goes on to the epilogue, while the others return. It
-/// also resets the count for the next launch. The fences order each block's sums before its count
-/// (and the last block's reads after every count); the sums are read past L1 (`__ldcg`), which
-/// other SMs wrote.
+/// split order whichever finished last, and goes on to the epilogue, while the others return
+/// (`last_block_of`, which also resets the count for the next launch); the sums are read past L1
+/// (`__ldcg`), which other SMs wrote.
 fn add_split_sums(em: &mut Emitter, (tile, threads): (&Tile, u32), sums: SplitSums) -> Result<(), CudaError> {
     let (splits, products) = (tile.splits, tile.products);
     // The template's accumulators: 4 n-tiles of 4 per product (a warp's 16 × 32 outputs).
@@ -179,11 +178,7 @@ fn add_split_sums(em: &mut Emitter, (tile, threads): (&Tile, u32), sums: SplitSu
         em.close();
     };
     each(em, &format!("partial[(split * {per_thread} + e) * {threads}] = acc[j][f][r];"));
-    em.line("__threadfence();");
-    em.line("__syncthreads();");
-    em.line(format!("if (!__syncthreads_or(threadIdx.x == 0 && atomicAdd(count, 1u) == {})) return;", splits - 1));
-    em.line("__threadfence();");
-    em.line("if (threadIdx.x == 0) *count = 0;");
+    em.line(format!("if (!last_block_of(count, {splits})) return;"));
     each(
         em,
         &format!(
