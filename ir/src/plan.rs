@@ -93,6 +93,10 @@ pub struct Tile {
     /// steps; the last of them to finish adds their partial sums (`KernelCall::split_sums`) and
     /// applies the epilogue. A prefill GEMM of few tiles would otherwise leave most SMs idle.
     pub splits: u32,
+    /// A matvec's blocks stride over its groups of `cols` columns, fewer blocks than groups: each
+    /// stages its activations once for all of its groups and keeps its partial sums apart from
+    /// them (see `g4c_codegen`'s `matvec`). Otherwise a block takes one group.
+    pub strided: bool,
 }
 
 /// The block of an attention kernel: `slots` consecutive cache slots for `heads` query heads of up
@@ -280,7 +284,8 @@ pub fn print_plan(plan: &KernelPlan, bodies: bool) -> String {
                     let mma = t.mma.map(|m| format!(" mma {}", m.name())).unwrap_or_default();
                     let packed = if t.packed { " packed" } else { "" };
                     let splits = if t.splits > 1 { format!(" split {}", t.splits) } else { String::new() };
-                    format!(" tile {}x{}x{}/{}{mma}{packed}{splits}", t.rows, t.cols, t.k, t.stages)
+                    let strided = if t.strided { " strided" } else { "" };
+                    format!(" tile {}x{}x{}/{}{mma}{packed}{splits}{strided}", t.rows, t.cols, t.k, t.stages)
                 })
                 .unwrap_or_default();
             match l.split {

@@ -181,19 +181,25 @@ template <typename... Written> __device__ __forceinline__ void written_in_this_k
   (written_before(written), ...);
 }
 // Asks L2 for the global bytes [p, p + bytes), the block's threads a 128-byte line each at a time:
-// what a block will read that no kernel writes (weights), asked for before it awaits the kernel
-// before it (`kernel/ahead.rs`). Nothing where kernels do not wait (before sm_90); the host
-// emulator's own checks that the bytes lie within one of the launch's arguments.
-#if !defined(G4C_HOST_EMULATION) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
+// what a block will read that no kernel writes (weights). `prefetch_l2_lines` asks on every GPU (a
+// block striding over a matvec's columns asks for its next group's weights while it works on one:
+// `kernel/matvec.rs`); `prefetch_l2` asks ahead of a block's wait for the kernel before it
+// (`kernel/ahead.rs`), so only where kernels wait (sm_90; elsewhere it would come just before the
+// loads it serves). The host emulator's own check that the bytes lie within one of the launch's
+// arguments.
+#if !defined(G4C_HOST_EMULATION)
+__device__ __forceinline__ void prefetch_l2_lines(const void* p, unsigned bytes) {
   const u8* const first = (const u8*)p;
   // Lines from the one holding `first`, each asked for by an address of it within the bytes.
   const unsigned before = (unsigned)(unsigned long long)first & 127;
   for (unsigned line = threadIdx.x * 128; line < before + bytes; line += blockDim.x * 128)
     asm volatile("prefetch.global.L2 [%0];" ::"l"(first + (line > before ? line - before : 0)));
 }
-#elif !defined(G4C_HOST_EMULATION)
-__device__ __forceinline__ void prefetch_l2(const void*, unsigned) {}
+__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
+#if __CUDA_ARCH__ >= 900
+  prefetch_l2_lines(p, bytes);
+#endif
+}
 #endif
 // IEEE max and min: the canonical NaN if either operand is NaN (fmaxf and fminf return the other
 // one), as the interpreter's. Without a branch: written as `isnan(a) || isnan(b) ? NaN : ...`,

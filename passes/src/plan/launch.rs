@@ -70,7 +70,8 @@ pub struct Footprint {
 /// Shared memory of a tile. A matvec: `stages` copies of `rows × k` f32 activations; the weights
 /// are read once per block and never staged (a packed one's warps' partial sums, a float per warp
 /// and sum of a thread, go in the same array after the last step, which is at least as large as
-/// them). A GEMM: `stages` copies of its `rows` activation rows and `products × cols` weight rows
+/// them; after the activations where a block strides over several groups of columns, whose
+/// activations are the same). A GEMM: `stages` copies of its `rows` activation rows and `products × cols` weight rows
 /// of `k` 16-bit elements, each row padded.
 pub fn footprint(tile: &Tile) -> Footprint {
     let (rows, cols, k, stages) = (tile.rows as u64, tile.cols as u64, tile.k as u64, tile.stages as u64);
@@ -89,12 +90,11 @@ pub fn footprint(tile: &Tile) -> Footprint {
         true => WARPS as u64 * tile.products as u64 * cols * rows * 4,
         false => 0,
     };
-    Footprint {
-        staged_activations: staged,
-        staged_weights: 0,
-        row_stride: k,
-        smem_bytes: (staged * stages).max(partials),
-    }
+    let smem_bytes = match tile.strided {
+        true => staged * stages + partials,
+        false => (staged * stages).max(partials),
+    };
+    Footprint { staged_activations: staged, staged_weights: 0, row_stride: k, smem_bytes }
 }
 
 /// The shared arrays of an attention chunk's block, in floats.
@@ -170,6 +170,7 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
             products: m.dots.len() as u32,
             packed: false,
             splits: 1,
+            strided: false,
         };
         let fits = |k: u32| footprint(&tile_of(k)).smem_bytes + prelude_bytes as u64 <= gpu.smem_per_block as u64;
         let shortest = GEMM_KS[GEMM_KS.len() - 1];
@@ -201,9 +202,21 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
         let whole = (m.depth as u32).div_ceil(MATVEC_K_STEP) * MATVEC_K_STEP;
         let fitting = (gpu.smem_per_block.saturating_sub(prelude_bytes) / (rows * 4) / MATVEC_K_STEP) * MATVEC_K_STEP;
         let k = whole.min(fitting).max(MATVEC_K_STEP);
-        let tile = Tile { rows, cols, k, stages: 1, mma: None, products, packed, splits: 1 };
+        let groups = (m.cols as u32).div_ceil(cols);
+        let tile = Tile { rows, cols, k, stages: 1, mma: None, products, packed, splits: 1, strided: false };
+        // More groups than blocks fit the GPU at once, and the whole contraction staged: one wave
+        // of blocks, each striding over groups. A block's staging (its prelude and its prologue
+        // included) was repeated for each group, its weights' loads waited while it summed and
+        // stored; now it stages once, and loads a group's words while it sums the group before.
+        let strided = Tile { strided: true, ..tile };
+        let strided_smem = footprint(&strided).smem_bytes as u32 + prelude_bytes;
+        let resident = resident_blocks(gpu, registers, strided_smem);
+        let (tile, grid) = match k == whole && strided_smem <= gpu.smem_per_block && groups > resident {
+            true => (strided, resident),
+            false => (tile, groups),
+        };
         return Launch {
-            grid: (m.cols as u32).div_ceil(cols),
+            grid,
             block: BLOCK,
             smem_bytes: footprint(&tile).smem_bytes as u32 + prelude_bytes,
             registers,
@@ -290,6 +303,15 @@ pub fn split_sums_bytes(tile: &Tile, grid: u32, block: u32) -> SplitSumsBytes {
     let tiles = (grid / tile.splits) as u64;
     let per_thread = (tile.rows * tile.cols / block * tile.products) as u64;
     SplitSumsBytes { counts: (tiles * 4).next_multiple_of(16), partials: grid as u64 * block as u64 * per_thread * 4 }
+}
+
+/// Blocks of `BLOCK` threads, of `registers` each and `smem_bytes` of shared memory, that the GPU
+/// holds at once (each block's shared memory counted with the 1 KB the driver reserves for it on
+/// sm_80 and later, so as not to count more than fit).
+fn resident_blocks(gpu: &GpuLimits, registers: u32, smem_bytes: u32) -> u32 {
+    let by_registers = gpu.registers_per_sm / (registers * BLOCK);
+    let by_smem = gpu.smem_per_sm / (smem_bytes + 1024);
+    gpu.sm_count * by_registers.min(by_smem).max(1)
 }
 
 /// Blocks of `BLOCK` threads that fill every SM at once, at 32 registers a thread: a grid that

@@ -14,6 +14,10 @@
 //! the weights' row-major layout: a 4-bit weight's words and its scales, or a 16-bit weight. A
 //! GEMM's tiles are not fetched ahead (a GEMM loads its first step's weights ahead itself, into
 //! registers: `gemm.rs`), nor are an attention's caches and everything written by a kernel.
+//!
+//! A block striding over a matvec's groups of columns (`Tile::strided`) asks, as it starts each
+//! group, for the next one's rows (`prefetch_group`), on every GPU: there the request comes a whole
+//! group's work before the loads it serves.
 
 use super::Emitter;
 use g4c_ir::plan::Tile;
@@ -21,27 +25,49 @@ use g4c_ir::{TensorType, ValueId};
 use g4c_passes::{Matvec, PackedWeight};
 
 /// Emits, ahead of the wait (`Emitter::ahead`), the prefetches of the weight rows a block of
-/// matvec `m` tiled by `tile` reads.
+/// matvec `m` tiled by `tile` reads (for its first group of columns, `block`).
 pub(super) fn prefetch_weights(em: &mut Emitter, tile: &Tile, m: &Matvec) {
-    let cols = tile.cols;
-    // A block's bytes of a weight are counted in 32 bits.
-    let rows: Vec<WeightRows> = m
-        .dots
+    let rows = rows_read(em, tile, m);
+    if !rows.is_empty() {
+        em.ahead(|em| prefetch_rows(em, &rows, (tile.cols, m.cols), ("prefetch_l2", "block")));
+    }
+}
+
+/// Emits the prefetches of the weight rows of column group `group` (a C expression) of matvec `m`,
+/// if there is such a group: a block striding over groups asks for its next group's while it
+/// works on one.
+pub(super) fn prefetch_group(em: &mut Emitter, tile: &Tile, m: &Matvec, group: &str) {
+    let rows = rows_read(em, tile, m);
+    if !rows.is_empty() {
+        em.open(format!("if ({group} * {} < {})", tile.cols, m.cols));
+        prefetch_rows(em, &rows, (tile.cols, m.cols), ("prefetch_l2_lines", group));
+        em.close();
+    }
+}
+
+/// The weight rows a block of matvec `m` reads, those whose block's bytes count in 32 bits.
+fn rows_read(em: &mut Emitter, tile: &Tile, m: &Matvec) -> Vec<WeightRows> {
+    m.dots
         .iter()
         .flat_map(|&(_, w)| weight_rows(em, m, w))
-        .filter(|r| r.row_bytes * u64::from(cols) <= u64::from(u32::MAX))
-        .collect();
-    if rows.is_empty() {
-        return;
+        .filter(|r| r.row_bytes * u64::from(tile.cols) <= u64::from(u32::MAX))
+        .collect()
+}
+
+/// Prefetches of `rows` for the `cols` columns of `group` (of `n_total` columns), by the prelude's
+/// function `prefetch`.
+fn prefetch_rows(
+    em: &mut Emitter,
+    rows: &[WeightRows],
+    (cols, n_total): (u32, usize),
+    (prefetch, group): (&str, &str),
+) {
+    em.line(format!("const int ahead_first = {group} * {cols}, ahead_rows = min({cols}, {n_total} - ahead_first);"));
+    for WeightRows { array, row_bytes } in rows {
+        em.line(format!(
+            "{prefetch}((const u8*){array} + (unsigned long long)ahead_first * {row_bytes}, ahead_rows * {row_bytes}u);"
+        ));
     }
-    em.ahead(|em| {
-        em.line(format!("const int ahead_first = block * {cols}, ahead_rows = min({cols}, {} - ahead_first);", m.cols));
-        for WeightRows { array, row_bytes } in rows {
-            em.line(format!(
-                "prefetch_l2((const u8*){array} + (unsigned long long)ahead_first * {row_bytes}, ahead_rows * {row_bytes}u);"
-            ));
-        }
-    });
 }
 
 /// A weight stored as `N` rows (the matvec's columns) of `row_bytes` each.

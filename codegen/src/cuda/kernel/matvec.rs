@@ -2,7 +2,7 @@
 //! output column for 16-bit weights (`matvec`), the block's threads splitting the contraction a
 //! word at a time for 4-bit ones (`packed_matvec`).
 
-use super::ahead::prefetch_weights;
+use super::ahead::{prefetch_group, prefetch_weights};
 use super::packed::{packed_loads, packed_value};
 use super::{activation_at, reads_only_weights, reads_per_element, store_root};
 use crate::cuda::elemental::Emitter;
@@ -14,11 +14,12 @@ use g4c_passes::{footprint, Matvec, PackedWeight};
 
 /// The tiled matvec: per `k` step the block stages `rows × k` activations (the prologue computed
 /// once per block), each warp multiplies them by its column of every weight (lanes striding `k`),
-/// then reduces across lanes; lane 0 applies the epilogue to the products and stores. A packed
-/// 4-bit one is `packed_matvec`.
+/// then reduces across lanes; lane 0 applies the epilogue to the products and stores. A block takes
+/// `cols` columns, or strides over groups of them (`open_groups`). A packed 4-bit one is
+/// `packed_matvec`.
 pub(super) fn matvec(
     em: &mut Emitter,
-    (tile, warps): (&Tile, u32),
+    (tile, warps, grid): (&Tile, u32, u32),
     m: &Matvec,
     root: ValueId,
 ) -> Result<(), CudaError> {
@@ -26,25 +27,24 @@ pub(super) fn matvec(
     if tile.packed {
         let unsupported = || CudaError::Unsupported(format!("{}: a packed tile of weights not packed", em.k.name));
         let weights = PackedWeight::all_of(em.k, m).ok_or_else(unsupported)?;
-        return packed_matvec(em, (tile, warps), m, &weights, root);
+        return packed_matvec(em, (tile, warps, grid), m, &weights, root);
     }
     let (rows, kt, cols) = (tile.rows, tile.k, tile.cols);
-    let (n_total, depth, products) = (m.cols, m.depth, m.dots.len());
+    let (n_total, products) = (m.cols, m.dots.len());
     em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
-    em.line(format!("const int n = block * {cols} + warp;"));
+    open_groups(em, (tile, grid), m, warps * 32)?;
+    em.line(format!("const int n = g * {cols} + warp;"));
     em.line(format!("float acc[{products}][{rows}];"));
     em.line("#pragma unroll");
     em.line(format!("for (int j = 0; j < {products}; ++j) for (int r = 0; r < {rows}; ++r) acc[j][r] = 0.f;"));
-    em.open(format!("for (int k0 = 0; k0 < {depth}; k0 += {kt})"));
-    stage_activations(em, m, (rows, kt), warps * 32)?;
+    open_steps(em, tile, m, warps * 32)?;
     em.open(format!("if (n < {n_total})"));
     match stored_rows(em, m, kt) {
         Some(rows_of) => sixteen_bit_rows(em, (rows, kt), m, &rows_of)?,
         None => value_by_value(em, (rows, kt), m)?,
     }
     em.close();
-    em.line("__syncthreads();");
-    em.close();
+    close_steps(em, tile);
     em.line("#pragma unroll");
     em.line(format!(
         "for (int j = 0; j < {products}; ++j) for (int r = 0; r < {rows}; ++r) acc[j][r] = warp_sum(acc[j][r]);"
@@ -55,7 +55,44 @@ pub(super) fn matvec(
     store_products(em, m, &|j| format!("acc[{j}][r]"), root)?;
     em.close();
     em.close();
+    em.close();
     Ok(())
+}
+
+/// Opens the block's work on its groups of `cols` columns, the C variable `g` each group. A block
+/// of a strided tile (`Tile::strided`: the whole contraction is one step) stages its activations
+/// once (`k0` 0), then takes groups `block`, `block + grid`, …, asking L2 for each next group's
+/// weights as it starts one; any other block takes group `block`.
+fn open_groups(em: &mut Emitter, (tile, grid): (&Tile, u32), m: &Matvec, threads: u32) -> Result<(), CudaError> {
+    if !tile.strided {
+        em.open("/* the block's group of columns */");
+        em.line("const int g = block;");
+        return Ok(());
+    }
+    em.line("const int k0 = 0;");
+    stage_activations(em, m, (tile.rows, tile.k), threads)?;
+    em.open(format!("for (int g = block; g < {}; g += {grid})", m.cols.div_ceil(tile.cols as usize)));
+    prefetch_group(em, tile, m, &format!("(g + {grid})"));
+    Ok(())
+}
+
+/// Opens the loop over the contraction's steps of the tile's `k`, each staged first: a strided
+/// block's one step, staged by `open_groups`.
+fn open_steps(em: &mut Emitter, tile: &Tile, m: &Matvec, threads: u32) -> Result<(), CudaError> {
+    if tile.strided {
+        em.open("/* the one step, staged */");
+        return Ok(());
+    }
+    em.open(format!("for (int k0 = 0; k0 < {}; k0 += {})", m.depth, tile.k));
+    stage_activations(em, m, (tile.rows, tile.k), threads)
+}
+
+/// Closes `open_steps`: a step's barrier before the next one's staging overwrites its activations.
+fn close_steps(em: &mut Emitter, tile: &Tile) {
+    if !tile.strided {
+        em.line("__syncthreads();");
+    }
+    em.close();
 }
 
 /// A matvec warp's loop over its column's step of weights, a value per lane and iteration.
@@ -173,18 +210,21 @@ const WORDS_IN_FLIGHT: u32 = 16;
 /// however deep the contraction, and shared memory is read once per `cols × products` words. A warp
 /// per column read its column's words 8 at a time per lane, 8 KB in flight per block, and 4 bytes
 /// of shared memory per weight: the 4-bit matvecs stayed under 10% of the H200's bandwidth. Each
-/// thread's sums are combined over its warp, then over the warps through `part` (in `act`); thread
-/// `o` applies the epilogue to output `o` of the block (row `o % rows` of column `o / rows`).
-/// Columns past the last are read as the last one, and not stored: no branch around the loads.
+/// thread's sums are combined over its warp, then over the warps through `part` (in `act`, or after
+/// the activations where the block strides); thread `o` applies the epilogue to output `o` of the
+/// group (row `o % rows` of column `o / rows`). Columns past the last are read as the last one,
+/// and not stored: no branch around the loads.
 ///
 /// Where the tile holds the whole contraction (a decode step's matvecs) and the scales are computed
 /// from weights alone (`reads_only_weights`, the GEMM's rule too), a thread loads its first trip of
 /// words and scales ahead (`Emitter::ahead`), before the block waits for the kernel before it and
 /// stages the activations: the weights' memory latency and the activations' overlap, where the
-/// loads waited for the staging's barrier. The trips after load in the loop.
+/// loads waited for the staging's barrier. The trips after load in the loop. A strided block loads
+/// its next group's first trip after its last products of a group, before it combines the sums:
+/// the loads' latency and the combining overlap.
 fn packed_matvec(
     em: &mut Emitter,
-    (tile, warps): (&Tile, u32),
+    (tile, warps, grid): (&Tile, u32, u32),
     m: &Matvec,
     weights: &[PackedWeight],
     root: ValueId,
@@ -192,8 +232,10 @@ fn packed_matvec(
     let (rows, kt, cols) = (tile.rows, tile.k, tile.cols);
     let (n_total, depth, products) = (m.cols, m.depth, weights.len() as u32);
     let (sums, steps) = (products * cols * rows, (WORDS_IN_FLIGHT / (cols * products)).max(1));
+    // The partial sums after the activations where a block strides (`footprint`), else in them.
+    let part = if tile.strided { rows * kt } else { 0 };
     // The footprint sized `act` for the plan's 8 warps' partial sums.
-    if u64::from(warps * sums * 4) > footprint(tile).smem_bytes {
+    if u64::from((part + warps * sums) * 4) > footprint(tile).smem_bytes {
         return Err(CudaError::Unsupported(format!(
             "{}: {warps} warps' partial sums do not fit the tile's shared memory",
             em.k.name
@@ -206,15 +248,15 @@ fn packed_matvec(
             trip.declare(em);
             em.open("/* the thread's first trip */");
             em.line(format!("const int k0 = 0, wd0 = threadIdx.x, words = {};", depth / 8));
-            trip.load(em)?;
+            trip.load(em, "block")?;
             em.close();
             Ok::<(), CudaError>(())
         })?;
     }
     em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
+    open_groups(em, (tile, grid), m, warps * 32)?;
     em.line(format!("float acc[{products}][{cols}][{rows}] = {{}};"));
-    em.open(format!("for (int k0 = 0; k0 < {depth}; k0 += {kt})"));
-    stage_activations(em, m, (rows, kt), warps * 32)?;
+    open_steps(em, tile, m, warps * 32)?;
     em.line(format!("const int words = min({kt}, {depth} - k0) >> 3;"));
     em.open(format!("for (int wd0 = threadIdx.x; wd0 < words; wd0 += {steps} * blockDim.x)"));
     // The words and scales of the trip first, then the products: two loops, so that the loads
@@ -222,12 +264,12 @@ fn packed_matvec(
     match first_trip_ahead {
         true => {
             em.open("if (wd0 != threadIdx.x)");
-            trip.load(em)?;
+            trip.load(em, "g")?;
             em.close();
         }
         false => {
             trip.declare(em);
-            trip.load(em)?;
+            trip.load(em, "g")?;
         }
     }
     each_word(em, steps);
@@ -252,11 +294,17 @@ fn packed_matvec(
     em.close();
     em.close();
     em.close();
-    em.line("__syncthreads();");
-    em.close();
-    // Over the warp, then over the warps, through the activations' array (the last step's
-    // barrier is behind).
-    em.line("float* const part = act;");
+    if tile.strided && first_trip_ahead {
+        // The next group's first trip, in flight while this group's sums are combined and stored.
+        em.open(format!("if ((g + {grid}) * {cols} < {n_total})"));
+        em.line("const int wd0 = threadIdx.x;");
+        trip.load(em, &format!("(g + {grid})"))?;
+        em.close();
+    }
+    close_steps(em, tile);
+    // Over the warp, then over the warps, through `part` (in the activations' array where the
+    // last step's barrier is behind).
+    em.line(format!("float* const part = act + {part};"));
     for (var, n) in [("j", products), ("c", cols), ("r", rows)] {
         em.line("#pragma unroll");
         em.open(format!("for (int {var} = 0; {var} < {n}; ++{var})"));
@@ -268,7 +316,7 @@ fn packed_matvec(
     em.close();
     em.line("__syncthreads();");
     em.open(format!("if (threadIdx.x < {})", cols * rows));
-    em.line(format!("const int c = threadIdx.x / {rows}, r = threadIdx.x % {rows}, n = block * {cols} + c;"));
+    em.line(format!("const int c = threadIdx.x / {rows}, r = threadIdx.x % {rows}, n = g * {cols} + c;"));
     em.open(format!("if (n < {n_total})"));
     em.line(format!("float sum[{products}];"));
     em.open(format!("for (int j = 0; j < {products}; ++j)"));
@@ -277,6 +325,11 @@ fn packed_matvec(
     em.close();
     store_products(em, m, &|j| format!("sum[{j}]"), root)?;
     em.close();
+    em.close();
+    if tile.strided {
+        // The next group's partial sums wait until these are read.
+        em.line("__syncthreads();");
+    }
     em.close();
     Ok(())
 }
@@ -298,12 +351,13 @@ impl PackedTrip<'_> {
         em.line(format!("float s[{steps}][{products}][{cols}];"));
     }
 
-    /// Loads the trip of words from `wd0` on (C variables `k0`, `wd0` and `words`: the step's
-    /// first value, the thread's first word and the step's words).
-    fn load(&self, em: &mut Emitter) -> Result<(), CudaError> {
+    /// Loads the trip of words from `wd0` on of column group `group` (a C expression; C variables
+    /// `k0`, `wd0` and `words`: the step's first value, the thread's first word and the step's
+    /// words).
+    fn load(&self, em: &mut Emitter, group: &str) -> Result<(), CudaError> {
         each_word(em, self.steps);
         each_column(em, self.cols);
-        em.line(format!("const int n = min(block * {} + c, {});", self.cols, self.n_total - 1));
+        em.line(format!("const int n = min({group} * {} + c, {});", self.cols, self.n_total - 1));
         for (j, w) in self.weights.iter().enumerate() {
             let (word, scale) = packed_loads(em, w, "n", "(k0 + 8 * wd)", self.depth)?;
             em.line(format!("q[u][{j}][c] = {word};"));

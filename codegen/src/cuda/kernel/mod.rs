@@ -107,7 +107,7 @@ pub(crate) fn kernel_code(
             // 16-byte aligned for the 128-bit loads of packed products; a packed matvec's partial
             // sums after the activations.
             shared.aligned("float", "act", footprint(&tile).smem_bytes / 4);
-            matvec(&mut em, (&tile, call.launch.block / 32), &m, root)?;
+            matvec(&mut em, (&tile, call.launch.block / 32, grid), &m, root)?;
         }
         (_, Some(_), None) => return Err(CudaError::Unsupported(format!("{}: a tile but no matvec", k.name))),
         (_, None, _) => match call.launch.split {

@@ -138,9 +138,10 @@ static inline unsigned atomicAdd(unsigned* address, unsigned value) {
   return old;
 }
 static inline float __ldcg(const float* p) { return *p; }
-// An L2 prefetch (`prefetch_l2` in g4c's prelude) fetches nothing here; it checks instead that the
-// bytes asked for lie within one of the launch's arguments, as the GPU's must.
-static inline void prefetch_l2(const void* p, unsigned bytes) {
+// An L2 prefetch (`prefetch_l2_lines` and `prefetch_l2` in g4c's prelude) fetches nothing here; it
+// checks instead that the bytes asked for lie within one of the launch's arguments, as the GPU's
+// must.
+static inline void prefetch_l2_lines(const void* p, unsigned bytes) {
   const char* const first = (const char*)p;
   for (int i = 0; i < g4c_nargs; ++i) {
     const char* const arg = (const char*)g4c_args[i];
@@ -148,6 +149,7 @@ static inline void prefetch_l2(const void* p, unsigned bytes) {
   }
   g4c_prefetch_outside = true;
 }
+static inline void prefetch_l2(const void* p, unsigned bytes) { prefetch_l2_lines(p, bytes); }
 
 // A warp's butterfly (`warp_butterfly` in g4c's prelude) in one exchange: each lane leaves its
 // value, a barrier, then each computes every step of the butterfly over its warp's 32 values, so it
