@@ -81,7 +81,10 @@ pub fn kernel_report(plan: &KernelPlan, build: &CudaBuild, target: &Target) -> V
                                 "tail": c.tail,
                                 "grid": c.launch.grid,
                                 "smem_bytes": c.launch.smem_bytes,
-                                "tile": c.launch.tile.map(|t| json!({"rows": t.rows, "cols": t.cols, "k": t.k, "stages": t.stages})),
+                                "tile": c.launch.tile.map(|t| json!({
+                                    "rows": t.rows, "cols": t.cols, "k": t.k, "stages": t.stages,
+                                    "mma": t.mma.map(|m| m.name()), "packed": t.packed, "splits": t.splits, "strided": t.strided,
+                                })),
                                 "prelude": c.launch.prelude.map(|p| json!({"reductions": p.reductions, "outputs": p.outputs})),
                             })
                         })
