@@ -94,13 +94,43 @@ impl Products {
 /// `magnitude` to twice that) of type `scale_type`, on the host emulator against the interpreter.
 fn assert_deep_packed_matvec_agrees(t: &str, scale_type: &str, magnitude: f32, depth: usize) {
     let product = Products { entry: "decode", rows: 1, cols: 40, depth, products: 1, four_bit: true };
-    let (plan, want, got) = product_outputs(product, (t, scale_type), magnitude, "h200", emulator);
+    let h200 = Target::by_name("h200").unwrap();
+    let (plan, want, got) = product_outputs(product, (t, scale_type), magnitude, h200, emulator);
     let kinds: Vec<&str> = plan.entries[0].calls.iter().map(|c| c.kind.name()).collect();
     assert!(kinds.contains(&"matvec_w4"), "{kinds:?}");
     let tile = plan.entries[0].calls.iter().find_map(|c| c.launch.tile).unwrap();
     assert!(tile.packed, "{tile:?}");
     assert_eq!((tile.k as usize) < depth, depth > 12288, "{tile:?}");
     assert_products_agree(&format!("{t} of {scale_type} scales"), t, magnitude, &got, &want);
+}
+
+/// Matvecs whose blocks stride over their groups of columns (`Tile::strided`), planned for a t4g
+/// of one SM (two blocks at once) with 44 columns: 6 groups of 8, the last of 4, so one block takes
+/// groups 0, 2 and 4, the other 1, 3 and 5. 4-bit ones of f16 weights and bf16 scales (t4g's QAT
+/// weights): 2304 deep (a thread's words in one trip), 6144 (two trips: the second loaded in the
+/// loop, for the block's current group), and GELU(gate)·up's two products 6144 deep (three trips);
+/// and a 16-bit one. On the host emulator against the interpreter.
+#[test]
+fn a_strided_matvec_computes_what_the_module_does() {
+    assert_strided_matvecs_agree(emulator);
+}
+
+/// `a_strided_matvec_computes_what_the_module_does`'s cases, on `device`.
+pub(super) fn assert_strided_matvecs_agree<D: Device + 'static>(device: fn(&[DeviceProgram]) -> D) {
+    for (depth, products, four_bit) in [(2304, 1, true), (6144, 1, true), (6144, 2, true), (1536, 1, false)] {
+        let product = Products { entry: "decode", rows: 1, cols: 44, depth, products, four_bit };
+        let scales = if four_bit { "bf16" } else { "f16" };
+        let (plan, want, got) = product_outputs(product, ("f16", scales), 0.01, &ONE_SM_T4G, device);
+        let what = format!(
+            "{depth} deep, {products} products, {}: {}",
+            if four_bit { "4-bit" } else { "16-bit" },
+            print_plan(&plan, false)
+        );
+        let call = &plan.entries[0].calls[0];
+        let tile = call.launch.tile.unwrap_or_else(|| panic!("{what}"));
+        assert!(tile.strided && tile.packed == four_bit && call.launch.grid == 2, "{what}");
+        assert_products_agree(&what, "f16", 0.01, &got, &want);
+    }
 }
 
 /// A prefill GEMM of few tiles splits its contraction over blocks (`Tile::splits`), whose partial
@@ -125,7 +155,7 @@ pub(super) fn assert_split_gemm_agrees<D: Device + 'static>(
 ) {
     for products in [1, 2] {
         let product = Products { entry: "prefill", rows: 64, cols: 256, depth: 2048, products, four_bit: true };
-        let (plan, want, got) = product_outputs(product, (t, t), 0.01, target, device);
+        let (plan, want, got) = product_outputs(product, (t, t), 0.01, Target::by_name(target).unwrap(), device);
         let launch = plan.entries[0].launches().next().unwrap();
         let what = format!("{target}, {t}, {products} products: {}", print_plan(&plan, false));
         assert_eq!(launch.len(), products, "{what}");
@@ -167,7 +197,7 @@ fn product_outputs<D: Device + 'static>(
     product: Products,
     (t, scale_type): (&str, &str),
     magnitude: f32,
-    target: &'static str,
+    target: &'static Target,
     device: fn(&[DeviceProgram]) -> D,
 ) -> (KernelPlan, Vec<f32>, Vec<f32>) {
     use g4c_runtime::backend::cuda::DeviceExecutor;
@@ -209,7 +239,6 @@ fn product_outputs<D: Device + 'static>(
     let x = (0..rows * depth).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
     weights.push(("x".into(), g4c_runtime::Tensor::f32([rows, depth], x)));
     let store: Arc<dyn g4c_runtime::WeightStore> = Arc::new(WeightTable(weights));
-    let target = Target::by_name(target).unwrap();
     let plan = Arc::new(plan_module(&module, target).unwrap());
     let programs = g4c_driver::cuda_programs(&plan, target, false).unwrap().programs;
     let device = device(&programs);
@@ -252,7 +281,7 @@ fn a_16_bit_matvec_computes_what_the_module_does() {
         for (rows, depth) in [(1, 1536), (1, 1544), (3, 1544)] {
             let entry = if rows == 1 { "decode" } else { "prefill" };
             let product = Products { entry, rows, cols: 40, depth, products: 1, four_bit: false };
-            let (plan, want, got) = product_outputs(product, (t, t), 0.01, target, emulator);
+            let (plan, want, got) = product_outputs(product, (t, t), 0.01, Target::by_name(target).unwrap(), emulator);
             let kinds: Vec<&str> = plan.entries[0].calls.iter().map(|c| c.kind.name()).collect();
             assert_eq!(kinds, ["matvec"], "{target}");
             assert_products_agree(&format!("{target}, {t}, {rows} x {depth}"), t, 0.01, &got, &want);

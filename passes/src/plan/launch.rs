@@ -208,11 +208,18 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
         // of blocks, each striding over groups. A block's staging (its prelude and its prologue
         // included) was repeated for each group, its weights' loads waited while it summed and
         // stored; now it stages once, and loads a group's words while it sums the group before.
+        // Only a row's matvec: its budget is `BLOCKS_PER_SM` blocks' share of the file, which
+        // ptxas fills; a matvec of several rows has the whole file for one block, and may use
+        // far less (the LM head of a 2-row batch 62 registers on h200), where the GPU would
+        // hold more blocks than the budget says.
         let strided = Tile { strided: true, ..tile };
         let strided_smem = footprint(&strided).smem_bytes as u32 + prelude_bytes;
         let resident = resident_blocks(gpu, registers, strided_smem);
-        let (tile, grid) = match k == whole && strided_smem <= gpu.smem_per_block && groups > resident {
-            true => (strided, resident),
+        let stridable = rows == 1 && k == whole && strided_smem <= gpu.smem_per_block;
+        let (tile, grid) = match stridable && groups > resident {
+            // As many groups a block as the wave needs, spread over as few blocks as that takes:
+            // the same time, fewer stagings.
+            true => (strided, groups.div_ceil(groups.div_ceil(resident))),
             false => (tile, groups),
         };
         return Launch {

@@ -24,8 +24,9 @@ const BLOCK_WORK_LIMIT: usize = 16384;
 /// of its one kernel, per SM of the target. The blocks on one SM read the same few kilobytes, from
 /// L1 after the first, so the cost is the SM's arithmetic: 48K elements at a few ops each take an
 /// SM about the 1–2 µs a dependent launch costs (Turing's 64 FP32 lanes at 1.6 GHz, Hopper's 128
-/// at 1.8 GHz). E2B on t4g (40 SMs) then keeps the norms its 12288-wide gate/up projections read
-/// (1536 blocks each) as kernels, which h200 (132 SMs) recomputes. A guess until
+/// at 1.8 GHz). E2B on t4g (40 SMs) then kept the norms its 12288-wide gate/up projections read
+/// (1536 blocks each) as kernels, which h200 (132 SMs) recomputed; with their blocks striding over
+/// the columns (80 and 264 blocks, `Tile::strided`), both recompute them. A guess until
 /// `scripts/device-check` measures it.
 const WORK_PER_SM_LIMIT: usize = 48 * 1024;
 

@@ -43,7 +43,8 @@ pub(crate) fn by_level(
 
 /// Marks each call that runs in the launch before it: one of the same level (so independent of
 /// every call there) and block size, whose shared memory still fits a block and whose arguments
-/// (`args`, per call) the launch can still pass.
+/// (`args`, per call) the launch can still pass, and that leaves every strided matvec its register
+/// budget (`strided_budgets_kept`).
 pub(crate) fn side_by_side(calls: &mut [KernelCall], args: &[usize], levels: &[usize], gpu: &GpuLimits) {
     let mut first = 0;
     for k in 1..calls.len() {
@@ -51,12 +52,22 @@ pub(crate) fn side_by_side(calls: &mut [KernelCall], args: &[usize], levels: &[u
         let fits = levels[k] == levels[first]
             && next.launch.block == launch[0].launch.block
             && launch_smem_bytes(&calls[first..=k]) <= gpu.smem_per_block
-            && args[first..=k].iter().sum::<usize>() <= MAX_LAUNCH_ARGS;
+            && args[first..=k].iter().sum::<usize>() <= MAX_LAUNCH_ARGS
+            && strided_budgets_kept(&calls[first..=k]);
         calls[k].side_by_side = fits;
         if !fits {
             first = k;
         }
     }
+}
+
+/// Whether no strided matvec of `launch` (`Tile::strided`) has a smaller register budget than
+/// another call: a launch takes the largest (`share_register_budgets`), and a strided call's grid
+/// is the blocks that its own budget fits on the GPU at once. With fewer fitting, the rest would
+/// wait for a second wave, each block a share of the groups long.
+fn strided_budgets_kept(launch: &[KernelCall]) -> bool {
+    let most = launch.iter().map(|c| c.launch.registers).max().unwrap_or(0);
+    launch.iter().all(|c| !c.launch.tile.is_some_and(|t| t.strided) || c.launch.registers == most)
 }
 
 /// The most blocks a grid-stride call may have been planned with to become a tail, which runs them
