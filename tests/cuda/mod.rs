@@ -389,7 +389,7 @@ fn e2b_decode_plan_on_t4g() {
 /// materializing it, and run in its launch, one dependent launch fewer: every layer but the first
 /// (whose input is the embedding). On t4g the 3 full-attention layers that compute their own keys
 /// and values did not while a block took one group of 8 columns: their 640 blocks of projections
-/// recomputed more than the preludes' budget for t4g's 40 SMs; 80 blocks striding over them
+/// recomputed more than the preludes' budget for t4g's 40 SMs; 74 blocks striding over them
 /// recompute it once each.
 #[test]
 fn e2b_projections_run_beside_the_residual_kernel() {

@@ -185,8 +185,8 @@ template <typename... Written> __device__ __forceinline__ void written_in_this_k
 // block striding over a matvec's columns asks for its next group's weights while it works on one:
 // `kernel/matvec.rs`); `prefetch_l2` asks ahead of a block's wait for the kernel before it
 // (`kernel/ahead.rs`), so only where kernels wait (sm_90; elsewhere it would come just before the
-// loads it serves). The host emulator's own check that the bytes lie within one of the launch's
-// arguments.
+// loads it serves). The host emulator defines its own, which check that the bytes lie within one of
+// the launch's arguments.
 #if !defined(G4C_HOST_EMULATION)
 __device__ __forceinline__ void prefetch_l2_lines(const void* p, unsigned bytes) {
   const u8* const first = (const u8*)p;

@@ -71,8 +71,8 @@ pub struct Footprint {
 /// are read once per block and never staged (a packed one's warps' partial sums, a float per warp
 /// and sum of a thread, go in the same array after the last step, which is at least as large as
 /// them; after the activations where a block strides over several groups of columns, whose
-/// activations are the same). A GEMM: `stages` copies of its `rows` activation rows and `products × cols` weight rows
-/// of `k` 16-bit elements, each row padded.
+/// activations are the same). A GEMM: `stages` copies of its `rows` activation rows and
+/// `products × cols` weight rows of `k` 16-bit elements, each row padded.
 pub fn footprint(tile: &Tile) -> Footprint {
     let (rows, cols, k, stages) = (tile.rows as u64, tile.cols as u64, tile.k as u64, tile.stages as u64);
     if tile.mma.is_some() {

@@ -26,7 +26,7 @@ const BLOCK_WORK_LIMIT: usize = 16384;
 /// SM about the 1–2 µs a dependent launch costs (Turing's 64 FP32 lanes at 1.6 GHz, Hopper's 128
 /// at 1.8 GHz). E2B on t4g (40 SMs) then kept the norms its 12288-wide gate/up projections read
 /// (1536 blocks each) as kernels, which h200 (132 SMs) recomputed; with their blocks striding over
-/// the columns (80 and 264 blocks, `Tile::strided`), both recompute them. A guess until
+/// the columns (77 and 256 blocks, `Tile::strided`), both recompute them. A guess until
 /// `scripts/device-check` measures it.
 const WORK_PER_SM_LIMIT: usize = 48 * 1024;
 

@@ -302,8 +302,8 @@ fn packed_matvec(
         em.close();
     }
     close_steps(em, tile);
-    // Over the warp, then over the warps, through `part` (in the activations' array where the
-    // last step's barrier is behind).
+    // Over the warp, then over the warps, through `part`: after the activations where the block
+    // strides, else in them (the last step's barrier is behind).
     em.line(format!("float* const part = act + {part};"));
     for (var, n) in [("j", products), ("c", cols), ("r", rows)] {
         em.line("#pragma unroll");
