@@ -4,7 +4,12 @@
 // block's threads as coroutines on one host thread (a stack switch): a barrier switches to the next
 // thread, and since every thread meets the same barriers in the same order (g4c's kernels keep
 // control flow uniform around them), running the threads round-robin from barrier to barrier is
-// exactly a barrier. The other kernels run their threads in a plain loop.
+// exactly a barrier. A warp's exchange waits for its warp alone: between two of the block's
+// barriers each warp runs on its own, in turn, so that shared memory one warp writes and another
+// reads without a block barrier between them shows as it could on a GPU, where warps run in any
+// order: the last warp first in even blocks (a warp writing what an earlier one has yet to read),
+// the first first in odd ones (a warp reading what a later one has yet to write). The other kernels
+// run their threads in a plain loop.
 #pragma once
 #define G4C_HOST_EMULATION 1
 #include <ucontext.h>
@@ -97,7 +102,7 @@ static void g4c_prepare(unsigned t) {
 }
 static inline void g4c_resume(unsigned t) { g4c_switch(&g4c_scheduler_sp, g4c_thread_sp[t]); }
 // Back to the scheduler, which resumes the next thread; this one continues when its turn comes.
-static inline void __syncthreads() { g4c_switch(&g4c_thread_sp[g4c_current], g4c_scheduler_sp); }
+static inline void g4c_yield() { g4c_switch(&g4c_thread_sp[g4c_current], g4c_scheduler_sp); }
 #else
 static ucontext_t g4c_scheduler;
 static std::vector<ucontext_t> g4c_threads;
@@ -114,8 +119,21 @@ static void g4c_prepare(unsigned t) {
   makecontext(&g4c_threads[t], g4c_thread_main, 0);
 }
 static inline void g4c_resume(unsigned t) { swapcontext(&g4c_scheduler, &g4c_threads[t]); }
-static inline void __syncthreads() { swapcontext(&g4c_threads[g4c_current], &g4c_scheduler); }
+static inline void g4c_yield() { swapcontext(&g4c_threads[g4c_current], &g4c_scheduler); }
 #endif
+
+// Whether the thread that last went back to the scheduler waits at its block's barrier, rather
+// than at its warp's.
+static bool g4c_at_block_barrier;
+static inline void __syncthreads() {
+  g4c_at_block_barrier = true;
+  g4c_yield();
+}
+// A warp's barrier: its lanes' exchanges (shuffles, tensor-core fragments) wait for its lanes only.
+static inline void g4c_warp_barrier() {
+  g4c_at_block_barrier = false;
+  g4c_yield();
+}
 
 // A barrier that returns whether any thread of the block passed a non-zero `predicate`: the votes
 // are taken between two barriers, after a first that keeps the previous vote's readers from seeing
@@ -152,16 +170,16 @@ static inline void prefetch_l2_lines(const void* p, unsigned bytes) {
 static inline void prefetch_l2(const void* p, unsigned bytes) { prefetch_l2_lines(p, bytes); }
 
 // A warp's butterfly (`warp_butterfly` in g4c's prelude) in one exchange: each lane leaves its
-// value, a barrier, then each computes every step of the butterfly over its warp's 32 values, so it
-// combines exactly what the xor shuffles would (the five shuffles would cost ten barriers); a barrier
-// again before the exchange is reused.
+// value, the warp's barrier, then each computes every step of the butterfly over its warp's 32
+// values, so it combines exactly what the xor shuffles would (the five shuffles would cost ten
+// barriers); the warp's barrier again before the exchange is reused.
 template <typename T, typename F> static inline T warp_butterfly(T v, F combine) {
   static_assert(sizeof(T) == 4, "lanes exchange 32-bit values");
   std::memcpy(&g4c_exchange[threadIdx.x], &v, 4);
-  __syncthreads();
+  g4c_warp_barrier();
   T lanes[32];
   std::memcpy(lanes, &g4c_exchange[threadIdx.x & ~31u], sizeof lanes);
-  __syncthreads();
+  g4c_warp_barrier();
   for (int o = 16; o > 0; o >>= 1) {
     T next[32];
     for (int l = 0; l < 32; ++l) next[l] = combine(lanes[l], lanes[l ^ o]);
@@ -170,18 +188,18 @@ template <typename T, typename F> static inline T warp_butterfly(T v, F combine)
   return lanes[threadIdx.x & 31];
 }
 
-// mma.sync on the host: each lane of the block leaves its fragments, a barrier, then each computes
-// its own accumulators from its warp's, summing in k order in f32; a barrier again before the
-// fragments are overwritten. Element (row, k) of A is in lane (row % 8) * 4 + (k % 8) / 2, register
-// (row >= 8) + 2 (k >= 8), half k % 2; element (k, col) of B in lane col * 4 + (k % 8) / 2,
-// register k >= 8, half k % 2; accumulator r of a lane (g, t) = (lane / 4, lane % 4) is
-// (row g + 8 (r >= 2), column 2t + r % 2).
+// mma.sync on the host: each lane of the warp leaves its fragments, the warp's barrier, then each
+// computes its own accumulators from its warp's, summing in k order in f32; the warp's barrier
+// again before the fragments are overwritten. Element (row, k) of A is in lane (row % 8) * 4 +
+// (k % 8) / 2, register (row >= 8) + 2 (k >= 8), half k % 2; element (k, col) of B in lane
+// col * 4 + (k % 8) / 2, register k >= 8, half k % 2; accumulator r of a lane (g, t) =
+// (lane / 4, lane % 4) is (row g + 8 (r >= 2), column 2t + r % 2).
 static unsigned g4c_mma_a[1024][4], g4c_mma_b[1024][2];
 template <int K, float (*Widen)(unsigned short)>
 static inline void g4c_mma(float* d, const unsigned* a, const unsigned* b) {
   for (int i = 0; i < K / 4; ++i) g4c_mma_a[threadIdx.x][i] = a[i];
   for (int i = 0; i < K / 8; ++i) g4c_mma_b[threadIdx.x][i] = b[i];
-  __syncthreads();
+  g4c_warp_barrier();
   const unsigned lane = threadIdx.x & 31, warp0 = threadIdx.x - lane, g = lane >> 2, t = lane & 3;
   auto half = [](unsigned word, int k) { return (unsigned short)(word >> (16 * (k & 1))); };
   float out[4];
@@ -195,7 +213,7 @@ static inline void g4c_mma(float* d, const unsigned* a, const unsigned* b) {
     }
     out[r] = sum;
   }
-  __syncthreads();
+  g4c_warp_barrier();
   for (int r = 0; r < 4; ++r) d[r] = out[r];
 }
 static inline float g4c_widen_bf16(unsigned short b) { return __uint_as_float(((unsigned)b) << 16); }
@@ -233,19 +251,35 @@ extern "C" int g4c_emulate(void* kernel, void** args, const unsigned long long* 
       g4c_stacks[t].resize(256 * 1024);
       g4c_prepare(t);
     }
+    // Round by round, each round up to the block's next barrier: warp by warp (the last first in
+    // even blocks), each warp's lanes round-robin through its own barriers until every lane waits
+    // at the block's barrier or has returned.
+    std::vector<char> at_block_barrier(block, 0);
+    const unsigned warps = (block + 31) / 32;
     unsigned remaining = block;
     while (remaining > 0) {
-      for (unsigned t = 0; t < block; ++t) {
-        if (done[t]) continue;
-        g4c_current = t;
-        threadIdx = {t, 0, 0};
-        g4c_thread_returned = false;
-        g4c_resume(t);
-        if (g4c_thread_returned) {
-          done[t] = 1;
-          --remaining;
+      for (unsigned turn = 0; turn < warps; ++turn) {
+        const unsigned warp = b % 2 == 0 ? warps - 1 - turn : turn;
+        for (bool at_warp_barrier = true; at_warp_barrier;) {
+          at_warp_barrier = false;
+          for (unsigned t = warp * 32; t < std::min(block, warp * 32 + 32); ++t) {
+            if (done[t] || at_block_barrier[t]) continue;
+            g4c_current = t;
+            threadIdx = {t, 0, 0};
+            g4c_thread_returned = false;
+            g4c_resume(t);
+            if (g4c_thread_returned) {
+              done[t] = 1;
+              --remaining;
+            } else if (g4c_at_block_barrier) {
+              at_block_barrier[t] = 1;
+            } else {
+              at_warp_barrier = true;
+            }
+          }
         }
       }
+      std::fill(at_block_barrier.begin(), at_block_barrier.end(), 0);
     }
   }
   return g4c_prefetch_outside ? 2 : 0;
