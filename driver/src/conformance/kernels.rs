@@ -154,16 +154,11 @@ pub fn check_kernels(
                     let k = kernels.function(&call.kernel).expect("looked up above");
                     // A tail is checked on what its host computed on the device (checked itself).
                     let args = k.params.iter().zip(&call.inputs).map(|(p, &s)| match computed(n, s) {
-                        true => {
-                            let ty = k.ty(p.value).clone();
-                            let bytes = device.download(buffers[&s].0, ty.byte_size() as usize)?;
-                            Tensor::from_bytes(ty, &bytes).map_err(|e| anyhow!(e))
-                        }
+                        true => on_device(device, buffers[&s].0, k.ty(p.value)),
                         false => Ok(inputs[&s].clone()),
                     });
                     let want = interp.call(&call.kernel, args.collect::<Result<Vec<_>>>()?)?.remove(0);
-                    let bytes = device.download(buffers[&call.output].0, want.ty.byte_size() as usize)?;
-                    let got = Tensor::from_bytes(k.ty(k.results[0].value).clone(), &bytes).map_err(|e| anyhow!(e))?;
+                    let got = on_device(device, buffers[&call.output].0, k.ty(k.results[0].value))?;
                     let tolerance = tolerance(&want);
                     Ok(outputs(&[vec![want]], &[got], tolerance, false))
                 })();
@@ -182,4 +177,10 @@ pub fn check_kernels(
         }
     }
     Ok(checks)
+}
+
+/// The tensor of type `ty` at the start of `buffer` on `device`.
+fn on_device(device: &mut dyn Device, buffer: Buffer, ty: &TensorType) -> Result<Tensor> {
+    let bytes = device.download(buffer, ty.byte_size() as usize)?;
+    Tensor::from_bytes(ty.clone(), &bytes).map_err(|e| anyhow!(e))
 }

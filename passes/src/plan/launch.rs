@@ -324,7 +324,7 @@ fn resident_blocks(gpu: &GpuLimits, registers: u32, smem_bytes: u32) -> u32 {
 /// Blocks of `BLOCK` threads that fill every SM at once, at 32 registers a thread: a grid that
 /// size runs in one wave.
 fn wave(gpu: &GpuLimits) -> usize {
-    (gpu.sm_count * (gpu.registers_per_sm / (BLOCK * 32))) as usize
+    resident_blocks(gpu, 32, 0) as usize
 }
 
 /// Shared memory of a split reduction's block of `block` threads: a warp per output combines
