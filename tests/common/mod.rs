@@ -181,6 +181,17 @@ fn generate_in_context(
     let options =
         SessionOptions { backend, target: target.map(str::to_string), use_cache: false, ..Default::default() };
     let session = Session::open(dir, options).unwrap_or_else(|e| panic!("{e}"));
+    session_generate(&session, prompt, (prefill_len, context), opts, transform)
+}
+
+/// `generate_in_context` on an open session.
+pub fn session_generate(
+    session: &Session,
+    prompt: &[u32],
+    (prefill_len, context): (Option<usize>, Option<usize>),
+    opts: &GenerateOptions,
+    transform: &dyn Fn(&mut g4c_ir::Module),
+) -> Generation {
     let context = context.unwrap_or(prompt.len() + opts.max_new_tokens);
     let shapes = Shapes { batch: 1, prefill_len: prefill_len.unwrap_or(prompt.len()), context };
     let mut module = session.source.emit(&shapes).unwrap_or_else(|e| panic!("{e}"));

@@ -8,7 +8,7 @@ use products::{assert_split_gemm_agrees, assert_strided_matvecs_agree};
 
 use crate::common::{
     assert_matches_golden, golden_cases, golden_dir, greedy_generate, long_context_generate, run_transformed,
-    target_generate, Backend, WeightTable,
+    session_generate, target_generate, Backend, WeightTable,
 };
 use g4c_codegen::cuda::{assemble, compile_ptx, emit_entry, CudaProgram};
 use g4c_frontend::{Model, Shapes};
@@ -700,6 +700,31 @@ fn strided_matvecs_on_the_host_compute_what_the_interpreter_does() {
         strided(false)
     );
     assert_kernels_agree(t, &dir, TINY_CHECKED, &["prefill", "decode"], on_the_host);
+}
+
+/// The same strided matvecs against transformers' goldens: the tiny model, f32 and QAT, through
+/// the kernels of a one-SM t4g on the host emulator, with the interpreter's tolerance.
+#[test]
+fn strided_matvecs_on_the_host_match_the_goldens() {
+    for model in ["tiny", "tiny-qat"] {
+        let case = golden_cases(model).into_iter().find(|c| c.name == "short").unwrap();
+        let options = g4c_driver::SessionOptions {
+            backend: Backend::CudaHost,
+            target: Some("t4g".into()),
+            use_cache: false,
+            ..Default::default()
+        };
+        let mut session = g4c_driver::Session::open(&golden_dir(model).join("hf"), options).unwrap();
+        session.source.target = &ONE_SM_T4G;
+        let opts = g4c_runtime::GenerateOptions {
+            max_new_tokens: case.generated_ids.len(),
+            ignore_eos: true,
+            keep_logits: true,
+            ..Default::default()
+        };
+        let got = session_generate(&session, &case.prompt_ids, (None, None), &opts, &|_| {});
+        assert_matches_golden(&format!("cuda-host one-SM t4g {model}/{}", case.name), &got, &case);
+    }
 }
 
 /// `dequant8_bf16` and `dequant8_f16` (the prelude every kernel includes, with the emulator's
