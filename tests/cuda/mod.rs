@@ -702,6 +702,23 @@ fn strided_matvecs_on_the_host_compute_what_the_interpreter_does() {
     assert_kernels_agree(t, &dir, TINY_CHECKED, &["prefill", "decode"], on_the_host);
 }
 
+/// E2B's decode kernels (planned for t4g and h200: the LM head striding 125 groups a block, the
+/// 12288-deep down projections, attention over 4096 slots in 64 chunks, the full layers' 512-wide
+/// heads) on random inputs, in the host emulator, against the interpreter: shapes no tiny model
+/// has, checked before a lent GPU's time goes on them. Minutes, so only with `G4C_E2B_DIR` naming
+/// a checkpoint (`g4c synth --preset e2b-qat`); skipped, saying so, without.
+#[test]
+fn e2b_decode_kernels_on_the_host_compute_what_the_interpreter_does() {
+    let Some(dir) = std::env::var_os("G4C_E2B_DIR") else {
+        eprintln!("skipped: G4C_E2B_DIR names no E2B checkpoint (g4c synth --preset e2b-qat -o DIR)");
+        return;
+    };
+    for target in ["t4g", "h200"] {
+        let t = Target::by_name(target).unwrap();
+        assert_kernels_agree(t, dir.as_ref(), E2B_CHECKED, &["decode"], on_the_host);
+    }
+}
+
 /// The same strided matvecs against transformers' goldens: the tiny model, f32 and QAT, through
 /// the kernels of a one-SM t4g on the host emulator, with the interpreter's tolerance.
 #[test]
