@@ -702,21 +702,39 @@ fn strided_matvecs_on_the_host_compute_what_the_interpreter_does() {
     assert_kernels_agree(t, &dir, TINY_CHECKED, &["prefill", "decode"], on_the_host);
 }
 
-/// E2B's decode kernels (planned for t4g and h200: the LM head striding 125 groups a block, the
-/// 12288-deep down projections, attention over 4096 slots in 64 chunks, the full layers' 512-wide
-/// heads) on random inputs, in the host emulator, against the interpreter: shapes no tiny model
-/// has, checked before a lent GPU's time goes on them. Minutes, so only with `G4C_E2B_DIR` naming
-/// a checkpoint (`g4c synth --preset e2b-qat`); skipped, saying so, without.
+/// E2B's decode kernels on random inputs, in the host emulator, against the interpreter, planned
+/// for t4g, a100 and h200: the LM head striding 125 groups a block, the 12288-deep down
+/// projections, attention over 4096 slots in 64 chunks, the full layers' 512-wide heads, shapes no
+/// tiny model has, checked before a lent GPU's time goes on them. Minutes, so only with
+/// `G4C_E2B_DIR` naming a checkpoint (`g4c synth --preset e2b-qat`); skipped, saying so, without.
 #[test]
 fn e2b_decode_kernels_on_the_host_compute_what_the_interpreter_does() {
-    let Some(dir) = std::env::var_os("G4C_E2B_DIR") else {
-        eprintln!("skipped: G4C_E2B_DIR names no E2B checkpoint (g4c synth --preset e2b-qat -o DIR)");
-        return;
-    };
-    for target in ["t4g", "h200"] {
-        let t = Target::by_name(target).unwrap();
-        assert_kernels_agree(t, dir.as_ref(), E2B_CHECKED, &["decode"], on_the_host);
+    let Some(dir) = e2b_dir() else { return };
+    for target in ["t4g", "a100", "h200"] {
+        assert_kernels_agree(Target::by_name(target).unwrap(), &dir, E2B_CHECKED, &["decode"], on_the_host);
     }
+}
+
+/// E2B's prefill kernels the same way, for a prefill of 9 tokens, the fewest that its products
+/// take tensor-core GEMM tiles for (more than a matvec's 8 rows): E2B's depths and widths, split
+/// over blocks as a short prefill's tiles leave SMs idle, m16n8k8 in f16 on t4g and m16n8k16 in
+/// bf16 on h200.
+#[test]
+fn e2b_prefill_kernels_on_the_host_compute_what_the_interpreter_does() {
+    let Some(dir) = e2b_dir() else { return };
+    let shapes = (Shapes { batch: 1, prefill_len: g4c_ir::plan::MATVEC_MAX_ROWS + 1, context: 4096 }, None);
+    for target in ["t4g", "h200"] {
+        assert_kernels_agree(Target::by_name(target).unwrap(), &dir, shapes, &["prefill"], on_the_host);
+    }
+}
+
+/// The E2B checkpoint `G4C_E2B_DIR` names, if it names one; else says the test is skipped.
+fn e2b_dir() -> Option<std::path::PathBuf> {
+    let dir = std::env::var_os("G4C_E2B_DIR").map(std::path::PathBuf::from);
+    if dir.is_none() {
+        eprintln!("skipped: G4C_E2B_DIR names no E2B checkpoint (g4c synth --preset e2b-qat -o DIR)");
+    }
+    dir
 }
 
 /// The same strided matvecs against transformers' goldens: the tiny model, f32 and QAT, through

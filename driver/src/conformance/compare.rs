@@ -36,7 +36,7 @@ fn ordinal(dtype: DType, x: f32) -> i64 {
 
 /// Whether `got` matches `want`. With `subnormals_as_zero`, a value below f32's smallest normal also
 /// matches a zero of its sign (a backend that flushes them).
-fn close(dtype: DType, want: f32, got: f32, tolerance: Tolerance, subnormals_as_zero: bool) -> bool {
+pub(super) fn close(dtype: DType, want: f32, got: f32, tolerance: Tolerance, subnormals_as_zero: bool) -> bool {
     if tolerance == Tolerance::ExactWhereNotNan && want.is_nan() {
         return true;
     }

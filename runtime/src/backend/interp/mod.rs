@@ -41,6 +41,12 @@ impl Interpreter {
         let Some(f) = module.function(function) else {
             return invalid(format!("the module has no function @{function}"));
         };
+        self.run(f, inputs)
+    }
+
+    /// Runs `f`, a function of this module or one like it (its weights this module's), on `inputs`.
+    pub fn run(&mut self, f: &Function, inputs: Vec<Tensor>) -> Result<Vec<Tensor>> {
+        let function = &f.name;
         if inputs.len() != f.params.len() {
             return invalid(format!("@{function} takes {} inputs, {} given", f.params.len(), inputs.len()));
         }
