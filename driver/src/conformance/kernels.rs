@@ -36,6 +36,23 @@ fn tolerance(want: &Tensor) -> Tolerance {
     Tolerance::Ulps { ulps: 2, abs: 1e-3 * scale }
 }
 
+/// `got` (the device's output of kernel `k`) against `want` (the interpreter's, from `args`):
+/// within `tolerance`, but for elements `within_rounded_sums` accounts for.
+fn compared(
+    interp: &mut Interpreter,
+    k: &Function,
+    args: Vec<Tensor>,
+    want: &Tensor,
+    got: &Tensor,
+) -> Result<Result<(), String>> {
+    let tolerance = tolerance(want);
+    let compared = outputs(&[vec![want.clone()]], std::slice::from_ref(got), tolerance, false);
+    if compared.is_err() && within_rounded_sums(interp, k, args, (want, got), tolerance)? {
+        return Ok(Ok(()));
+    }
+    Ok(compared)
+}
+
 /// Whether each element of `got` (the device's) that is not within `tolerance` of `want` (the
 /// interpreter's, from `args`) is within what a place or two of the kernel's 16-bit sums moves it,
 /// and such elements are rare. A kernel sums in another order than the interpreter, and where the
@@ -135,7 +152,7 @@ fn random_bytes(ty: &TensorType, role: Option<&ParamRole>, rng: &mut impl Rng) -
 /// random signs the combining kernel's denominator, the sums' weighted total, may be negative or
 /// cancel to almost nothing; its floor (the least normal float) then makes each quotient about
 /// 1e37, and two orders of summing the numerator, both right, differ in more than its last units.
-fn sums_made_positive(bytes: &mut [u8], ty: &TensorType) {
+fn chunk_sums_made_nonnegative(bytes: &mut [u8], ty: &TensorType) {
     if ty.dtype != DType::F32 {
         return;
     }
@@ -194,7 +211,7 @@ pub fn check_kernels(
                             };
                             let mut bytes = random_bytes(ty, role, &mut rng);
                             if chunk_results.contains(&slot) {
-                                sums_made_positive(&mut bytes, ty);
+                                chunk_sums_made_nonnegative(&mut bytes, ty);
                             }
                             inputs.insert(slot, Tensor::from_bytes(ty.clone(), &bytes).map_err(|e| anyhow!(e))?);
                         }
@@ -254,12 +271,7 @@ pub fn check_kernels(
                     let args = args.collect::<Result<Vec<_>>>()?;
                     let want = interp.call(&call.kernel, args.clone())?.remove(0);
                     let got = on_device(device, buffers[&call.output].0, k.ty(k.results[0].value))?;
-                    let tolerance = tolerance(&want);
-                    let compared = outputs(&[vec![want.clone()]], &[got.clone()], tolerance, false);
-                    if compared.is_err() && within_rounded_sums(&mut interp, k, args, (&want, &got), tolerance)? {
-                        return Ok(Ok(()));
-                    }
-                    Ok(compared)
+                    compared(&mut interp, k, args, &want, &got)
                 })();
                 match outcome {
                     Ok(Ok(())) => {}
@@ -324,15 +336,11 @@ mod tests {
         let args = vec![x, bf16(vec![2, 4], &[2.5, 1.25, 1.75, 3.5, -0.5, 2.0, 3.25, 1.0])];
         let want = interp.call("k", args.clone()).unwrap().remove(0);
         let w = want.as_f32().unwrap().to_vec();
-        let tolerance = tolerance(&want);
         let raised = interp.run(&sum_raised(&k, 0), args.clone()).unwrap().remove(0);
         let logits = |v: Vec<f32>| Tensor::f32(vec![1, 2], v);
         let other_way = logits(vec![raised.as_f32().unwrap()[0], w[1]]);
-        let mut check = |got: &Tensor| {
-            let compared = outputs(&[vec![want.clone()]], &[got.clone()], tolerance, false);
-            compared.is_ok() || within_rounded_sums(&mut interp, &k, args.clone(), (&want, got), tolerance).unwrap()
-        };
-        assert!(outputs(&[vec![want.clone()]], &[other_way.clone()], tolerance, false).is_err());
+        assert!(outputs(&[vec![want.clone()]], std::slice::from_ref(&other_way), tolerance(&want), false).is_err());
+        let mut check = |got: &Tensor| compared(&mut interp, &k, args.clone(), &want, got).unwrap().is_ok();
         assert!(check(&other_way));
         assert!(!check(&logits(vec![w[0] * 1.1, w[1]])));
         assert!(!check(&logits(vec![w[0] * 1.01, w[1] * 1.01])));
