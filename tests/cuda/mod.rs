@@ -683,29 +683,35 @@ static ONE_SM_T4G: std::sync::LazyLock<Target> = std::sync::LazyLock::new(|| {
 
 /// Matvecs whose blocks stride over their groups of columns, staging their activations once and
 /// loading the next group's words while they combine one's sums, compute what the interpreter does:
-/// every launch of the tiny model planned for a one-SM t4g, on random inputs, in the host emulator.
+/// every launch of the tiny model planned for a one-SM t4g, on random inputs, in the host emulator,
+/// and of its decode step of 4 sequences, whose matvecs of 4 rows stride too.
 /// (Deeper ones, of partial last groups: `a_strided_matvec_computes_what_the_module_does`.)
 #[test]
 fn strided_matvecs_on_the_host_compute_what_the_interpreter_does() {
     let (t, dir) = (&*ONE_SM_T4G, golden_dir("tiny").join("published"));
-    let plan = planned(&dir, t, TINY_CHECKED.0, TINY_CHECKED.1).2;
-    let strided = |packed: bool| {
-        let calls = plan.entries.iter().flat_map(|e| &e.calls);
-        calls.filter(|c| c.launch.tile.is_some_and(|t| t.strided && t.packed == packed)).count()
-    };
-    assert!(
-        strided(true) > 10 && strided(false) > 0,
-        "strided calls: {} packed, {} not",
-        strided(true),
-        strided(false)
-    );
-    assert_kernels_agree(t, &dir, TINY_CHECKED, &["prefill", "decode"], on_the_host);
+    for (checked, entries, rows) in
+        [(TINY_CHECKED, &["prefill", "decode"][..], 1), (TINY_BATCHED_CHECKED, &["decode"][..], 4)]
+    {
+        let plan = planned(&dir, t, checked.0, checked.1).2;
+        let strided = |packed: bool| {
+            let calls = plan.entries.iter().filter(|e| entries.contains(&e.entry.as_str())).flat_map(|e| &e.calls);
+            calls.filter(|c| c.launch.tile.is_some_and(|t| t.strided && t.packed == packed && t.rows == rows)).count()
+        };
+        assert!(
+            strided(true) > 10 && strided(false) > 0,
+            "strided calls of {rows} rows: {} packed, {} not",
+            strided(true),
+            strided(false)
+        );
+        assert_kernels_agree(t, &dir, checked, entries, on_the_host);
+    }
 }
 
 /// E2B's decode kernels on random inputs, in the host emulator, against the interpreter, planned
 /// for t4g, a100 and h200: the LM head striding 125 groups a block, the 12288-deep down
 /// projections, attention over 4096 slots in 64 chunks, the full layers' 512-wide heads, shapes no
-/// tiny model has, checked before a lent GPU's time goes on them. Minutes, so only with
+/// tiny model has, checked before a lent GPU's time goes on them; and h200's decode step of 4
+/// sequences (`g4c serve`'s batches), whose matvecs of 4 rows stride. Minutes, so only with
 /// `G4C_E2B_DIR` naming a checkpoint (`g4c synth --preset e2b-qat`); skipped, saying so, without.
 #[test]
 fn e2b_decode_kernels_on_the_host_compute_what_the_interpreter_does() {
@@ -713,6 +719,8 @@ fn e2b_decode_kernels_on_the_host_compute_what_the_interpreter_does() {
     for target in ["t4g", "a100", "h200"] {
         assert_kernels_agree(Target::by_name(target).unwrap(), &dir, E2B_CHECKED, &["decode"], on_the_host);
     }
+    let batched = (Shapes { batch: 4, prefill_len: 2, context: 4096 }, None);
+    assert_kernels_agree(Target::by_name("h200").unwrap(), &dir, batched, &["decode"], on_the_host);
 }
 
 /// E2B's prefill kernels the same way, for a prefill of 9 tokens, the fewest that its products

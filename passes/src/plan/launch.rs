@@ -27,9 +27,16 @@ const PACKED_SUMS: u32 = 16;
 /// staging, the weights, the sums) with little work between them; a second block's chain overlaps
 /// one's. Given the whole file, ptxas spent it on a packed matvec's first words loaded ahead of
 /// its staging (`kernel/matvec.rs`): 160 registers on h200, one block an SM. The tensor-core GEMM,
-/// the attention chunk (a block alone on its SM either way) and matvecs of several rows (a t4g
-/// prefill's 8-row matvec spilled at 128) take the whole file.
+/// the attention chunk (a block alone on its SM either way) and matvecs of more than
+/// `SHARED_FILE_MAX_ROWS` rows take the whole file.
 const BLOCKS_PER_SM: u32 = 2;
+/// The most rows a matvec has to take `BLOCKS_PER_SM` blocks' share of the register file, and
+/// stride over its columns: a decode step of up to 4 sequences (`g4c serve`'s batches), whose
+/// packed matvecs keep 16 sums a thread whatever their rows (fewer columns a block for more rows)
+/// and fit 128 registers on t4g, a100 and h200 without spilling (82–128 in E2B's decode of 4).
+/// E2B's decode of 8 spills 116–348 bytes on t4g at 128 (none on a100 or h200), and its 8 rows of
+/// 1536 activations would not leave a strided block room for its partial sums anyway.
+const SHARED_FILE_MAX_ROWS: usize = 4;
 /// The most elements of a reduced extent a `WarpsPerExtent` thread stages (`staged_extent`): 4 KB
 /// of shared memory a block.
 const STAGED_PER_THREAD: u32 = 4;
@@ -192,7 +199,7 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
     }
     let matvec = matches!(kind, KernelKind::MatvecW4 | KernelKind::Matvec).then(|| matvec_of(k)).flatten();
     if let Some(m) = matvec {
-        let registers = if m.rows == 1 { registers } else { whole_file };
+        let registers = if m.rows <= SHARED_FILE_MAX_ROWS { registers } else { whole_file };
         let (rows, products) = (m.rows as u32, m.dots.len() as u32);
         let packed = kind == KernelKind::MatvecW4 && PackedWeight::all_of(k, &m).is_some();
         let cols = match packed {
@@ -208,14 +215,14 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
         // of blocks, each striding over groups. A block's staging (its prelude and its prologue
         // included) was repeated for each group, its weights' loads waited while it summed and
         // stored; now it stages once, and loads a group's words while it sums the group before.
-        // Only a row's matvec: its budget is `BLOCKS_PER_SM` blocks' share of the file, which
-        // ptxas fills; a matvec of several rows has the whole file for one block, and may use
-        // far less (the LM head of a 2-row batch 62 registers on h200), where the GPU would
-        // hold more blocks than the budget says.
+        // Only a matvec of up to `SHARED_FILE_MAX_ROWS` rows: its budget is `BLOCKS_PER_SM`
+        // blocks' share of the file, which ptxas fills; one of more rows has the whole file for
+        // one block, and may use far less, where the GPU would hold more blocks than the budget
+        // says and so than the grid was planned for.
         let strided = Tile { strided: true, ..tile };
         let strided_smem = footprint(&strided).smem_bytes as u32 + prelude_bytes;
         let resident = resident_blocks(gpu, registers, strided_smem);
-        let stridable = rows == 1 && k == whole && strided_smem <= gpu.smem_per_block;
+        let stridable = rows as usize <= SHARED_FILE_MAX_ROWS && k == whole && strided_smem <= gpu.smem_per_block;
         let (tile, grid) = match stridable && groups > resident {
             // As many groups a block as the wave needs, spread over as few blocks as that takes:
             // the same time, fewer stagings.
