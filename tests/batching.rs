@@ -6,6 +6,7 @@
 use crate::common::{golden_cases, golden_dir, Backend, GoldenCase};
 use g4c_driver::{Feedback, Session, SessionOptions};
 use g4c_frontend::Shapes;
+use g4c_ir::Target;
 use g4c_runtime::batching::CallKind;
 use g4c_runtime::{
     BatchEngine, Executor, GenerateOptions, SamplingParams, SequenceEvent, SequenceRequest, SequenceSink, StepInputs,
@@ -29,15 +30,16 @@ fn engine(batch: usize) -> BatchEngine {
 /// logits, so a token is compared exactly and the target's 16-bit arithmetic would be a second,
 /// unrelated difference from transformers (`cuda_kernels_on_the_host_match_the_goldens` holds the
 /// logits of that path).
-fn cuda_host_engine(model: &str, target: &str, batch: usize) -> BatchEngine {
+fn cuda_host_engine(model: &str, target: &'static Target, batch: usize) -> BatchEngine {
     let dir = golden_dir(model).join("hf");
     let options = SessionOptions {
         backend: Backend::CudaHost,
-        target: Some(target.to_string()),
+        target: Some(target.name.to_string()),
         use_cache: false,
         ..Default::default()
     };
-    let session = Session::open(&dir, options).unwrap();
+    let mut session = Session::open(&dir, options).unwrap();
+    session.source.target = target;
     let module = session.source.emit(&Shapes { batch, prefill_len: 4, context: 40 }).unwrap();
     let ready = session.executor(Arc::new(module), &Feedback::silent()).unwrap();
     BatchEngine::new(ready.executor, session.source.config.sliding_window).unwrap()
@@ -145,8 +147,20 @@ fn sequences_joining_at_different_steps_each_generate_their_golden_tokens() {
 fn batched_cuda_kernels_on_the_host_generate_each_sequences_golden_tokens() {
     let waves: [&[&str]; 2] = [&["long", "single"], &["window", "short"]];
     for model in ["tiny", "tiny-qat"] {
-        let mut engine = cuda_host_engine(model, "t4g", 4);
+        let mut engine = cuda_host_engine(model, Target::by_name("t4g").unwrap(), 4);
         let what = format!("{model} in a batch of 4 on t4g's kernels");
+        assert_waves_generate_their_golden_tokens(&mut engine, &golden_cases(model), &waves, &what);
+    }
+}
+
+/// The same on a t4g of one SM, where the decode step's matvecs of 4 rows stride over their
+/// columns (`Tile::strided`), as E2B's batches of up to 4 do on real GPUs.
+#[test]
+fn batched_strided_matvecs_on_the_host_generate_each_sequences_golden_tokens() {
+    let waves: [&[&str]; 2] = [&["long", "single"], &["window", "short"]];
+    for model in ["tiny", "tiny-qat"] {
+        let mut engine = cuda_host_engine(model, &crate::cuda::ONE_SM_T4G, 4);
+        let what = format!("{model} in a batch of 4 on a one-SM t4g's kernels");
         assert_waves_generate_their_golden_tokens(&mut engine, &golden_cases(model), &waves, &what);
     }
 }

@@ -675,7 +675,7 @@ fn every_kernel_on_the_host_computes_what_the_interpreter_does_on_random_inputs(
 /// t4g with one SM: two blocks of a matvec fit it at once, so every matvec of one row and more
 /// than two groups of columns strides over them (`Tile::strided`), as E2B's do on the real GPUs
 /// and no tiny model's does there.
-static ONE_SM_T4G: std::sync::LazyLock<Target> = std::sync::LazyLock::new(|| {
+pub(crate) static ONE_SM_T4G: std::sync::LazyLock<Target> = std::sync::LazyLock::new(|| {
     let mut t = Target::by_name("t4g").unwrap().clone();
     t.gpu.as_mut().unwrap().sm_count = 1;
     t
