@@ -3,7 +3,7 @@
 //! transformers generated for it alone (the goldens), and a reused row's stale cache entries are
 //! never seen; a fault in one call or one row ends only the sequences it touched.
 
-use crate::common::{golden_cases, golden_dir, Backend, GoldenCase};
+use crate::common::{cuda_host_session, golden_cases, golden_dir, Backend, GoldenCase};
 use g4c_driver::{Feedback, Session, SessionOptions};
 use g4c_frontend::Shapes;
 use g4c_ir::Target;
@@ -31,15 +31,7 @@ fn engine(batch: usize) -> BatchEngine {
 /// unrelated difference from transformers (`cuda_kernels_on_the_host_match_the_goldens` holds the
 /// logits of that path).
 fn cuda_host_engine(model: &str, target: &'static Target, batch: usize) -> BatchEngine {
-    let dir = golden_dir(model).join("hf");
-    let options = SessionOptions {
-        backend: Backend::CudaHost,
-        target: Some(target.name.to_string()),
-        use_cache: false,
-        ..Default::default()
-    };
-    let mut session = Session::open(&dir, options).unwrap();
-    session.source.target = target;
+    let session = cuda_host_session(&golden_dir(model).join("hf"), target);
     let module = session.source.emit(&Shapes { batch, prefill_len: 4, context: 40 }).unwrap();
     let ready = session.executor(Arc::new(module), &Feedback::silent()).unwrap();
     BatchEngine::new(ready.executor, session.source.config.sliding_window).unwrap()

@@ -184,6 +184,20 @@ fn generate_in_context(
     session_generate(&session, prompt, (prefill_len, context), opts, transform)
 }
 
+/// A session running `target`'s CUDA kernels in the host emulator, `target` given whole (a real GPU's
+/// description changed, such as a t4g of one SM), for the checkpoint in `dir`.
+pub fn cuda_host_session(dir: &Path, target: &'static g4c_ir::Target) -> Session {
+    let options = SessionOptions {
+        backend: Backend::CudaHost,
+        target: Some(target.name.to_string()),
+        use_cache: false,
+        ..Default::default()
+    };
+    let mut session = Session::open(dir, options).unwrap_or_else(|e| panic!("{e}"));
+    session.source.target = target;
+    session
+}
+
 /// `generate_in_context` on an open session.
 pub fn session_generate(
     session: &Session,

@@ -711,11 +711,11 @@ fn strided_matvecs_on_the_host_compute_what_the_interpreter_does() {
 /// for t4g, a100 and h200: the LM head striding 125 groups a block, the 12288-deep down
 /// projections, attention over 4096 slots in 64 chunks, the full layers' 512-wide heads, shapes no
 /// tiny model has, checked before a lent GPU's time goes on them; and h200's decode step of 4
-/// sequences (`g4c serve`'s batches), whose matvecs of 4 rows stride. Minutes, so only with
-/// `G4C_E2B_DIR` naming a checkpoint (`g4c synth --preset e2b-qat`); skipped, saying so, without.
+/// sequences (`g4c serve`'s batches), whose matvecs of 4 rows stride.
 #[test]
+#[ignore = "minutes over an e2b-qat checkpoint: G4C_E2B_DIR=DIR cargo test --release --test g4c -- --ignored e2b_"]
 fn e2b_decode_kernels_on_the_host_compute_what_the_interpreter_does() {
-    let Some(dir) = e2b_dir() else { return };
+    let dir = e2b_dir();
     for target in ["t4g", "a100", "h200"] {
         assert_kernels_agree(Target::by_name(target).unwrap(), &dir, E2B_CHECKED, &["decode"], on_the_host);
     }
@@ -728,21 +728,21 @@ fn e2b_decode_kernels_on_the_host_compute_what_the_interpreter_does() {
 /// over blocks as a short prefill's tiles leave SMs idle, m16n8k8 in f16 on t4g and m16n8k16 in
 /// bf16 on h200.
 #[test]
+#[ignore = "minutes over an e2b-qat checkpoint: G4C_E2B_DIR=DIR cargo test --release --test g4c -- --ignored e2b_"]
 fn e2b_prefill_kernels_on_the_host_compute_what_the_interpreter_does() {
-    let Some(dir) = e2b_dir() else { return };
+    let dir = e2b_dir();
     let shapes = (Shapes { batch: 1, prefill_len: g4c_ir::plan::MATVEC_MAX_ROWS + 1, context: 4096 }, None);
     for target in ["t4g", "h200"] {
         assert_kernels_agree(Target::by_name(target).unwrap(), &dir, shapes, &["prefill"], on_the_host);
     }
 }
 
-/// The E2B checkpoint `G4C_E2B_DIR` names, if it names one; else says the test is skipped.
-fn e2b_dir() -> Option<std::path::PathBuf> {
-    let dir = std::env::var_os("G4C_E2B_DIR").map(std::path::PathBuf::from);
-    if dir.is_none() {
-        eprintln!("skipped: G4C_E2B_DIR names no E2B checkpoint (g4c synth --preset e2b-qat -o DIR)");
-    }
-    dir
+/// The E2B checkpoint `G4C_E2B_DIR` names, for the tests over E2B's kernels (ignored unless asked
+/// for, since they take minutes).
+fn e2b_dir() -> std::path::PathBuf {
+    let dir = std::env::var_os("G4C_E2B_DIR")
+        .expect("G4C_E2B_DIR must name an E2B checkpoint (g4c synth --preset e2b-qat -o DIR)");
+    std::path::PathBuf::from(dir)
 }
 
 /// The same strided matvecs against transformers' goldens: the tiny model, f32 and QAT, through
@@ -751,14 +751,7 @@ fn e2b_dir() -> Option<std::path::PathBuf> {
 fn strided_matvecs_on_the_host_match_the_goldens() {
     for model in ["tiny", "tiny-qat"] {
         let case = golden_cases(model).into_iter().find(|c| c.name == "short").unwrap();
-        let options = g4c_driver::SessionOptions {
-            backend: Backend::CudaHost,
-            target: Some("t4g".into()),
-            use_cache: false,
-            ..Default::default()
-        };
-        let mut session = g4c_driver::Session::open(&golden_dir(model).join("hf"), options).unwrap();
-        session.source.target = &ONE_SM_T4G;
+        let session = crate::common::cuda_host_session(&golden_dir(model).join("hf"), &ONE_SM_T4G);
         let opts = g4c_runtime::GenerateOptions {
             max_new_tokens: case.generated_ids.len(),
             ignore_eos: true,

@@ -120,17 +120,36 @@ fn sum_raised(k: &Function, i: usize) -> Function {
     f
 }
 
-/// Random contents for a parameter of type `ty` (`role`: the entry point's parameter it reads, if
-/// it reads one): floats uniform in [-1, 1]. Integers count up along the last axis from a random
-/// start below 64, so that they stay valid as token ids, positions (distinct in a prefill, as a
-/// cache write needs) and slot positions, and a decode's position sees some slots and not others;
-/// a last index is the last token's; other integers (a kernel's indices into its chunks) count
-/// from 0. Predicates are false.
-fn random_bytes(ty: &TensorType, role: Option<&ParamRole>, rng: &mut impl Rng) -> Vec<u8> {
+/// What a launch's input holds, for its random contents: an entry point's parameter (its role), an
+/// attention chunk's results, or another kernel's output.
+#[derive(Clone, Copy)]
+enum Holds<'a> {
+    Param(&'a ParamRole),
+    /// `[.., features + 2]`, f32: a chunk's weighted sums, its maximum and its sum of exponentials.
+    AttentionChunks,
+    Scratch,
+}
+
+/// Random contents of type `ty` for an input that `holds`: floats uniform in [-1, 1], but an
+/// attention chunk's sums of exponentials in [0, 1], as a chunk's are at least 0. (With random
+/// signs the combining kernel's denominator, the sums' weighted total, may be negative or cancel
+/// to almost nothing; its floor, the least normal float, then makes each quotient about 1e37, and
+/// two orders of summing the numerator, both right, differ in more than its last units.) Integers
+/// count up along the last axis from a random start below 64, so that they stay valid as token ids,
+/// positions (distinct in a prefill, as a cache write needs) and slot positions, and a decode's
+/// position sees some slots and not others; a last index is the last token's; other integers (a
+/// kernel's indices into its chunks) count from 0. Predicates are false.
+fn random_bytes(ty: &TensorType, holds: Holds, rng: &mut impl Rng) -> Vec<u8> {
     let n = ty.numel();
     let along = ty.shape.last().copied().unwrap_or(1).max(1);
     let counting = |start: usize| (0..n).flat_map(move |i| ((start + i % along) as i32).to_le_bytes()).collect();
-    match (ty.dtype, role) {
+    match (ty.dtype, holds) {
+        (DType::F32, Holds::AttentionChunks) => (0..n)
+            .flat_map(|i| {
+                let least = if i % along == along - 1 { 0.0 } else { -1.0 };
+                rng.random_range(least..=1.0f32).to_le_bytes()
+            })
+            .collect(),
         (DType::F32, _) => (0..n).flat_map(|_| rng.random_range(-1.0f32..=1.0).to_le_bytes()).collect(),
         (DType::BF16, _) => {
             (0..n).flat_map(|_| half::bf16::from_f32(rng.random_range(-1.0..=1.0)).to_le_bytes()).collect()
@@ -138,28 +157,12 @@ fn random_bytes(ty: &TensorType, role: Option<&ParamRole>, rng: &mut impl Rng) -
         (DType::F16, _) => {
             (0..n).flat_map(|_| half::f16::from_f32(rng.random_range(-1.0..=1.0)).to_le_bytes()).collect()
         }
-        (DType::I32, Some(ParamRole::LastIndex)) => counting(along - 1),
-        (DType::I32, Some(ParamRole::TokenIds | ParamRole::Positions | ParamRole::SlotPositions(_))) => {
+        (DType::I32, Holds::Param(ParamRole::LastIndex)) => counting(along - 1),
+        (DType::I32, Holds::Param(ParamRole::TokenIds | ParamRole::Positions | ParamRole::SlotPositions(_))) => {
             counting(rng.random_range(0..64))
         }
         (DType::I32, _) => counting(0),
         _ => Tensor::filled(ty.clone(), 0.0).to_bytes(),
-    }
-}
-
-/// Random attention chunk results (`[.., features + 2]`, f32: the weighted sums, the chunk's
-/// maximum, its sum of exponentials) with each sum made at least 0, as a chunk's is. With
-/// random signs the combining kernel's denominator, the sums' weighted total, may be negative or
-/// cancel to almost nothing; its floor (the least normal float) then makes each quotient about
-/// 1e37, and two orders of summing the numerator, both right, differ in more than its last units.
-fn chunk_sums_made_nonnegative(bytes: &mut [u8], ty: &TensorType) {
-    if ty.dtype != DType::F32 {
-        return;
-    }
-    let row = 4 * ty.shape.last().copied().unwrap_or(1).max(1);
-    for sum in bytes.chunks_exact_mut(row).map(|r| &mut r[row - 4..]) {
-        let positive = f32::from_le_bytes(sum.try_into().expect("4 bytes")).abs();
-        sum.copy_from_slice(&positive.to_le_bytes());
     }
 }
 
@@ -205,14 +208,12 @@ pub fn check_kernels(
                         }
                         Some(_) => {}
                         None => {
-                            let role = match slot {
-                                Slot::Param(i) => Some(&f.params[i].role),
-                                Slot::Scratch(_) => None,
+                            let holds = match slot {
+                                Slot::Param(i) => Holds::Param(&f.params[i].role),
+                                _ if chunk_results.contains(&slot) => Holds::AttentionChunks,
+                                Slot::Scratch(_) => Holds::Scratch,
                             };
-                            let mut bytes = random_bytes(ty, role, &mut rng);
-                            if chunk_results.contains(&slot) {
-                                chunk_sums_made_nonnegative(&mut bytes, ty);
-                            }
+                            let bytes = random_bytes(ty, holds, &mut rng);
                             inputs.insert(slot, Tensor::from_bytes(ty.clone(), &bytes).map_err(|e| anyhow!(e))?);
                         }
                     }
