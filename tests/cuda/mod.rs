@@ -366,7 +366,11 @@ fn a_t4g_artifact_holds_its_kernels() {
 }
 
 fn e2b_plan(target: &'static Target) -> KernelPlan {
-    let shapes = Shapes { batch: 1, prefill_len: 128, context: 4096 };
+    e2b_plan_of(target, Shapes { batch: 1, prefill_len: 128, context: 4096 })
+}
+
+/// `e2b_plan` for other shapes.
+fn e2b_plan_of(target: &'static Target, shapes: Shapes) -> KernelPlan {
     let mut m = g4c_frontend::synth::Preset::E2b.declared_module(&shapes).unwrap();
     Pipeline::new(target, &PipelineOptions { quantize_group: Some(32), ..Default::default() }).run_all(&mut m).unwrap();
     plan_module(&m, target).unwrap()
@@ -412,14 +416,16 @@ fn e2b_projections_run_beside_the_residual_kernel() {
 /// E2B's 128-token prefill GEMMs split their contraction where their tiles leave SMs idle
 /// (`gemm_splits`): 1536 wide (48 tiles of 64 × 64), 6144 deep, the down projection takes 2
 /// splits on an H200's 132 SMs and 3 on a T4's 40 (where 48 blocks were two waves, the second a
-/// fifth full); 256 wide (8 tiles), 1536 deep, 6 and 4; 4096 wide (128 tiles) none.
+/// fifth full); 256 wide (8 tiles), 1536 deep, 6 and 4 for the key and value projections, 12 and
+/// 5 for the per-layer gate, whose steps are 64 deep (`STAGED_READS`), twice as many; 4096 wide
+/// (128 tiles) none.
 #[test]
 fn e2b_prefill_gemms_split_where_tiles_leave_sms_idle() {
-    for (target, want) in [("h200", [2, 6, 1]), ("t4g", [3, 4, 1])] {
+    for (target, want) in [("h200", [2, 6, 12, 1]), ("t4g", [3, 4, 5, 1])] {
         let plan = e2b_plan(Target::by_name(target).unwrap());
         let (prefill, kernels) = (plan.entry("prefill").unwrap(), &plan.kernels);
-        let splits = |cols: usize, depth: usize| -> Vec<u32> {
-            let gemms = prefill.calls.iter().filter(|c| c.launch.tile.is_some_and(|t| t.mma.is_some()));
+        let splits = |cols: usize, depth: usize, k: u32| -> Vec<u32> {
+            let gemms = prefill.calls.iter().filter(|c| c.launch.tile.is_some_and(|t| t.mma.is_some() && t.k == k));
             let shaped = gemms.filter(|c| {
                 let m = g4c_passes::matvec_of(kernels.function(&c.kernel).unwrap()).unwrap();
                 (m.cols, m.depth) == (cols, depth)
@@ -427,8 +433,12 @@ fn e2b_prefill_gemms_split_where_tiles_leave_sms_idle() {
             let splits: std::collections::BTreeSet<u32> = shaped.map(|c| c.launch.tile.unwrap().splits).collect();
             splits.into_iter().collect()
         };
-        let got = [splits(1536, 6144), splits(256, 1536), splits(4096, 1536)];
-        assert_eq!(got, want.map(|s| vec![s]), "{target}: splits of the down, key and full-query products");
+        let got = [splits(1536, 6144, 128), splits(256, 1536, 128), splits(256, 1536, 64), splits(4096, 1536, 128)];
+        assert_eq!(
+            got,
+            want.map(|s| vec![s]),
+            "{target}: splits of the down, key, per-layer gate and full-query products"
+        );
     }
 }
 
@@ -467,25 +477,35 @@ fn no_count_lies_where_partial_sums_were_left() {
     }
 }
 
-/// Every E2B kernel, decode and a 128-token prefill, compiles for t4g, a100 and h200, within each
-/// one's shared memory, and ptxas agrees with the footprints and finds no spills.
+/// Every E2B kernel, decode and prefill, compiles for t4g, a100 and h200, within each one's shared
+/// memory, and ptxas agrees with the footprints and finds no spills: for one sequence and a
+/// 128-token prefill, and for `g4c serve`'s default of 8 sequences and 64-token prefills (whose
+/// 512-row GEMMs spilled on t4g, see `Edges` and `STAGED_READS`).
 #[test]
 fn e2b_kernels_compile_and_fit_on_every_gpu_class() {
+    let served = Shapes { batch: 8, prefill_len: 64, context: 4096 };
     for (target, sm) in [("t4g", (7, 5)), ("a100", (8, 0)), ("h200", (9, 0))] {
         let t = Target::by_name(target).unwrap();
-        let plan = e2b_plan(t);
         let limit = t.gpu.as_ref().unwrap().smem_per_block;
-        for entry in &plan.entries {
-            let program = emit_entry(&plan, entry).unwrap();
-            let ptx = compile_ptx(&program.source, sm, &entry.entry).unwrap_or_else(|e| panic!("{e}"));
-            let cubin = assemble(&ptx, sm).unwrap_or_else(|e| panic!("{target}: {e}"));
-            for (calls, symbol) in launch_symbols(entry, &program) {
-                let used = cubin.kernels[symbol];
-                let what = format!("{target} {} ({symbol})", calls[0].kernel);
-                assert!(launch_smem_bytes(calls) <= limit, "{what}");
-                assert_eq!(used.smem_bytes, launch_smem_bytes(calls), "{what}: shared memory");
-                assert_eq!((used.spill_stores, used.spill_loads), (0, 0), "{what}: spills");
-            }
+        for plan in [e2b_plan(t), e2b_plan_of(t, served)] {
+            assert_fits(&plan, (target, sm), limit);
+        }
+    }
+}
+
+/// `plan`'s kernels compiled for `sm` (`target`'s): each launch within `limit` bytes of shared
+/// memory, which ptxas finds exactly, and no spills.
+fn assert_fits(plan: &KernelPlan, (target, sm): (&str, (u32, u32)), limit: u32) {
+    for entry in &plan.entries {
+        let program = emit_entry(plan, entry).unwrap();
+        let ptx = compile_ptx(&program.source, sm, &entry.entry).unwrap_or_else(|e| panic!("{e}"));
+        let cubin = assemble(&ptx, sm).unwrap_or_else(|e| panic!("{target}: {e}"));
+        for (calls, symbol) in launch_symbols(entry, &program) {
+            let used = cubin.kernels[symbol];
+            let what = format!("{target} @{} {} ({symbol})", entry.entry, calls[0].kernel);
+            assert!(launch_smem_bytes(calls) <= limit, "{what}");
+            assert_eq!(used.smem_bytes, launch_smem_bytes(calls), "{what}: shared memory");
+            assert_eq!((used.spill_stores, used.spill_loads), (0, 0), "{what}: spills");
         }
     }
 }

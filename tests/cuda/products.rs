@@ -184,6 +184,36 @@ pub(super) fn assert_split_gemm_agrees<D: Device + 'static>(
     }
 }
 
+/// A prefill GEMM whose rows, columns and depth each end in a partial tile (70 rows, 72 columns,
+/// 160 deep: tiles of 64 × 64 × 128) reads inside its operands and stages 0 past them, for 4-bit
+/// and 16-bit weights; one of whole tiles reads at its indices unclamped (`Edges`). On the host
+/// emulator, against the interpreter, for h200 in bf16 and t4g in f16.
+#[test]
+fn a_gemm_of_partial_tiles_computes_what_the_module_does() {
+    for (target, t) in [("h200", "bf16"), ("t4g", "f16")] {
+        let gpu = Target::by_name(target).unwrap();
+        let source = |product: Products| {
+            let plan = plan_module(&g4c_ir::parse_module(&product.module(t, t)).unwrap(), gpu).unwrap();
+            g4c_driver::cuda_programs(&plan, gpu, false).unwrap().programs.remove(0).source
+        };
+        for four_bit in [true, false] {
+            let product = Products { entry: "prefill", rows: 70, cols: 72, depth: 160, products: 1, four_bit };
+            let (plan, want, got) = product_outputs(product, (t, t), 0.01, gpu, emulator);
+            let what = format!("{target}, {t}, 4-bit {four_bit}: {}", print_plan(&plan, false));
+            let tile = plan.entries[0].calls[0].launch.tile.unwrap_or_else(|| panic!("{what}: no tile"));
+            assert_eq!((tile.rows, tile.cols, tile.k, tile.mma.is_some()), (64, 64, 128, true), "{what}");
+            assert!(source(product).contains("bool within"), "{what}: the edges are tested");
+            assert_products_agree(&what, t, 0.01, &got, &want);
+        }
+        let whole = Products { entry: "prefill", rows: 64, cols: 128, depth: 256, products: 1, four_bit: true };
+        let whole = source(whole);
+        assert!(
+            whole.contains("g4c_gemm") && !whole.contains("bool within"),
+            "{target}: whole tiles test no edge: {whole}"
+        );
+    }
+}
+
 /// The host emulator, for `product_outputs`.
 fn emulator(programs: &[DeviceProgram]) -> Emulator {
     Emulator::new(programs).unwrap()

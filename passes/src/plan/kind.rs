@@ -4,6 +4,7 @@ use super::attention::attention_of;
 use super::mask::mask_of;
 use g4c_ir::plan::{KernelKind, MATVEC_MAX_ROWS};
 use g4c_ir::{DType, DotDims, Function, Op, TensorType, ValueId};
+use std::collections::{HashMap, HashSet};
 
 /// The kind of a kernel: its cache write, else its chunk of attention, else its matrix product,
 /// else its reduction or gather.
@@ -265,4 +266,21 @@ pub fn rows_sharing_rhs(k: &Function, op: &Op) -> Option<(usize, usize)> {
     let rows: usize = dims.lhs_free(lt.rank()).iter().map(|&d| lt.shape[d]).product();
     let cols: usize = dims.rhs_free(rt.rank()).iter().map(|&d| rt.shape[d]).product();
     (rows > 1 && cols.is_multiple_of(32)).then_some((rows, cols))
+}
+
+/// The memory reads computing one element of `v` in kernel `k` takes: the kernel's inputs and
+/// weights it is computed from (each read once per element).
+pub fn reads_per_element(k: &Function, v: ValueId) -> u32 {
+    let def: HashMap<ValueId, &Op> = k.body.iter().map(|i| (i.result, &i.op)).collect();
+    let (mut stack, mut seen, mut reads) = (vec![v], HashSet::new(), 0);
+    while let Some(v) = stack.pop() {
+        if !seen.insert(v) {
+            continue;
+        }
+        match def.get(&v) {
+            None | Some(Op::Weight { .. }) => reads += 1,
+            Some(op) => stack.extend(op.operands()),
+        }
+    }
+    reads
 }

@@ -18,7 +18,7 @@ mod schedule;
 
 pub(crate) use attention::scores_product;
 pub use attention::{attention_of, chunk_axis_of, Attention};
-pub use kind::{matvec_of, reduction_of, rows_sharing_rhs, Matvec, PackedWeight, Reduction};
+pub use kind::{matvec_of, reads_per_element, reduction_of, rows_sharing_rhs, Matvec, PackedWeight, Reduction};
 pub use launch::{
     attention_arrays, attention_footprint, elements_written, footprint, split_footprint, split_sums_bytes,
     AttentionArrays, Footprint, SplitSumsBytes,

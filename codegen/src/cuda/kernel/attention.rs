@@ -2,14 +2,14 @@
 //! and weighted sums of the chunk, for every head at once.
 
 use super::reduce::WarpPerOutput;
-use super::{activation_at, reads_per_element};
+use super::{activation_at, Edges};
 use crate::cuda::elemental::{linear, rounded, store, unlinear, Emitter, Index};
 use crate::cuda::loops::{batched_loop_of, loads_at_once, thread_loop};
 use crate::cuda::shared::SharedArrays;
 use crate::cuda::CudaError;
 use g4c_ir::plan::SlotSplit;
 use g4c_ir::ValueId;
-use g4c_passes::{attention_arrays, chunk_axis_of, Attention};
+use g4c_passes::{attention_arrays, chunk_axis_of, reads_per_element, Attention};
 
 /// The shared arrays of an attention chunk's block, as `attention_arrays` sizes them (so the fit
 /// proof counts them): `act` (the staged queries, then the chunk's weighted sums), `sc` (scores),
@@ -98,7 +98,7 @@ pub(super) fn attention(
     let at_once = loads_at_once(reads_per_element(em.k, a.scores.lhs));
     thread_loop(em, "e", ("threadIdx.x", heads * depth, warps * 32), at_once, &mut |em| {
         em.line(format!("const int r = e / {depth}, kk = e % {depth};"));
-        activation_at(em, &a.scores, "q", "r", "kk")?;
+        activation_at(em, &a.scores, "q", ("r", "kk"), Edges::ANY)?;
         em.line(format!("act[r * {depth} + kk] = q;"));
         Ok(())
     })?;

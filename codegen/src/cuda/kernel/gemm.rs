@@ -2,7 +2,7 @@
 //! memory, optionally split over blocks whose partial sums the last one adds (`add_split_sums`).
 
 use super::packed::{packed_loads, packed_value};
-use super::{activation_at, clamped, reads_only_weights, store_root, SPLIT_SUMS};
+use super::{activation_at, clamped, reads_only_weights, store_root, Edges, SPLIT_SUMS};
 use crate::cuda::elemental::Emitter;
 use crate::cuda::loops::unrolled;
 use crate::cuda::CudaError;
@@ -293,7 +293,8 @@ impl<'m> StepStaging<'m> {
         let ((bm, _, bk), to_word) = (self.tile_dims(), self.to_word);
         self.each_element(em, bm * bk, &mut |em| {
             em.line(format!("const int r = m0 + e / {bk}, kk = k0 + e % {bk};"));
-            activation_at(em, self.m, "a", "r", "kk")?;
+            let edges = Edges::of_tiles((self.m.rows, bm), (self.m.depth, bk));
+            activation_at(em, self.m, "a", ("r", "kk"), edges)?;
             em.line(pack_word("a_st", &format!("{to_word}(a)")));
             Ok(())
         })
@@ -302,23 +303,24 @@ impl<'m> StepStaging<'m> {
     fn load_weights(&self, em: &mut Emitter) -> Result<(), CudaError> {
         let ((_, bn, bk), to_word, words) = (self.tile_dims(), self.to_word, self.words());
         let (cols, depth) = (self.m.cols, self.m.depth);
+        let edges = Edges::of_tiles((cols, bn), (depth, bk));
         for (j, (p, &(_, w))) in self.packed.iter().zip(&self.m.dots).enumerate() {
             match p {
                 Some(p) => self.each_element(em, bn * words, &mut |em| {
                     em.line(format!("const int n = n0 + e / {words}, kk = k0 + e % {words} * 8;"));
-                    let (inside, n, kk) = clamped(em, ("n", cols), ("kk", depth), 8);
+                    let (inside, n, kk) = clamped(em, ("n", cols), ("kk", depth), 8, edges);
                     let (word, scale) = packed_loads(em, p, &n, &kk, depth)?;
                     let word = em.var("unsigned", "q", &word);
                     // Outside, a word of zeros scaled by 0: +0 for each of its 8 values.
-                    em.line(format!("q{j}_st[e_u] = {inside} ? {word} : 0u;"));
-                    em.line(format!("s{j}_st[e_u] = {inside} ? {scale} : 0.f;"));
+                    em.line(format!("q{j}_st[e_u] = {};", inside.select(&word, "0u")));
+                    em.line(format!("s{j}_st[e_u] = {};", inside.select(&scale, "0.f")));
                     Ok(())
                 })?,
                 None => self.each_element(em, bn * bk, &mut |em| {
                     em.line(format!("const int n = n0 + e / {bk}, kk = k0 + e % {bk};"));
-                    let (inside, n, kk) = clamped(em, ("n", cols), ("kk", depth), 1);
+                    let (inside, n, kk) = clamped(em, ("n", cols), ("kk", depth), 1, edges);
                     let x = em.value(w, &[n, kk])?;
-                    em.line(pack_word(&format!("w{j}_st"), &format!("{inside} ? {to_word}({x}) : 0")));
+                    em.line(pack_word(&format!("w{j}_st"), &inside.select(&format!("{to_word}({x})"), "0")));
                     Ok(())
                 })?,
             }

@@ -4,13 +4,13 @@
 
 use super::ahead::{prefetch_group, prefetch_weights};
 use super::packed::{packed_loads, packed_value};
-use super::{activation_at, reads_only_weights, reads_per_element, store_root};
+use super::{activation_at, reads_only_weights, store_root, Edges};
 use crate::cuda::elemental::Emitter;
 use crate::cuda::loops::{batched_loop, batched_loop_of, loads_at_once, thread_loop, trip_length, LOADS_IN_FLIGHT};
 use crate::cuda::CudaError;
 use g4c_ir::plan::Tile;
 use g4c_ir::{DType, ValueId};
-use g4c_passes::{footprint, Matvec, PackedWeight};
+use g4c_passes::{footprint, reads_per_element, Matvec, PackedWeight};
 
 /// The tiled matvec: per `k` step the block stages `rows × k` activations (the prologue computed
 /// once per block), each warp multiplies them by its column of every weight (lanes striding `k`),
@@ -189,7 +189,7 @@ fn stage_activations(em: &mut Emitter, m: &Matvec, (rows, kt): (u32, u32), threa
     let at_once = loads_at_once(reads_per_element(em.k, m.lhs));
     thread_loop(em, "e", ("threadIdx.x", (rows * kt) as usize, threads), at_once, &mut |em| {
         em.line(format!("const int r = e / {kt}, kk = k0 + e % {kt};"));
-        activation_at(em, m, "a", "r", "kk")?;
+        activation_at(em, m, "a", ("r", "kk"), Edges::ANY)?;
         em.line("act[e] = a;");
         Ok(())
     })?;

@@ -309,33 +309,86 @@ fn store_root(em: &mut Emitter, sums: &[(ValueId, String)], root: ValueId) -> Re
 }
 
 /// Declares `float {name}`: the activation of a matrix product at row `row` and contraction index
-/// `kk` (C expressions), its prologue computed, or 0 past the `rows × depth` edges.
-fn activation_at(em: &mut Emitter, m: &Matvec, name: &str, row: &str, kk: &str) -> Result<(), CudaError> {
+/// `kk` (C expressions), its prologue computed, or 0 past the `rows × depth` edges those `edges`
+/// say the index may cross.
+fn activation_at(
+    em: &mut Emitter,
+    m: &Matvec,
+    name: &str,
+    (row, kk): (&str, &str),
+    edges: Edges,
+) -> Result<(), CudaError> {
     let (rows, depth) = (m.rows, m.depth);
     let lhs_shape = em.k.ty(m.lhs).shape.clone();
-    let (inside, row, kk) = clamped(em, (row, rows), (kk, depth), 1);
+    let (inside, row, kk) = clamped(em, (row, rows), (kk, depth), 1, edges);
     let lin = em.var("int", "l", &format!("{row} * {depth} + {kk}"));
     let x = em.value(m.lhs, &unlinear(&lin, &lhs_shape))?;
-    em.line(format!("const float {name} = {inside} ? {x} : 0.f;"));
+    em.line(format!("const float {name} = {};", inside.select(&x, "0.f")));
     Ok(())
 }
 
+/// Which edges of a staged `rows × depth` operand a template's index may run past: those of a
+/// partial tile. A GEMM whose rows (or columns) and depth are whole tiles never does, and then
+/// reads at its indices as they are: on t4g, E2B's prefill of 4 prompts of 128 tokens (`g4c
+/// serve`'s 8 of 64 alike) spilled 16–104 bytes with each of a thread's 32 activation rows a step
+/// clamped by a `min` of its own, and none without.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Edges {
+    pub rows: bool,
+    pub depth: bool,
+}
+
+impl Edges {
+    /// The edges of a tile of `tile_rows × tile_depth` over `rows × depth` that are partial.
+    pub(super) fn of_tiles((rows, tile_rows): (usize, usize), (depth, tile_depth): (usize, usize)) -> Edges {
+        Edges { rows: !rows.is_multiple_of(tile_rows), depth: !depth.is_multiple_of(tile_depth) }
+    }
+
+    /// Both edges: a template whose index may run past either (one that does not stage whole tiles).
+    pub(super) const ANY: Edges = Edges { rows: true, depth: true };
+}
+
+/// Whether a clamped index was inside its operand: a C condition, or none where it always is.
+pub(super) struct Inside(Option<String>);
+
+impl Inside {
+    /// `x` inside, `outside` past an edge: a C expression.
+    pub(super) fn select(&self, x: &str, outside: &str) -> String {
+        match &self.0 {
+            Some(inside) => format!("{inside} ? {x} : {outside}"),
+            None => x.to_string(),
+        }
+    }
+}
+
 /// Whether `(row, kk)` (C expressions) lies inside `rows × depth`, and the nearest index inside it
-/// (`kk` kept a multiple of `align`, which divides `depth`): three C variables. Staging loops read
-/// at the clamped index and select 0 outside, rather than branch around the reads: a branch per
-/// element keeps the compiler from issuing the next elements' loads before this one's arrive, so
-/// each element would wait out a memory latency (the prefill GEMMs' 32-deep steps took about 3 µs
-/// on the H200, eight such waits).
+/// (`kk` kept a multiple of `align`, which divides `depth`), along the `edges` it may cross: a C
+/// variable or none, and two C expressions. Staging loops read at the clamped index and select 0
+/// outside, rather than branch around the reads: a branch per element keeps the compiler from
+/// issuing the next elements' loads before this one's arrive, so each element would wait out a
+/// memory latency (the prefill GEMMs' 32-deep steps took about 3 µs on the H200, eight such waits).
 fn clamped(
     em: &mut Emitter,
     (row, rows): (&str, usize),
     (kk, depth): (&str, usize),
     align: usize,
-) -> (String, String, String) {
-    let inside = em.var("bool", "within", &format!("{row} < {rows} && {kk} < {depth}"));
-    let row = em.var("int", "rc", &format!("min({row}, {})", rows - 1));
-    let kk = em.var("int", "kc", &format!("min({kk}, {})", depth - align));
-    (inside, row, kk)
+    edges: Edges,
+) -> (Inside, String, String) {
+    let tests: Vec<String> = [(row, rows, edges.rows), (kk, depth, edges.depth)]
+        .iter()
+        .filter(|&&(_, _, crossed)| crossed)
+        .map(|(x, len, _)| format!("{x} < {len}"))
+        .collect();
+    let inside = (!tests.is_empty()).then(|| em.var("bool", "within", &tests.join(" && ")));
+    let row = match edges.rows {
+        true => em.var("int", "rc", &format!("min({row}, {})", rows - 1)),
+        false => row.to_string(),
+    };
+    let kk = match edges.depth {
+        true => em.var("int", "kc", &format!("min({kk}, {})", depth - align)),
+        false => kk.to_string(),
+    };
+    (Inside(inside), row, kk)
 }
 
 /// Whether `v` in kernel `k` is computed from weights (and constants) alone, elementwise: no
@@ -354,21 +407,4 @@ fn reads_only_weights(k: &Function, v: ValueId) -> bool {
         }
     }
     true
-}
-
-/// The memory reads computing one element of `v` in kernel `k` takes: the kernel's inputs and
-/// weights it is computed from (each read once per element).
-fn reads_per_element(k: &Function, v: ValueId) -> u32 {
-    let def: HashMap<ValueId, &Op> = k.body.iter().map(|i| (i.result, &i.op)).collect();
-    let (mut stack, mut seen, mut reads) = (vec![v], HashSet::new(), 0);
-    while let Some(v) = stack.pop() {
-        if !seen.insert(v) {
-            continue;
-        }
-        match def.get(&v) {
-            None | Some(Op::Weight { .. }) => reads += 1,
-            Some(op) => stack.extend(op.operands()),
-        }
-    }
-    reads
 }

@@ -2,14 +2,14 @@
 //! over one output's extent), and the prelude: the small reductions a kernel reads, computed once
 //! per block into shared memory before its body.
 
-use super::{reads_per_element, store_root};
+use super::store_root;
 use crate::cuda::elemental::{reduce_combine, reduce_init, rounded, unlinear, value_type, Emitter, Index};
 use crate::cuda::loops::{batched_loop_of, loads_at_once, reduction_loop, thread_loop, trip_length};
 use crate::cuda::shared::SharedArrays;
 use crate::cuda::CudaError;
 use g4c_ir::plan::{KernelCall, ReduceSplit};
 use g4c_ir::{DotDims, Op, ReduceKind, ValueId};
-use g4c_passes::{prelude_launch, prelude_of, reduction_of, rows_sharing_rhs};
+use g4c_passes::{prelude_launch, prelude_of, reads_per_element, reduction_of, rows_sharing_rhs};
 
 /// A reduction split over threads: a warp per output (`WarpPerOutput`: its lanes stride the row,
 /// shuffles combine their partial results, lane 0 stores; the grid's blocks stride the outputs),
