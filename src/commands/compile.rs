@@ -60,6 +60,9 @@ pub fn run(args: CompileArgs) -> Result<()> {
         ui().note(&format!("--check-on-cpu: the CPU plugin accepts every entry point ({})", check.describe()));
     }
     let kernels = &compiled.report["kernels"];
+    for warning in spill_warnings(kernels) {
+        ui().warn(&warning);
+    }
     match (&compiled.executables, kernels.is_null()) {
         (Some(summary), _) => ui().note(&format!("executables: {}", summary.describe())),
         (None, false) => ui().note(&cuda_summary(kernels)),
@@ -117,4 +120,54 @@ fn cuda_summary(kernels: &serde_json::Value) -> String {
         super::fmt_bytes(smem.unwrap_or(0)),
         super::fmt_bytes(kernels["limits"]["smem_per_block"].as_u64().unwrap_or(0)),
     )
+}
+
+/// One warning per entry point whose kernels ptxas found spilling registers to local memory. They
+/// run, but slower than planned: the fit proof accounts for shared memory and each launch's
+/// register budget, not for what ptxas makes of a kernel within that budget.
+fn spill_warnings(kernels: &serde_json::Value) -> Vec<String> {
+    let entries = kernels["entries"].as_array().into_iter().flatten();
+    entries
+        .filter_map(|e| {
+            let launches = e["launches"].as_array()?;
+            let spilling: Vec<(&str, u64)> = launches
+                .iter()
+                .filter_map(|l| {
+                    let bytes = l["ptxas"]["spill_bytes"].as_u64().filter(|&b| b > 0)?;
+                    Some((l["calls"][0]["kernel"].as_str().unwrap_or("?"), bytes))
+                })
+                .collect();
+            let &(first, _) = spilling.first()?;
+            let most = spilling.iter().map(|&(_, b)| b).max().unwrap_or(0);
+            Some(format!(
+                "@{}: {} of {} launches spill registers to local memory (up to {most} bytes, the first {first}); they run slower than planned",
+                e["entry"].as_str().unwrap_or("?"),
+                spilling.len(),
+                launches.len(),
+            ))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn a_spilling_kernel_is_named_in_a_warning() {
+        let launch = |kernel: &str, spill: u64| json!({"calls": [{"kernel": kernel}], "ptxas": {"spill_bytes": spill}});
+        let kernels = json!({"entries": [
+            {"entry": "prefill", "launches": [launch("prefill.k8", 0), launch("prefill.k35", 104), launch("prefill.k36", 16)]},
+            {"entry": "decode", "launches": [launch("decode.k2", 0)]},
+        ]});
+        let warnings = super::spill_warnings(&kernels);
+        assert_eq!(
+            warnings,
+            ["@prefill: 2 of 3 launches spill registers to local memory (up to 104 bytes, the first prefill.k35); they run slower than planned"]
+        );
+        // Without ptxas, nothing is known and nothing is said.
+        assert!(
+            super::spill_warnings(&json!({"entries": [{"entry": "decode", "launches": [{"calls": []}]}]})).is_empty()
+        );
+    }
 }
