@@ -124,26 +124,24 @@ fn cuda_summary(kernels: &serde_json::Value) -> String {
 
 /// One warning per entry point whose kernels ptxas found spilling registers to local memory. They
 /// run, but slower than planned: the fit proof accounts for shared memory and each launch's
-/// register budget, not for what ptxas makes of a kernel within that budget.
+/// register budget, not for what ptxas makes of a kernel within that budget. ptxas reports a
+/// launch's function, which runs every call of the launch: the first is named with its symbol.
 fn spill_warnings(kernels: &serde_json::Value) -> Vec<String> {
     let entries = kernels["entries"].as_array().into_iter().flatten();
     entries
         .filter_map(|e| {
             let launches = e["launches"].as_array()?;
-            let spilling: Vec<(&str, u64)> = launches
-                .iter()
-                .filter_map(|l| {
-                    let bytes = l["ptxas"]["spill_bytes"].as_u64().filter(|&b| b > 0)?;
-                    Some((l["calls"][0]["kernel"].as_str().unwrap_or("?"), bytes))
-                })
-                .collect();
-            let &(first, _) = spilling.first()?;
-            let most = spilling.iter().map(|&(_, b)| b).max().unwrap_or(0);
+            let spilling: Vec<&serde_json::Value> =
+                launches.iter().filter(|l| l["ptxas"]["spill_bytes"].as_u64().is_some_and(|b| b > 0)).collect();
+            let first = spilling.first()?;
+            let most = spilling.iter().filter_map(|l| l["ptxas"]["spill_bytes"].as_u64()).max().unwrap_or(0);
             Some(format!(
-                "@{}: {} of {} launches spill registers to local memory (up to {most} bytes, the first {first}); they run slower than planned",
+                "@{}: {} of {} launches spill registers to local memory (up to {most} bytes stored and loaded; the first, {}, runs {}); they run slower than planned",
                 e["entry"].as_str().unwrap_or("?"),
                 spilling.len(),
                 launches.len(),
+                first["symbol"].as_str().unwrap_or("?"),
+                first["calls"][0]["kernel"].as_str().unwrap_or("?"),
             ))
         })
         .collect()
@@ -155,7 +153,7 @@ mod tests {
 
     #[test]
     fn a_spilling_kernel_is_named_in_a_warning() {
-        let launch = |kernel: &str, spill: u64| json!({"calls": [{"kernel": kernel}], "ptxas": {"spill_bytes": spill}});
+        let launch = |kernel: &str, spill: u64| json!({"symbol": format!("g4c_{kernel}"), "calls": [{"kernel": kernel}], "ptxas": {"spill_bytes": spill}});
         let kernels = json!({"entries": [
             {"entry": "prefill", "launches": [launch("prefill.k8", 0), launch("prefill.k35", 104), launch("prefill.k36", 16)]},
             {"entry": "decode", "launches": [launch("decode.k2", 0)]},
@@ -163,7 +161,7 @@ mod tests {
         let warnings = super::spill_warnings(&kernels);
         assert_eq!(
             warnings,
-            ["@prefill: 2 of 3 launches spill registers to local memory (up to 104 bytes, the first prefill.k35); they run slower than planned"]
+            ["@prefill: 2 of 3 launches spill registers to local memory (up to 104 bytes stored and loaded; the first, g4c_prefill.k35, runs prefill.k35); they run slower than planned"]
         );
         // Without ptxas, nothing is known and nothing is said.
         assert!(

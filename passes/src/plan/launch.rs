@@ -49,14 +49,16 @@ const GEMM_COLS: u32 = 64;
 /// a round trip to memory and two barriers with little else to overlap them (the H200 profile had
 /// 32-deep steps at about 3 µs each, a 6144-deep product of 48 blocks at 562 µs).
 const GEMM_KS: [u32; 3] = [128, 64, 32];
-/// The most memory reads a GEMM thread makes to load a step's activations into registers (its
-/// `rows × k / BLOCK` elements, each reading what its prologue reads): the step's `k` is shortened
-/// until they fit. The loads of a step are issued together and held until the products, so their
-/// values share the thread's registers with its accumulators and the step's staged words. E2B's
-/// per-layer gate GEMM reads 7 values for each activation (the residual stream's three terms,
-/// two norms' statistics, two norm weights): at `k` 128, 32 activations a thread and 224 reads,
-/// it spilled 16–104 bytes at 255 registers on t4g, a100 and h200; at `k` 64, 112 reads, it takes
-/// 208 on t4g and spills none. Its q, k and v projections read 4 for each (128 at `k` 128) and fit.
+/// The most memory reads a GEMM thread makes to load a step's activations into registers: its
+/// `rows × k / BLOCK` elements, each counted as `reads_per_element` counts its prologue (every
+/// value it reads, a norm weight the thread's elements share included, a prelude's statistic as
+/// what the statistic reads). The step's `k` is shortened until they fit. The loads of a step are
+/// issued together and held until the products, so their values share the thread's registers with
+/// its accumulators and the step's staged words. E2B's per-layer gate GEMM reads 7 values for each
+/// activation (the residual stream's three terms, two norms' statistics, two norm weights): at `k`
+/// 128, 32 activations a thread and 224 reads, it spilled 16–104 bytes at 255 registers on t4g,
+/// a100 and h200; at `k` 64, 112 reads, it takes 208 on t4g and spills none. Its q, k and v
+/// projections read 4 for each (128 at `k` 128) and fit.
 const STAGED_READS: u32 = 128;
 /// 16-bit elements each staged GEMM row is padded by, so the fragment loads of a warp's 8 row
 /// groups fall in distinct shared-memory banks (a row of `k + 8` elements, `k` a multiple of 32,
@@ -193,6 +195,8 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
         let filled = |k: u32| k <= (m.depth as u32).next_multiple_of(shortest);
         let reads = reads_per_element(k, m.lhs);
         let loaded = |k: u32| GEMM_ROWS * k / BLOCK * reads <= STAGED_READS;
+        // Each test that holds for a `k` holds for the shorter ones: where none holds, the shortest
+        // is the nearest (and the fit proof checks `fits` again).
         let k = GEMM_KS.into_iter().find(|&k| fits(k) && filled(k) && loaded(k)).unwrap_or(shortest);
         let tiles = (m.rows as u32).div_ceil(GEMM_ROWS) * (m.cols as u32).div_ceil(GEMM_COLS);
         let splits = gemm_splits(tiles, (m.depth as u32).div_ceil(k), gpu);

@@ -291,9 +291,9 @@ impl<'m> StepStaging<'m> {
 
     fn load_activations(&self, em: &mut Emitter) -> Result<(), CudaError> {
         let ((bm, _, bk), to_word) = (self.tile_dims(), self.to_word);
+        let edges = Edges::of_tiles((self.m.rows, bm), (self.m.depth, bk));
         self.each_element(em, bm * bk, &mut |em| {
             em.line(format!("const int r = m0 + e / {bk}, kk = k0 + e % {bk};"));
-            let edges = Edges::of_tiles((self.m.rows, bm), (self.m.depth, bk));
             activation_at(em, self.m, "a", ("r", "kk"), edges)?;
             em.line(pack_word("a_st", &format!("{to_word}(a)")));
             Ok(())

@@ -329,12 +329,15 @@ fn activation_at(
 
 /// Which edges of a staged `rows × depth` operand a template's index may run past: those of a
 /// partial tile. A GEMM whose rows (or columns) and depth are whole tiles never does, and then
-/// reads at its indices as they are: on t4g, E2B's prefill of 4 prompts of 128 tokens (`g4c
+/// reads at its indices as they are. On t4g, E2B's prefill of 4 prompts of 128 tokens (`g4c
 /// serve`'s 8 of 64 alike) spilled 16–104 bytes with each of a thread's 32 activation rows a step
-/// clamped by a `min` of its own, and none without.
+/// clamped by a `min` of its own; without the clamps, the GEMMs reading the most values an
+/// activation spilled at one prompt instead, which `STAGED_READS` (`launch.rs`) keeps within.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Edges {
+    /// Past the last row (of a weight: the last output column).
     pub rows: bool,
+    /// Past the end of the contraction.
     pub depth: bool,
 }
 
