@@ -4,6 +4,7 @@
 //! source NVRTC compiles, so a kernel's indexing, fusion and arguments are checked on any machine.
 
 use super::device::{Buffer, Device, DeviceProgram, Launch, LaunchSequence};
+use super::guarded::GuardedBuffer;
 use crate::error::{invalid, Result, RuntimeError};
 use g4c_ir::plan::MAX_LAUNCH_ARGS;
 use std::collections::HashMap;
@@ -17,9 +18,9 @@ type Emulate = unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *const u64, i
 pub struct Emulator {
     /// Per program (entry point): its library. Kept loaded while kernels may run.
     libraries: HashMap<String, libloading::Library>,
-    /// u64 words, so every element type is aligned.
-    buffers: Vec<Vec<u64>>,
-    /// Each buffer's bytes as allocated (its words may hold up to 7 more).
+    /// Each ending at a page no kernel may touch (`GuardedBuffer`).
+    buffers: Vec<GuardedBuffer>,
+    /// Each buffer's bytes as allocated (rounded up in its memory).
     sizes: Vec<u64>,
     _dir: tempfile::TempDir,
 }
@@ -56,15 +57,13 @@ impl Emulator {
     }
 
     fn bytes_mut(&mut self, b: Buffer) -> &mut [u8] {
-        let words = &mut self.buffers[b];
-        // SAFETY: u64 words viewed as their bytes; any bit pattern is a valid u8.
-        unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr() as *mut u8, words.len() * 8) }
+        self.buffers[b].bytes_mut()
     }
 }
 
 impl Device for Emulator {
     fn alloc(&mut self, bytes: usize) -> Result<Buffer> {
-        self.buffers.push(vec![0u64; bytes.div_ceil(8).max(1)]);
+        self.buffers.push(GuardedBuffer::new(bytes)?);
         self.sizes.push(bytes as u64);
         Ok(self.buffers.len() - 1)
     }
@@ -102,7 +101,7 @@ impl Device for Emulator {
 fn emulate_launch(
     lib: &libloading::Library,
     emulate: &Emulate,
-    (buffers, sizes): (&mut [Vec<u64>], &[u64]),
+    (buffers, sizes): (&mut [GuardedBuffer], &[u64]),
     launch: &Launch,
 ) -> Result<()> {
     // SAFETY: the symbol is a kernel the library was built with; it takes `args.len()` pointers to
@@ -111,8 +110,7 @@ fn emulate_launch(
         let kernel: libloading::Symbol<*mut c_void> = lib
             .get(launch.symbol.as_bytes())
             .map_err(|e| RuntimeError::Invalid(format!("kernel {}: {e}", launch.symbol)))?;
-        let mut pointers: Vec<*mut c_void> =
-            launch.args.iter().map(|&b| buffers[b].as_mut_ptr() as *mut c_void).collect();
+        let mut pointers: Vec<*mut c_void> = launch.args.iter().map(|&b| buffers[b].as_mut_ptr()).collect();
         let bytes: Vec<u64> = launch.args.iter().map(|&b| sizes[b]).collect();
         emulate(
             *kernel,

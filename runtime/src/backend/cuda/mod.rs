@@ -2,13 +2,15 @@
 //! uploaded once, state kept on the device and written in place, scratch buffers as the plan
 //! assigns them), as one fixed `LaunchSequence` per entry point, on any `Device`: a CUDA GPU through
 //! the driver API (`CudaDevice`, which records each sequence once as a CUDA graph and replays it),
-//! or the host (`Emulator`), which compiles the same CUDA C with the host C++ compiler, so the
+//! or the host (`Emulator`), which compiles the same CUDA C with the host C++ compiler (each buffer
+//! ending at a page no kernel may touch, `guarded`), so the
 //! kernels, their arguments and the executor are checked against the goldens without a GPU.
 
 mod device;
 mod driver;
 mod emulator;
 mod executor;
+mod guarded;
 
 pub use device::{launch_bindings, launch_of, Buffer, Device, DeviceProgram, KernelBinding, Launch, LaunchSequence};
 pub use driver::{
