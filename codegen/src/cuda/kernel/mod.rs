@@ -377,20 +377,14 @@ fn clamped(
     align: usize,
     edges: Edges,
 ) -> (Inside, String, String) {
-    let tests: Vec<String> = [(row, rows, edges.rows), (kk, depth, edges.depth)]
-        .iter()
-        .filter(|&&(_, _, crossed)| crossed)
-        .map(|(x, len, _)| format!("{x} < {len}"))
-        .collect();
+    let crossed = [(row, rows, edges.rows), (kk, depth, edges.depth)].into_iter().filter(|&(.., c)| c);
+    let tests: Vec<String> = crossed.map(|(x, len, _)| format!("{x} < {len}")).collect();
     let inside = (!tests.is_empty()).then(|| em.var("bool", "within", &tests.join(" && ")));
-    let row = match edges.rows {
-        true => em.var("int", "rc", &format!("min({row}, {})", rows - 1)),
-        false => row.to_string(),
+    let mut clamp = |x: &str, stem: &str, last: usize, crossed: bool| match crossed {
+        true => em.var("int", stem, &format!("min({x}, {last})")),
+        false => x.to_string(),
     };
-    let kk = match edges.depth {
-        true => em.var("int", "kc", &format!("min({kk}, {})", depth - align)),
-        false => kk.to_string(),
-    };
+    let (row, kk) = (clamp(row, "rc", rows - 1, edges.rows), clamp(kk, "kc", depth - align, edges.depth));
     (Inside(inside), row, kk)
 }
 

@@ -20,8 +20,6 @@ pub struct Emulator {
     libraries: HashMap<String, libloading::Library>,
     /// Each ending at a page no kernel may touch (`GuardedBuffer`).
     buffers: Vec<GuardedBuffer>,
-    /// Each buffer's bytes as allocated (rounded up in its memory).
-    sizes: Vec<u64>,
     _dir: tempfile::TempDir,
 }
 
@@ -53,7 +51,7 @@ impl Emulator {
             let lib = unsafe { libloading::Library::new(&library) }.map_err(|e| fail(e.to_string()))?;
             libraries.insert(p.entry.clone(), lib);
         }
-        Ok(Emulator { libraries, buffers: Vec::new(), sizes: Vec::new(), _dir: dir })
+        Ok(Emulator { libraries, buffers: Vec::new(), _dir: dir })
     }
 
     fn bytes_mut(&mut self, b: Buffer) -> &mut [u8] {
@@ -64,7 +62,6 @@ impl Emulator {
 impl Device for Emulator {
     fn alloc(&mut self, bytes: usize) -> Result<Buffer> {
         self.buffers.push(GuardedBuffer::new(bytes)?);
-        self.sizes.push(bytes as u64);
         Ok(self.buffers.len() - 1)
     }
 
@@ -92,7 +89,7 @@ impl Device for Emulator {
         let emulate: libloading::Symbol<Emulate> =
             unsafe { lib.get(b"g4c_emulate") }.map_err(|e| RuntimeError::Invalid(e.to_string()))?;
         for launch in &sequence.launches {
-            emulate_launch(lib, &emulate, (&mut self.buffers, &self.sizes), launch)?;
+            emulate_launch(lib, &emulate, &mut self.buffers, launch)?;
         }
         Ok(())
     }
@@ -101,7 +98,7 @@ impl Device for Emulator {
 fn emulate_launch(
     lib: &libloading::Library,
     emulate: &Emulate,
-    (buffers, sizes): (&mut [GuardedBuffer], &[u64]),
+    buffers: &mut [GuardedBuffer],
     launch: &Launch,
 ) -> Result<()> {
     // SAFETY: the symbol is a kernel the library was built with; it takes `args.len()` pointers to
@@ -111,7 +108,7 @@ fn emulate_launch(
             .get(launch.symbol.as_bytes())
             .map_err(|e| RuntimeError::Invalid(format!("kernel {}: {e}", launch.symbol)))?;
         let mut pointers: Vec<*mut c_void> = launch.args.iter().map(|&b| buffers[b].as_mut_ptr()).collect();
-        let bytes: Vec<u64> = launch.args.iter().map(|&b| sizes[b]).collect();
+        let bytes: Vec<u64> = launch.args.iter().map(|&b| buffers[b].bytes() as u64).collect();
         emulate(
             *kernel,
             pointers.as_mut_ptr(),

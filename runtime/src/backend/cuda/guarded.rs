@@ -18,6 +18,8 @@ pub(super) struct GuardedBuffer {
     /// Where the bytes start in the mapping, and how many there are (rounded).
     start: usize,
     len: usize,
+    /// The bytes asked for.
+    bytes: usize,
 }
 
 // SAFETY: the mapping is this buffer's alone, and only `&mut self` reaches its bytes.
@@ -49,7 +51,7 @@ impl GuardedBuffer {
         if mapping == libc::MAP_FAILED {
             return Err(fail("mapping memory"));
         }
-        let buffer = GuardedBuffer { mapping, mapped, start: pages - len, len };
+        let buffer = GuardedBuffer { mapping, mapped, start: pages - len, len, bytes };
         // SAFETY: the last page of the mapping just made.
         if unsafe { libc::mprotect(mapping.cast::<u8>().add(pages).cast(), page, libc::PROT_NONE) } != 0 {
             return Err(fail("protecting the guard page"));
@@ -61,6 +63,11 @@ impl GuardedBuffer {
     pub(super) fn as_mut_ptr(&mut self) -> *mut c_void {
         // SAFETY: `start` lies within the mapping.
         unsafe { self.mapping.cast::<u8>().add(self.start).cast() }
+    }
+
+    /// The bytes asked for (fewer than `bytes_mut` holds, which are rounded up).
+    pub(super) fn bytes(&self) -> usize {
+        self.bytes
     }
 
     pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
@@ -88,7 +95,7 @@ mod tests {
     #[test]
     fn a_buffer_is_zeroed_and_ends_at_its_guard() {
         let mut b = GuardedBuffer::new(1000).unwrap();
-        assert_eq!(b.bytes_mut().len(), 1024);
+        assert_eq!((b.bytes(), b.bytes_mut().len()), (1000, 1024));
         assert!(b.bytes_mut().iter().all(|&x| x == 0));
         b.bytes_mut()[1023] = 7;
         let end = b.as_mut_ptr() as usize + 1024;
