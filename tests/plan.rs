@@ -294,12 +294,12 @@ fn decode_cache(m: &g4c_ir::Module, param: usize) -> bool {
 #[test]
 fn a_kernel_that_cannot_fit_is_an_error_naming_it() {
     let t4g = Target::by_name("t4g").unwrap();
-    let gpu = GpuLimits { smem_per_block: 64, ..t4g.gpu.clone().unwrap() };
+    let gpu = GpuLimits { smem_per_block: 64, smem_per_block_optin: 64, ..t4g.gpu.clone().unwrap() };
     let small: &'static Target = Box::leak(Box::new(Target { name: "t4g-64", gpu: Some(gpu), ..t4g.clone() }));
     let Err(err) = tiny_plan(small).map(|_| ()) else { panic!("a plan for 64 bytes of shared memory") };
     let err = err.to_string();
-    let gemm = err.contains("gemm_w4") && err.contains("needs bytes of static shared memory 10240");
-    let matvec = err.contains("matvec_w4") && err.contains("needs bytes of static shared memory 128");
+    let gemm = err.contains("gemm_w4") && err.contains("needs bytes of shared memory 10240");
+    let matvec = err.contains("matvec_w4") && err.contains("needs bytes of shared memory 128");
     assert!(gemm || matvec, "{err}");
     assert!(err.contains("t4g-64's limit of 64"), "{err}");
     assert!(err.contains("kernel decode.k") || err.contains("kernel prefill"), "{err}");

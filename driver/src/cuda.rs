@@ -5,7 +5,7 @@
 
 use anyhow::{Context, Result};
 use g4c_codegen::cuda::{assemble, compile_ptx, emit_entry, find_ptxas, nvrtc_version, KernelResources};
-use g4c_ir::plan::{launch_grid, launch_smem_bytes, KernelPlan};
+use g4c_ir::plan::{launch_grid, launch_smem_bytes, KernelPlan, SharedRegion};
 use g4c_ir::{Module, Target};
 use g4c_runtime::backend::cuda::{launch_bindings, DeviceProgram, KernelBinding};
 use serde_json::{json, Value};
@@ -57,8 +57,9 @@ pub fn cuda_programs(plan: &KernelPlan, target: &Target, compile: bool) -> Resul
 }
 
 /// The `kernels` section of the compile report: the target's limits, and per entry point every
-/// launch's footprint beside them, with what ptxas found in its function where it ran, and the
-/// calls it runs side by side (and as tails).
+/// launch's footprint beside them (and the part of it that is dynamic shared memory, which ptxas
+/// does not count), with what ptxas found in its function where it ran, and the calls it runs
+/// side by side (and as tails).
 pub fn kernel_report(plan: &KernelPlan, build: &CudaBuild, target: &Target) -> Value {
     let gpu = target.gpu.as_ref().expect("a CUDA target");
     let entries: Vec<Value> = plan
@@ -94,6 +95,7 @@ pub fn kernel_report(plan: &KernelPlan, build: &CudaBuild, target: &Target) -> V
                         "grid": launch_grid(calls),
                         "block": calls[0].launch.block,
                         "smem_bytes": launch_smem_bytes(calls),
+                        "dynamic_smem_bytes": SharedRegion::of(calls).dynamic_bytes(),
                         "registers": calls[0].launch.registers,
                         "ptxas": ptxas,
                         "calls": parts,
@@ -116,6 +118,7 @@ pub fn kernel_report(plan: &KernelPlan, build: &CudaBuild, target: &Target) -> V
         "nvrtc": build.nvrtc.map(|(a, b)| format!("{a}.{b}")),
         "limits": {
             "smem_per_block": gpu.smem_per_block,
+            "smem_per_block_optin": gpu.smem_per_block_optin,
             "threads_per_block": gpu.threads_per_block,
             "registers_per_sm": gpu.registers_per_sm,
         },

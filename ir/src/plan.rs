@@ -5,6 +5,7 @@
 //! (inputs and state, which update-in-place kernels write) or in scratch buffers, reused once their
 //! value is dead. The text form (`print_plan`) shows each kernel's ops, launch and budget.
 
+use crate::target::STATIC_SMEM_PER_BLOCK;
 use crate::{print_function, MmaShape, Module};
 use std::fmt::Write;
 
@@ -236,10 +237,46 @@ pub fn launch_grid(calls: &[KernelCall]) -> u32 {
     calls.iter().filter(|c| !c.tail).map(|c| c.launch.grid).sum()
 }
 
-/// A launch's static shared memory: one region, which each block uses for its own call's arrays
-/// (a block runs one call), as large as the largest call's.
+/// A launch's shared memory: one region, which each block uses for its own call's arrays (a block
+/// runs one call), as large as the largest call's, in whole 16 bytes: a module that declares a
+/// dynamic region (`SharedRegion`), which starts after the static ones at its 16-byte alignment,
+/// pads every kernel's static shared memory to that, as ptxas reports.
 pub fn launch_smem_bytes(calls: &[KernelCall]) -> u32 {
-    calls.iter().map(|c| c.launch.smem_bytes).max().unwrap_or(0)
+    calls.iter().map(|c| c.launch.smem_bytes).max().unwrap_or(0).next_multiple_of(16)
+}
+
+/// Where a launch's region is declared: a static array (which ptxas counts) up to
+/// `STATIC_SMEM_PER_BLOCK`, beyond it an `extern` one whose bytes the launch passes as dynamic
+/// shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SharedRegion {
+    Static(u32),
+    Dynamic(u32),
+}
+
+impl SharedRegion {
+    pub fn of(calls: &[KernelCall]) -> SharedRegion {
+        match launch_smem_bytes(calls) {
+            bytes if bytes > STATIC_SMEM_PER_BLOCK => SharedRegion::Dynamic(bytes),
+            bytes => SharedRegion::Static(bytes),
+        }
+    }
+
+    /// The bytes ptxas reports for the launch's function.
+    pub fn static_bytes(self) -> u32 {
+        match self {
+            SharedRegion::Static(bytes) => bytes,
+            SharedRegion::Dynamic(_) => 0,
+        }
+    }
+
+    /// The bytes the launch passes (`sharedMemBytes`), and its function opts in to.
+    pub fn dynamic_bytes(self) -> u32 {
+        match self {
+            SharedRegion::Static(_) => 0,
+            SharedRegion::Dynamic(bytes) => bytes,
+        }
+    }
 }
 
 /// Every entry point's plan, over one module of kernel functions and the weights they read.

@@ -90,6 +90,12 @@ pub struct Target {
 }
 
 const KIB: u32 = 1024;
+
+/// [G]: a block's static shared memory (`__shared__` arrays, whose bytes ptxas sees) stops at 48
+/// KiB on every compute capability; beyond it a kernel declares its array `extern` and is launched
+/// with the bytes as dynamic shared memory, after opting in to them
+/// (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`), up to `GpuLimits::smem_per_block_optin`.
+pub const STATIC_SMEM_PER_BLOCK: u32 = 48 * KIB;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 const GB: u64 = 1_000_000_000;
@@ -154,7 +160,7 @@ const fn gpu(
             registers_per_sm: 64 * KIB,
             registers_per_thread: 255,
             threads_per_block: 1024,
-            smem_per_block: 48 * KIB,
+            smem_per_block: STATIC_SMEM_PER_BLOCK,
             smem_per_block_optin: if turing { smem_per_sm } else { smem_per_sm - KIB },
             smem_per_sm,
             l2_bytes,

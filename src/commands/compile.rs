@@ -118,7 +118,7 @@ fn cuda_summary(kernels: &serde_json::Value) -> String {
         kernels["nvrtc"].as_str().unwrap_or("?"),
         if ptxas_checked { ", cubins by ptxas" } else { " (no ptxas here: no cubins)" },
         super::fmt_bytes(smem.unwrap_or(0)),
-        super::fmt_bytes(kernels["limits"]["smem_per_block"].as_u64().unwrap_or(0)),
+        super::fmt_bytes(kernels["limits"]["smem_per_block_optin"].as_u64().unwrap_or(0)),
     )
 }
 

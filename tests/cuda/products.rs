@@ -108,8 +108,10 @@ fn assert_deep_packed_matvec_agrees(t: &str, scale_type: &str, magnitude: f32, d
 /// of one SM (two blocks at once) with 44 columns: 6 groups of 8, the last of 4, so one block takes
 /// groups 0, 2 and 4, the other 1, 3 and 5. 4-bit ones of f16 weights and bf16 scales (t4g's QAT
 /// weights): 2304 deep (a thread's words in one trip), 6144 (two trips: the second loaded in the
-/// loop, for the block's current group), and GELU(gate)·up's two products 6144 deep (three trips);
-/// and a 16-bit one. On the host emulator against the interpreter.
+/// loop, for the block's current group), GELU(gate)·up's two products 6144 deep (three trips), and
+/// in a dynamic region past 48 KiB, for one block at a time, 12288 deep (E2B's down projections: 48
+/// KiB of activations and the partial sums after them) and 2 rows 6144 deep (as `g4c serve` batches
+/// two sequences); and a 16-bit one. On the host emulator against the interpreter.
 #[test]
 fn a_strided_matvec_computes_what_the_module_does() {
     assert_strided_matvecs_agree(emulator);
@@ -117,18 +119,31 @@ fn a_strided_matvec_computes_what_the_module_does() {
 
 /// `a_strided_matvec_computes_what_the_module_does`'s cases, on `device`.
 pub(super) fn assert_strided_matvecs_agree<D: Device + 'static>(device: fn(&[DeviceProgram]) -> D) {
-    for (depth, products, four_bit) in [(2304, 1, true), (6144, 1, true), (6144, 2, true), (1536, 1, false)] {
-        let product = Products { entry: "decode", rows: 1, cols: 44, depth, products, four_bit };
+    // Rows, depth, products, 4-bit.
+    let cases = [
+        (1, 2304, 1, true),
+        (1, 6144, 1, true),
+        (1, 6144, 2, true),
+        (1, 12288, 1, true),
+        (2, 6144, 1, true),
+        (1, 1536, 1, false),
+    ];
+    for (rows, depth, products, four_bit) in cases {
+        let product = Products { entry: "decode", rows, cols: 44, depth, products, four_bit };
         let scales = if four_bit { "bf16" } else { "f16" };
         let (plan, want, got) = product_outputs(product, ("f16", scales), 0.01, &ONE_SM_T4G, device);
         let what = format!(
-            "{depth} deep, {products} products, {}: {}",
+            "{rows} rows, {depth} deep, {products} products, {}: {}",
             if four_bit { "4-bit" } else { "16-bit" },
             print_plan(&plan, false)
         );
         let call = &plan.entries[0].calls[0];
         let tile = call.launch.tile.unwrap_or_else(|| panic!("{what}"));
-        assert!(tile.strided && tile.packed == four_bit && call.launch.grid == 2, "{what}");
+        let dynamic = SharedRegion::of(std::slice::from_ref(call)).dynamic_bytes() > 0;
+        assert_eq!(dynamic, rows * depth > 6144, "{what}: a dynamic region");
+        // The SM holds one block with a region past 48 KiB, two with the others.
+        let grid = if dynamic { 1 } else { 2 };
+        assert!(tile.strided && tile.packed == four_bit && call.launch.grid == grid, "{what}");
         assert_products_agree(&what, "f16", 0.01, &got, &want);
     }
 }

@@ -159,6 +159,14 @@ template <typename... Written> __device__ __forceinline__ void await_previous_ke
 __device__ __forceinline__ void let_next_kernel_start() {}
 template <typename... Written> __device__ __forceinline__ void await_previous_kernel(const Written*...) {}
 #endif
+// A launch's shared-memory region beyond the 48 KiB a static array may take: `extern`, its bytes
+// passed at launch as dynamic shared memory (the runtime opts the function in to them). The host
+// emulator checks that the launch passed at least `bytes`.
+#ifndef G4C_HOST_EMULATION
+#define DYNAMIC_REGION(name, bytes) extern __shared__ __align__(16) unsigned char name[]
+#else
+#define DYNAMIC_REGION(name, bytes) unsigned char* const name = g4c_dynamic_region(bytes)
+#endif
 // Work that needs what several blocks wrote runs on the last of them to finish (a split GEMM's sum
 // of its tile's partial sums, a call's tail `KernelCall::tail`), which `last_block_of` tells each
 // of `blocks` blocks: every block counts itself in `count` once its writes are fenced, and the

@@ -2,7 +2,8 @@
 //!
 //! Calls that run side by side in a launch run on blocks of their own, so a block only ever uses
 //! one call's arrays: the launch declares one region as large as its largest call needs
-//! (`launch_smem_bytes`) and each call lays its arrays out from the region's start. Static arrays
+//! (`launch_smem_bytes`; a static array, or beyond 48 KiB a dynamic one, `SharedRegion`) and each
+//! call lays its arrays out from the region's start. Static arrays
 //! declared in each call's device function would instead all be allocated in every block, the
 //! launch's shared memory the sum of its calls'.
 

@@ -150,7 +150,8 @@ fn gemm_mma(gpu: &GpuLimits, operand: DType) -> Option<MmaShape> {
 
 /// The launch of a kernel: prefill products of 16-bit operands a tensor-core GEMM tile; matvec
 /// kernels the template applies to a tile whose `k` is the largest step multiple that fits the
-/// target's static shared memory (at least one step, or the fit check fails); reductions split
+/// target's static shared memory (at least one step, or the fit check fails), or to the whole
+/// contraction where its blocks stride over their columns; reductions split
 /// over a warp per output or the warps of a block (`ReduceSplit`); every other kernel one thread per
 /// element it writes. Each has its prelude's shared memory besides.
 pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch {
@@ -234,10 +235,18 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
         // blocks' share of the file, which ptxas fills; one of more rows has the whole file for
         // one block, and may use far less, where the GPU would hold more blocks than the budget
         // says and so than the grid was planned for.
-        let strided = Tile { strided: true, ..tile };
+        //
+        // A strided block's shared memory may go past the static 48 KiB, up to the opt-in (a
+        // dynamic region), where the GPU holds as many of its blocks at once as of the unstrided
+        // tile's: t4g's 12288-deep down projection stages 48 KiB of activations and its partial
+        // sums take 256 bytes more, and an SM holds one block of either.
+        let strided = Tile { k: whole, strided: true, ..tile };
         let strided_smem = footprint(&strided).smem_bytes as u32 + prelude_bytes;
         let resident = resident_blocks(gpu, registers, strided_smem);
-        let stridable = rows as usize <= SHARED_FILE_MAX_ROWS && k == whole && strided_smem <= gpu.smem_per_block;
+        let unstrided_resident = resident_blocks(gpu, registers, footprint(&tile).smem_bytes as u32 + prelude_bytes);
+        let stridable = rows as usize <= SHARED_FILE_MAX_ROWS
+            && strided_smem <= gpu.smem_per_block_optin
+            && resident >= unstrided_resident;
         let (tile, grid) = match stridable && groups > resident {
             // As many groups a block as the wave needs, spread over as few blocks as that takes:
             // the same time, fewer stagings.
@@ -387,9 +396,10 @@ fn registers_per_thread(gpu: &GpuLimits, block: u32) -> u32 {
     ((gpu.registers_per_sm / block) / 8 * 8).min(gpu.registers_per_thread)
 }
 
-/// The fit proof of one kernel: shared memory (its template's and its prelude's, static, so ptxas
-/// sees it too) within the block's limit, threads within the block's, and registers × threads
-/// within the SM's file. On failure: what, how much it needs, and the limit.
+/// The fit proof of one kernel: shared memory (its template's and its prelude's) within the
+/// block's opt-in limit (a static array up to 48 KiB, which ptxas sees too; beyond it a dynamic
+/// one, `SharedRegion`), threads within the block's, and registers × threads within the SM's file.
+/// On failure: what, how much it needs, and the limit.
 pub(crate) fn check_fit(launch: &Launch, gpu: &GpuLimits) -> Result<(), (&'static str, u64, u64)> {
     let body = match (&launch.tile, launch.split, &launch.slots) {
         (Some(tile), _, _) => footprint(tile).smem_bytes,
@@ -398,8 +408,8 @@ pub(crate) fn check_fit(launch: &Launch, gpu: &GpuLimits) -> Result<(), (&'stati
         (None, None, None) => 0,
     };
     let smem = body + launch.prelude.map_or(0, |p| prelude_footprint(&p, launch.block));
-    if smem != launch.smem_bytes as u64 || smem > gpu.smem_per_block as u64 {
-        return Err(("bytes of static shared memory", smem, gpu.smem_per_block as u64));
+    if smem != launch.smem_bytes as u64 || smem > gpu.smem_per_block_optin as u64 {
+        return Err(("bytes of shared memory", smem, gpu.smem_per_block_optin as u64));
     }
     if launch.block > gpu.threads_per_block {
         return Err(("threads per block", launch.block as u64, gpu.threads_per_block as u64));

@@ -27,7 +27,7 @@ use reduce::{prelude, split_reduce};
 use super::elemental::{rounded, storage_type, store, unlinear, value_type, write_lines, Emitter};
 use super::shared::{SharedArrays, REGION};
 use super::CudaError;
-use g4c_ir::plan::{launch_smem_bytes, KernelCall, KernelKind};
+use g4c_ir::plan::{KernelCall, KernelKind, SharedRegion};
 use g4c_ir::{DType, Function, Op, ValueId};
 use g4c_passes::{attention_of, footprint, matvec_of, reduction_of, split_footprint, Matvec};
 use std::collections::{HashMap, HashSet};
@@ -268,9 +268,12 @@ pub(crate) fn launch_code(calls: &[KernelCall], parts: &[KernelCode], registers_
     .unwrap();
     code.push_str("  let_next_kernel_start();\n");
     // One region for the launch: each block runs one call, and uses that call's arrays only.
-    let bytes = launch_smem_bytes(calls);
     if parts.iter().any(|p| p.shared) {
-        writeln!(code, "  __shared__ __align__(16) unsigned char {REGION}[{bytes}];").unwrap();
+        let line = match SharedRegion::of(calls) {
+            SharedRegion::Static(bytes) => format!("__shared__ __align__(16) unsigned char {REGION}[{bytes}]"),
+            SharedRegion::Dynamic(bytes) => format!("DYNAMIC_REGION({REGION}, {bytes})"),
+        };
+        writeln!(code, "  {line};").unwrap();
     }
     let last = branches.len() - 1;
     for (n, (end, call)) in branches.iter().enumerate() {

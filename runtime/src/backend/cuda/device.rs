@@ -1,7 +1,7 @@
 //! What a device offers the plan executor: zeroed buffers, copies, and sequences of kernel launches.
 
 use crate::error::Result;
-use g4c_ir::plan::{launch_grid, EntryPlan, KernelCall, Slot};
+use g4c_ir::plan::{launch_grid, EntryPlan, KernelCall, SharedRegion, Slot};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A buffer of one device, by index.
@@ -70,6 +70,7 @@ pub fn launch_of(
         block: calls[0].launch.block,
         // A tail's block waits for its call's at a barrier.
         synchronizes: calls.iter().any(|c| c.launch.synchronizes() || c.tail),
+        dynamic_smem_bytes: SharedRegion::of(calls).dynamic_bytes(),
         args,
         bytes: 0,
     }
@@ -83,6 +84,8 @@ pub struct Launch {
     pub grid: u32,
     pub block: u32,
     pub synchronizes: bool,
+    /// Its dynamic shared memory (`SharedRegion::dynamic_bytes`): 0 where its region is static.
+    pub dynamic_smem_bytes: u32,
     pub args: Vec<Buffer>,
     /// The bytes its calls must move through device memory (`CallTraffic`, every cache chunk
     /// counted), which `G4C_CUDA_PROFILE` divides by its time; 0 where not counted.

@@ -285,9 +285,35 @@ fn driver_error(what: &str, e: cudarc::driver::DriverError) -> RuntimeError {
 }
 
 impl CudaDevice {
-    /// Every kernel `sequence` launches, looked up.
+    /// Every kernel `sequence` launches, looked up, and opted in to its launch's dynamic shared
+    /// memory where it has some.
     fn functions(&mut self, sequence: &LaunchSequence) -> Result<Vec<CudaFunction>> {
-        sequence.launches.iter().map(|l| self.function(&sequence.program, &l.symbol)).collect()
+        sequence
+            .launches
+            .iter()
+            .map(|l| {
+                let f = self.function(&sequence.program, &l.symbol)?;
+                if l.dynamic_smem_bytes > 0 {
+                    self.opt_in(&f, l)?;
+                }
+                Ok(f)
+            })
+            .collect()
+    }
+
+    /// Lets `f` be launched with `launch`'s dynamic shared memory: past 48 KiB a block, the driver
+    /// refuses a launch unless its function asked for that much first.
+    fn opt_in(&self, f: &CudaFunction, launch: &Launch) -> Result<()> {
+        let attribute = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+        f.set_attribute(attribute, launch.dynamic_smem_bytes as i32).map_err(|e| {
+            let most = self.context.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+            RuntimeError::Invalid(format!(
+                "kernel {} needs {} bytes of shared memory a block, and this GPU allows {} ({e:?}); compile for this GPU's target",
+                launch.symbol,
+                launch.dynamic_smem_bytes,
+                most.map_or("?".to_string(), |b| b.to_string()),
+            ))
+        })
     }
 
     /// Launches (or, while the stream records, records) `f` as `launch` says.
@@ -309,7 +335,7 @@ impl CudaDevice {
                 blockDimX: launch.block,
                 blockDimY: 1,
                 blockDimZ: 1,
-                sharedMemBytes: 0,
+                sharedMemBytes: launch.dynamic_smem_bytes,
                 hStream: self.stream.cu_stream(),
                 attrs: &mut attribute,
                 numAttrs: 1,
@@ -322,13 +348,14 @@ impl CudaDevice {
             .map_err(failed);
         }
         // SAFETY: every parameter of g4c's kernels is a pointer, passed by address as the driver
-        // API requires (the values are copied into the launch or graph node); shared memory is static.
+        // API requires (the values are copied into the launch or graph node); dynamic shared
+        // memory beyond 48 KiB was opted in to (`functions`).
         unsafe {
             result::launch_kernel(
                 f.cu_function(),
                 (launch.grid, 1, 1),
                 (launch.block, 1, 1),
-                0,
+                launch.dynamic_smem_bytes,
                 self.stream.cu_stream(),
                 &mut params,
             )

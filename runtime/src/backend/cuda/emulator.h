@@ -169,6 +169,18 @@ static inline void prefetch_l2_lines(const void* p, unsigned bytes) {
 }
 static inline void prefetch_l2(const void* p, unsigned bytes) { prefetch_l2_lines(p, bytes); }
 
+// A launch's dynamic shared memory (`DYNAMIC_REGION` in g4c's prelude): as many bytes as the launch
+// passed, 16-byte aligned, at most a block's opt-in on any GPU. A kernel whose region is larger
+// than the launch passed marks it, where a GPU would read and write past its block's shared memory.
+#define G4C_MAX_DYNAMIC_SMEM (227 * 1024)
+alignas(16) static unsigned char g4c_dynamic_smem[G4C_MAX_DYNAMIC_SMEM];
+static unsigned g4c_dynamic_smem_bytes;
+static bool g4c_dynamic_smem_short;
+static inline unsigned char* g4c_dynamic_region(unsigned bytes) {
+  if (bytes > g4c_dynamic_smem_bytes) g4c_dynamic_smem_short = true;
+  return g4c_dynamic_smem;
+}
+
 // A warp's butterfly (`warp_butterfly` in g4c's prelude) in one exchange: each lane leaves its
 // value, the warp's barrier, then each computes every step of the butterfly over its warp's 32
 // values, so it combines exactly what the xor shuffles would (the five shuffles would cost ten
@@ -222,11 +234,14 @@ static inline void mma_f16_k16(float* d, const unsigned* a, const unsigned* b) {
 static inline void mma_bf16_k16(float* d, const unsigned* a, const unsigned* b) { g4c_mma<16, g4c_widen_bf16>(d, a, b); }
 
 // Runs `grid` blocks of `block` threads of `kernel` on `args` (at most G4C_MAX_ARGS pointers, to
-// buffers of `arg_bytes`): 0, or 1 for a launch it cannot run, 2 for one that prefetched bytes
-// outside its arguments.
+// buffers of `arg_bytes`) with `dynamic_smem` bytes of dynamic shared memory: 0, or 1 for a launch
+// it cannot run, 2 for one that prefetched bytes outside its arguments, 3 for one whose kernel
+// declared a dynamic region larger than the launch passed.
 extern "C" int g4c_emulate(void* kernel, void** args, const unsigned long long* arg_bytes, int nargs, unsigned grid,
-                           unsigned block, int synchronizes) {
-  if (nargs > G4C_MAX_ARGS || block > 1024) return 1;
+                           unsigned block, int synchronizes, unsigned dynamic_smem) {
+  if (nargs > G4C_MAX_ARGS || block > 1024 || dynamic_smem > G4C_MAX_DYNAMIC_SMEM) return 1;
+  g4c_dynamic_smem_bytes = dynamic_smem;
+  g4c_dynamic_smem_short = false;
   for (int i = 0; i < G4C_MAX_ARGS; ++i) {
     g4c_args[i] = i < nargs ? args[i] : nullptr;
     g4c_arg_bytes[i] = i < nargs ? arg_bytes[i] : 0;
@@ -282,5 +297,5 @@ extern "C" int g4c_emulate(void* kernel, void** args, const unsigned long long* 
       std::fill(at_block_barrier.begin(), at_block_barrier.end(), 0);
     }
   }
-  return g4c_prefetch_outside ? 2 : 0;
+  return g4c_dynamic_smem_short ? 3 : g4c_prefetch_outside ? 2 : 0;
 }

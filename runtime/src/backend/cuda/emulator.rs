@@ -13,7 +13,11 @@ use std::process::Command;
 
 const EMULATOR_H: &str = include_str!("emulator.h");
 
-type Emulate = unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *const u64, i32, u32, u32, i32) -> i32;
+type Emulate = unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *const u64, i32, u32, u32, i32, u32) -> i32;
+
+/// The most dynamic shared memory the emulator gives a launch (`G4C_MAX_DYNAMIC_SMEM`): the
+/// largest opt-in of any GPU (227 KiB, sm_90).
+const MAX_DYNAMIC_SMEM: u32 = 227 * 1024;
 
 pub struct Emulator {
     /// Per program (entry point): its library. Kept loaded while kernels may run.
@@ -117,8 +121,15 @@ fn emulate_launch(
             launch.grid,
             launch.block,
             launch.synchronizes as i32,
+            launch.dynamic_smem_bytes,
         )
     };
+    if rc == 3 {
+        return invalid(format!(
+            "kernel {}: its dynamic shared-memory region is larger than the {} bytes the launch passed",
+            launch.symbol, launch.dynamic_smem_bytes
+        ));
+    }
     if rc == 2 {
         return invalid(format!(
             "kernel {}: a block prefetched bytes outside every buffer the launch was given",
@@ -127,10 +138,11 @@ fn emulate_launch(
     }
     if rc != 0 {
         return invalid(format!(
-            "kernel {}: the emulator refused a launch of {} arguments and {} threads (at most {MAX_LAUNCH_ARGS} and 1024)",
+            "kernel {}: the emulator refused a launch of {} arguments, {} threads and {} bytes of dynamic shared memory (at most {MAX_LAUNCH_ARGS}, 1024 and {MAX_DYNAMIC_SMEM})",
             launch.symbol,
             launch.args.len(),
-            launch.block
+            launch.block,
+            launch.dynamic_smem_bytes
         ));
     }
     Ok(())
