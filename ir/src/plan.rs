@@ -140,11 +140,14 @@ impl Launch {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Prelude {
     pub reductions: u32,
-    /// Their output elements, all of which each block holds.
+    /// Their output elements, each block's array holding all of them.
     pub outputs: u32,
     /// Those of them whose outputs each take the whole block, which combines its warps' results
     /// through shared memory.
     pub block_combined: u32,
+    /// Whether each block computes one output of each reduction, the only one it reads (the row of
+    /// its product's left-hand side it stages), rather than all of them.
+    pub one_row: bool,
 }
 
 /// How the threads of a reducing kernel share the reduction of each output element.
@@ -295,7 +298,8 @@ impl KernelPlan {
 
 /// The plan in text form: per entry its buffers, then one line per kernel (`+`: in the launch of
 /// the line before; `>`: the tail of the line before; `prelude r/o`: r reductions of o outputs in
-/// all computed before the body); with `bodies`, each kernel's function after its line.
+/// all computed before the body, `a row` where a block computes one output of each); with `bodies`,
+/// each kernel's function after its line.
 pub fn print_plan(plan: &KernelPlan, bodies: bool) -> String {
     let mut out = String::new();
     for e in &plan.entries {
@@ -341,6 +345,9 @@ pub fn print_plan(plan: &KernelPlan, bodies: bool) -> String {
             }
             if let Some(p) = l.prelude {
                 write!(tile, " prelude {}/{}", p.reductions, p.outputs).unwrap();
+                if p.one_row {
+                    tile.push_str(" a row");
+                }
             }
             match c.split_sums {
                 Some(s) if c.tail => write!(tile, " count {}+{}", s.buffer.label(), s.counts).unwrap(),

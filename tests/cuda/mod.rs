@@ -12,7 +12,9 @@ use crate::common::{
 };
 use g4c_codegen::cuda::{assemble, compile_ptx, emit_entry, CudaProgram};
 use g4c_frontend::{Model, Shapes};
-use g4c_ir::plan::{launch_smem_bytes, print_plan, EntryPlan, KernelCall, KernelKind, KernelPlan, SharedRegion};
+use g4c_ir::plan::{
+    launch_smem_bytes, print_plan, EntryPlan, KernelCall, KernelKind, KernelPlan, ReduceSplit, SharedRegion,
+};
 use g4c_ir::Target;
 use g4c_passes::{plan_module, Pass, Pipeline, PipelineOptions};
 use g4c_runtime::backend::cuda::{ptx_isa_version, CudaDevice, Device, DeviceProgram, Emulator};
@@ -411,6 +413,24 @@ fn e2b_down_projections_on_t4g_stride_in_a_dynamic_region() {
     }
 }
 
+/// A decode step of several sequences computes each sliding layer's softmax maximum and sum in its
+/// weighted sum of values, as one sequence's does: a block stages one head's probabilities of one
+/// sequence and computes that row's statistics alone (`Prelude::one_row`), where the statistics of
+/// all 32 rows in each of its 256 blocks were over the preludes' budget, two launches of their own
+/// each layer. On h200 the full-attention layers' too; on t4g (40 SMs) their 4096-slot rows, in 512
+/// blocks, stay over the budget of what an SM's blocks recompute.
+#[test]
+fn e2b_batched_decode_computes_softmax_statistics_in_the_weighted_sums() {
+    for (target, layers) in [("h200", 35), ("t4g", 28)] {
+        let plan = e2b_plan_of(Target::by_name(target).unwrap(), Shapes { batch: 4, prefill_len: 64, context: 4096 });
+        let staged =
+            |c: &&KernelCall| matches!(c.launch.split, Some(ReduceSplit::WarpsPerExtent { staged }) if staged > 0);
+        let sums = plan.entry("decode").unwrap().calls.iter().filter(staged);
+        let one_row = sums.filter(|c| c.launch.prelude.is_some_and(|p| p.one_row && p.reductions == 2)).count();
+        assert_eq!(one_row, layers, "{target}: weighted sums computing their row's softmax statistics");
+    }
+}
+
 /// A decode layer's projections (q, k and v; q alone where the layer reads another's cache)
 /// compute the residual stream they stage (`recompute`) rather than wait for the kernel
 /// materializing it, and run in its launch, one dependent launch fewer: every layer but the first
@@ -503,14 +523,20 @@ fn no_count_lies_where_partial_sums_were_left() {
 /// Every E2B kernel, decode and prefill, compiles for t4g, a100 and h200, within each one's shared
 /// memory, and ptxas agrees with the footprints and finds no spills: for one sequence and a
 /// 128-token prefill, and for `g4c serve`'s default of 8 sequences and 64-token prefills (whose
-/// 512-row GEMMs spilled on t4g, see `Edges` and `STAGED_READS`).
+/// 512-row GEMMs spilled on t4g, see `Edges` and `STAGED_READS`); and the decode of the batch whose
+/// strided matvecs take the largest dynamic regions (past 48 KiB, `SharedRegion`), which ptxas does
+/// not count: 2 sequences on t4g, 4 on a100 and h200.
 #[test]
 fn e2b_kernels_compile_and_fit_on_every_gpu_class() {
     let served = Shapes { batch: 8, prefill_len: 64, context: 4096 };
-    for (target, sm) in [("t4g", (7, 5)), ("a100", (8, 0)), ("h200", (9, 0))] {
+    for (target, sm, batch) in [("t4g", (7, 5), 2), ("a100", (8, 0), 4), ("h200", (9, 0), 4)] {
         let t = Target::by_name(target).unwrap();
         let limit = t.gpu.as_ref().unwrap().smem_per_block_optin;
-        for plan in [e2b_plan(t), e2b_plan_of(t, served)] {
+        let mut batched = e2b_plan_of(t, Shapes { batch, ..served });
+        batched.entries.retain(|e| e.entry == "decode");
+        let dynamic = batched.entries[0].launches().filter(|l| SharedRegion::of(l).dynamic_bytes() > 0).count();
+        assert!(dynamic > 0, "{target}: {batch} sequences' decode has no dynamic region");
+        for plan in [e2b_plan(t), e2b_plan_of(t, served), batched] {
             assert_fits(&plan, (target, sm), limit);
         }
     }

@@ -159,13 +159,16 @@ template <typename... Written> __device__ __forceinline__ void await_previous_ke
 __device__ __forceinline__ void let_next_kernel_start() {}
 template <typename... Written> __device__ __forceinline__ void await_previous_kernel(const Written*...) {}
 #endif
-// A launch's shared-memory region beyond the 48 KiB a static array may take: `extern`, its bytes
-// passed at launch as dynamic shared memory (the runtime opts the function in to them). The host
-// emulator checks that the launch passed at least `bytes`.
+// A launch's shared-memory region (`SharedRegion`): a static array up to 48 KiB; beyond, `extern`,
+// its bytes passed at launch as dynamic shared memory (the runtime opts the function in to them).
+// On the host emulator each is its block's region, which it fills with NaNs before each block (a
+// GPU's is not initialized either), and it checks that a dynamic one's launch passed its bytes.
 #ifndef G4C_HOST_EMULATION
+#define STATIC_REGION(name, bytes) __shared__ __align__(16) unsigned char name[bytes]
 #define DYNAMIC_REGION(name, bytes) extern __shared__ __align__(16) unsigned char name[]
 #else
-#define DYNAMIC_REGION(name, bytes) unsigned char* const name = g4c_dynamic_region(bytes)
+#define STATIC_REGION(name, bytes) unsigned char* const name = g4c_block_region(bytes, false)
+#define DYNAMIC_REGION(name, bytes) unsigned char* const name = g4c_block_region(bytes, true)
 #endif
 // Work that needs what several blocks wrote runs on the last of them to finish (a split GEMM's sum
 // of its tile's partial sums, a call's tail `KernelCall::tail`), which `last_block_of` tells each

@@ -5,7 +5,7 @@
 
 use super::attention::attention_of;
 use super::kind::{matvec_of, reads_per_element, reduction_of, rows_sharing_rhs, PackedWeight, Reduction};
-use super::prelude::{prelude_footprint, prelude_launch, prelude_of};
+use super::prelude::{one_row_a_block, prelude_footprint, prelude_launch, prelude_of};
 use g4c_ir::plan::{KernelKind, Launch, ReduceSplit, SlotSplit, Tile};
 use g4c_ir::{DType, Function, GpuLimits, MmaShape, Op};
 
@@ -34,8 +34,7 @@ const BLOCKS_PER_SM: u32 = 2;
 /// stride over its columns: a decode step of up to 4 sequences (`g4c serve`'s batches), whose
 /// packed matvecs keep 16 sums a thread whatever their rows (fewer columns a block for more rows)
 /// and fit 128 registers on t4g, a100 and h200 without spilling (82–128 in E2B's decode of 4).
-/// E2B's decode of 8 spills 116–348 bytes on t4g at 128 (none on a100 or h200), and its 8 rows of
-/// 1536 activations would not leave a strided block room for its partial sums anyway.
+/// E2B's decode of 8 spills 116–348 bytes on t4g at 128 (none on a100 or h200).
 const SHARED_FILE_MAX_ROWS: usize = 4;
 /// The most elements of a reduced extent a `WarpsPerExtent` thread stages (`staged_extent`): 4 KB
 /// of shared memory a block.
@@ -156,7 +155,7 @@ fn gemm_mma(gpu: &GpuLimits, operand: DType) -> Option<MmaShape> {
 /// element it writes. Each has its prelude's shared memory besides.
 pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch {
     let (registers, whole_file) = (registers_per_thread(gpu, BLOCK * BLOCKS_PER_SM), registers_per_thread(gpu, BLOCK));
-    let prelude = prelude_launch(&prelude_of(k), BLOCK);
+    let prelude = prelude_launch(&prelude_of(k), BLOCK, false);
     let prelude_bytes = prelude.map_or(0, |p| prelude_footprint(&p, BLOCK)) as u32;
     // A decode step's attention: a block per chunk of slots, for every head.
     if let Some(a) = (kind == KernelKind::Attention).then(|| attention_of(k)).flatten() {
@@ -236,10 +235,12 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
         // one block, and may use far less, where the GPU would hold more blocks than the budget
         // says and so than the grid was planned for.
         //
-        // A strided block's shared memory may go past the static 48 KiB, up to the opt-in (a
-        // dynamic region), where the GPU holds as many of its blocks at once as of the unstrided
-        // tile's: t4g's 12288-deep down projection stages 48 KiB of activations and its partial
-        // sums take 256 bytes more, and an SM holds one block of either.
+        // A block strides where the GPU holds as many of its blocks at once as of the unstrided
+        // tile's (whose activations may be staged a step at a time, and whose partial sums share
+        // their array): a block's staging must not cost the SM blocks in flight. Its shared
+        // memory may go past the static 48 KiB, up to the opt-in (a dynamic region): t4g's
+        // 12288-deep down projection stages 48 KiB of activations and its partial sums take 256
+        // bytes more, and an SM holds one block of either.
         let strided = Tile { k: whole, strided: true, ..tile };
         let strided_smem = footprint(&strided).smem_bytes as u32 + prelude_bytes;
         let resident = resident_blocks(gpu, registers, strided_smem);
@@ -288,6 +289,8 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
         }
     });
     if let Some((split, blocks)) = split {
+        let prelude = prelude_launch(&prelude_of(k), BLOCK, one_row_a_block(k, split));
+        let prelude_bytes = prelude.map_or(0, |p| prelude_footprint(&p, BLOCK)) as u32;
         return Launch {
             grid: (blocks as u32).max(1),
             block: BLOCK,
@@ -397,9 +400,9 @@ fn registers_per_thread(gpu: &GpuLimits, block: u32) -> u32 {
 }
 
 /// The fit proof of one kernel: shared memory (its template's and its prelude's) within the
-/// block's opt-in limit (a static array up to 48 KiB, which ptxas sees too; beyond it a dynamic
-/// one, `SharedRegion`), threads within the block's, and registers × threads within the SM's file.
-/// On failure: what, how much it needs, and the limit.
+/// block's static limit (an array ptxas sees too), or, for a strided matvec, the opt-in (beyond 48
+/// KiB a dynamic array, `SharedRegion`); threads within the block's limit, and registers × threads
+/// within the SM's file. On failure: what, how much it needs, and the limit.
 pub(crate) fn check_fit(launch: &Launch, gpu: &GpuLimits) -> Result<(), (&'static str, u64, u64)> {
     let body = match (&launch.tile, launch.split, &launch.slots) {
         (Some(tile), _, _) => footprint(tile).smem_bytes,
@@ -408,8 +411,12 @@ pub(crate) fn check_fit(launch: &Launch, gpu: &GpuLimits) -> Result<(), (&'stati
         (None, None, None) => 0,
     };
     let smem = body + launch.prelude.map_or(0, |p| prelude_footprint(&p, launch.block));
-    if smem != launch.smem_bytes as u64 || smem > gpu.smem_per_block_optin as u64 {
-        return Err(("bytes of shared memory", smem, gpu.smem_per_block_optin as u64));
+    let limit = match launch.tile.is_some_and(|t| t.strided) {
+        true => gpu.smem_per_block_optin,
+        false => gpu.smem_per_block,
+    };
+    if smem != launch.smem_bytes as u64 || smem > limit as u64 {
+        return Err(("bytes of shared memory", smem, limit as u64));
     }
     if launch.block > gpu.threads_per_block {
         return Err(("threads per block", launch.block as u64, gpu.threads_per_block as u64));

@@ -6,15 +6,17 @@
 //! hundred: it is a launch, a dependency and a round trip through memory, far more than the work.
 //! `merge` moves it into the prelude of every kernel that reads it, whose blocks recompute it from
 //! values they mostly read anyway (a matvec stages the whole normalized row), as long as what all
-//! those blocks recompute stays within budget: E2B's decode step goes from 801 kernels to 544.
+//! those blocks recompute stays within budget: E2B's decode step goes from 801 kernels to 544. A
+//! block reading one output of each reduction (a head's probabilities) computes that one alone
+//! (`one_row_a_block`).
 
 use super::fusion::Group;
 use super::kernel_function;
-use super::kind::{classify, own_reductions, reduction_of};
+use super::kind::{classify, own_reductions, reduction_of, rows_sharing_rhs};
 use super::launch::launch;
-use g4c_ir::plan::{KernelKind, Prelude};
+use g4c_ir::plan::{KernelKind, Prelude, ReduceSplit};
 use g4c_ir::{DType, Function, GpuLimits, Op, ValueId};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// A prelude reduction has at most this many outputs, all of which each block holds.
 const MAX_OUTPUTS: usize = 256;
@@ -68,13 +70,74 @@ impl PreludeReduction {
     }
 }
 
-/// The launch's account of a prelude computing `reductions` in blocks of `block` threads.
-pub fn prelude_launch(reductions: &[PreludeReduction], block: u32) -> Option<Prelude> {
+/// The launch's account of a prelude computing `reductions` in blocks of `block` threads, each
+/// block one output of each (`one_row`, the whole block on it) or all of them.
+pub fn prelude_launch(reductions: &[PreludeReduction], block: u32, one_row: bool) -> Option<Prelude> {
     (!reductions.is_empty()).then(|| Prelude {
         reductions: reductions.len() as u32,
         outputs: reductions.iter().map(|r| r.outputs as u32).sum(),
-        block_combined: reductions.iter().filter(|r| r.block_per_output(block)).count() as u32,
+        block_combined: reductions.iter().filter(|r| one_row || r.block_per_output(block)).count() as u32,
+        one_row,
     })
+}
+
+/// Whether each block of `k`, split as `split`, reads one output of each reduction of its prelude,
+/// so that it need compute that one alone (`Prelude::one_row`): a `WarpsPerExtent` block of a
+/// product stages one row of its left-hand side (`rows_sharing_rhs`), and here that row's index is
+/// each reduction's output index. The left-hand side is `[rows.., contracted..]` (its batch and free
+/// axes leading, in order), every reduction of the prelude reduces a value of that shape over its
+/// trailing axes, and a reduction reaches the product only through broadcasts along those axes and
+/// elementwise ops of that shape, element for element: a decode step's weighted sum of values,
+/// whose block reads one head's probabilities, computes that head's softmax maximum and sum alone.
+pub fn one_row_a_block(k: &Function, split: ReduceSplit) -> bool {
+    let ReduceSplit::WarpsPerExtent { staged } = split else { return false };
+    let Some(own) = reduction_of(k) else { return false };
+    let product = k.body.iter().find(|i| i.result == own.reduction).map(|i| &i.op);
+    let Some(op @ Op::DotGeneral { lhs, dims, .. }) = product else { return false };
+    let shape = &k.ty(*lhs).shape;
+    let rows = shape.len() - dims.lhs_contract.len();
+    let leading = dims.lhs_batch.iter().chain(&dims.lhs_free(shape.len())).copied().eq(0..rows);
+    let prelude = prelude_of(k);
+    if staged == 0 || rows_sharing_rhs(k, op).is_none() || !leading || prelude.is_empty() {
+        return false;
+    }
+    let reductions: HashSet<ValueId> = prelude.iter().map(|p| p.reduction).collect();
+    let row_reductions = k.body.iter().filter(|i| reductions.contains(&i.result)).all(|i| match &i.op {
+        Op::Reduce { input, axes, .. } => k.ty(*input).shape == *shape && axes.iter().copied().eq(rows..shape.len()),
+        _ => false,
+    });
+    // Every value computed from a reduction, and what reads it: element for element of the left-hand
+    // side's shape, up to the product's left-hand side or another of the prelude's reductions.
+    let (mut stack, mut seen) = (reductions.iter().copied().collect::<Vec<_>>(), HashSet::new());
+    while let Some(v) = stack.pop() {
+        if !seen.insert(v) {
+            continue;
+        }
+        if k.results.iter().any(|r| r.value == v) {
+            return false;
+        }
+        for user in k.body.iter().filter(|i| i.op.operands().contains(&v)) {
+            let elementwise = k.ty(user.result).shape == *shape;
+            let row_preserving = match &user.op {
+                Op::Broadcast { input, dims } => {
+                    reductions.contains(input) && dims.iter().copied().eq(0..rows) && elementwise
+                }
+                Op::Unary { .. } | Op::Binary { .. } | Op::Compare { .. } | Op::Select { .. } | Op::Convert { .. } => {
+                    elementwise
+                }
+                Op::Reduce { .. } => reductions.contains(&user.result),
+                Op::DotGeneral { lhs: l, rhs: r, .. } => user.result == own.reduction && *l == v && *r != v,
+                _ => false,
+            };
+            if !row_preserving {
+                return false;
+            }
+            if user.result != own.reduction {
+                stack.push(user.result);
+            }
+        }
+    }
+    row_reductions
 }
 
 /// Shared memory of a prelude in blocks of `block` threads: each reduction's outputs, and a
@@ -83,9 +146,10 @@ pub fn prelude_footprint(prelude: &Prelude, block: u32) -> u64 {
     (prelude.outputs as u64 + prelude.block_combined as u64 * (block as u64 / 32)) * 4
 }
 
-/// Input elements a block of `k` reduces in its prelude.
-fn block_work(k: &Function) -> usize {
-    prelude_of(k).iter().map(|p| p.outputs * p.extent).sum()
+/// Input elements a block of `k`, whose launch has `prelude`, reduces in it.
+fn block_work(k: &Function, prelude: Option<Prelude>) -> usize {
+    let one_row = prelude.is_some_and(|p| p.one_row);
+    prelude_of(k).iter().map(|p| if one_row { p.extent } else { p.outputs * p.extent }).sum()
 }
 
 /// Moves each reduction kernel into the prelude of every kernel reading it, where that keeps each
@@ -170,9 +234,9 @@ fn merged_reader(
         && (old.grid, old.block, old.tile, old.split, old.slots)
             == (new.grid, new.block, new.tile, new.split, new.slots)
         && every_reduction_placed(&after);
-    let work = block_work(&after);
+    let work = block_work(&after, new.prelude);
     let fits = new.smem_bytes <= gpu.smem_per_block && work <= BLOCK_WORK_LIMIT;
-    (same_body && fits).then(|| (group, new.grid as usize * work.saturating_sub(block_work(&before))))
+    (same_body && fits).then(|| (group, new.grid as usize * work.saturating_sub(block_work(&before, old.prelude))))
 }
 
 /// Whether every reduction of `k` is computed once: by its template or in its prelude.

@@ -270,7 +270,7 @@ pub(crate) fn launch_code(calls: &[KernelCall], parts: &[KernelCode], registers_
     // One region for the launch: each block runs one call, and uses that call's arrays only.
     if parts.iter().any(|p| p.shared) {
         let line = match SharedRegion::of(calls) {
-            SharedRegion::Static(bytes) => format!("__shared__ __align__(16) unsigned char {REGION}[{bytes}]"),
+            SharedRegion::Static(bytes) => format!("STATIC_REGION({REGION}, {bytes})"),
             SharedRegion::Dynamic(bytes) => format!("DYNAMIC_REGION({REGION}, {bytes})"),
         };
         writeln!(code, "  {line};").unwrap();

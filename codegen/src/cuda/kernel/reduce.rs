@@ -9,7 +9,7 @@ use crate::cuda::shared::SharedArrays;
 use crate::cuda::CudaError;
 use g4c_ir::plan::{KernelCall, ReduceSplit};
 use g4c_ir::{DotDims, Op, ReduceKind, ValueId};
-use g4c_passes::{prelude_launch, prelude_of, reads_per_element, reduction_of, rows_sharing_rhs};
+use g4c_passes::{one_row_a_block, prelude_launch, prelude_of, reads_per_element, reduction_of, rows_sharing_rhs};
 
 /// A reduction split over threads: a warp per output (`WarpPerOutput`: its lanes stride the row,
 /// shuffles combine their partial results, lane 0 stores; the grid's blocks stride the outputs),
@@ -59,9 +59,8 @@ pub(super) fn split_reduce(
                 // read the cache from memory once per head (on t4g, a full-attention layer's
                 // value cache is as large as its L2).
                 Some((rows, cols)) => {
-                    let chunks = cols / 32;
-                    em.line(format!("const int q = block / {rows}, row = (q / {chunks}) * {rows} + block % {rows};"));
-                    em.line(format!("const int i = row * {cols} + (q % {chunks}) * 32 + lane;"));
+                    em.line(format!("const int q = block / {rows}, row = {};", staged_row((rows, cols))));
+                    em.line(format!("const int i = row * {cols} + (q % {}) * 32 + lane;", cols / 32));
                 }
                 None => em.line("const int i = block * 32 + lane;"),
             }
@@ -188,19 +187,35 @@ fn staged_dot(
     Ok(())
 }
 
+/// The row of the left-hand side that block `block` of a staged product (`rows_sharing_rhs`: `rows`
+/// per batch element, `cols` columns) reads, as a C expression: blocks `q * rows` to `q * rows +
+/// rows - 1` take the rows of one batch element, each the same 32 columns `q % (cols / 32)`.
+fn staged_row((rows, cols): (usize, usize)) -> String {
+    format!("(block / {rows} / {}) * {rows} + block % {rows}", cols / 32)
+}
+
 /// The most right-hand side loads a warp of a staged product issues before it waits for one.
 const VALUES_AT_ONCE: u32 = 64;
 
 /// The prelude: each reduction the body reads, computed once per block into the shared array
 /// `pre{n}` and read from there by the body (and by later reductions of the prelude). Returns the
 /// arrays' declarations. A reduction of at least a warp per output takes a warp per output; one of
-/// fewer the whole block per output, its warps' results combined through `pre{n}_part`. Every
-/// thread runs every shuffle and barrier (uniform control flow, which the host emulator needs).
+/// fewer the whole block per output, its warps' results combined through `pre{n}_part`; where the
+/// block reads one output of each (`Prelude::one_row`), the whole block computes that one alone,
+/// at its index in the array. Every thread runs every shuffle and barrier (uniform control flow,
+/// which the host emulator needs).
 pub(super) fn prelude(em: &mut Emitter, call: &KernelCall) -> Result<SharedArrays, CudaError> {
     let reductions = prelude_of(em.k);
     let warps = call.launch.block as usize / 32;
-    if call.launch.prelude != prelude_launch(&reductions, call.launch.block) {
+    let one_row = call.launch.split.is_some_and(|split| one_row_a_block(em.k, split));
+    if call.launch.prelude != prelude_launch(&reductions, call.launch.block, one_row) {
         return Err(CudaError::Unsupported(format!("{}: the plan's prelude is not the kernel's", em.k.name)));
+    }
+    // The one row a block reads of each reduction, which the body's product stages.
+    let row = reduction_of(em.k).and_then(|r| em.k.body.iter().find(|i| i.result == r.reduction));
+    let row = row.and_then(|i| rows_sharing_rhs(em.k, &i.op)).filter(|_| one_row);
+    if let Some(rows) = row {
+        em.line(format!("const int prow = {};", staged_row(rows)));
     }
     let mut shared = SharedArrays::default();
     for (n, r) in reductions.iter().enumerate() {
@@ -211,14 +226,20 @@ pub(super) fn prelude(em: &mut Emitter, call: &KernelCall) -> Result<SharedArray
         let (array, part) = (format!("pre{n}"), format!("pre{n}_part"));
         shared.array(acc, array.clone(), r.outputs as u64);
         let shape = em.k.ty(r.reduction).shape.clone();
-        if !r.block_per_output(call.launch.block) {
+        if row.is_none() && !r.block_per_output(call.launch.block) {
             let per_output = WarpPerOutput { outputs: r.outputs, extent: r.extent, warps, array: &array };
             per_output.emit(em, r.reduction, &|o| unlinear(o, &shape))?;
             em.share(r.reduction, &array);
             continue;
         }
         shared.array(acc, part.clone(), warps as u64);
-        em.open(format!("for (int po = 0; po < {}; ++po)", r.outputs));
+        match row {
+            Some(_) => {
+                em.open("");
+                em.line("const int po = prow;");
+            }
+            None => em.open(format!("for (int po = 0; po < {}; ++po)", r.outputs)),
+        }
         em.line(format!("{acc} pacc = {};", reduce_init(kind, dtype)));
         let at_once = loads_at_once(reads_per_element(em.k, input));
         reduction_loop(em, "pc", ("threadIdx.x", r.extent, call.launch.block), at_once, "pacc", &mut |em| {

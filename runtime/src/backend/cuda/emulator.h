@@ -169,16 +169,21 @@ static inline void prefetch_l2_lines(const void* p, unsigned bytes) {
 }
 static inline void prefetch_l2(const void* p, unsigned bytes) { prefetch_l2_lines(p, bytes); }
 
-// A launch's dynamic shared memory (`DYNAMIC_REGION` in g4c's prelude): as many bytes as the launch
-// passed, 16-byte aligned, at most a block's opt-in on any GPU. A kernel whose region is larger
-// than the launch passed marks it, where a GPU would read and write past its block's shared memory.
+// A block's shared-memory region (`STATIC_REGION` and `DYNAMIC_REGION` in g4c's prelude), 16-byte
+// aligned, at most a block's opt-in on any GPU. Before each block its bytes are all ones (each float
+// a NaN), so that a kernel reading what its block did not write (uninitialized on a GPU; left by
+// the block before here) computes NaN. A dynamic region larger than the bytes its launch passed
+// marks the launch, where a GPU would read and write past the block's shared memory.
 #define G4C_MAX_DYNAMIC_SMEM (227 * 1024)
-alignas(16) static unsigned char g4c_dynamic_smem[G4C_MAX_DYNAMIC_SMEM];
+alignas(16) static unsigned char g4c_region[G4C_MAX_DYNAMIC_SMEM];
+// The most bytes a block of the launch asked for: what the next block's filling covers.
+static unsigned g4c_region_used;
 static unsigned g4c_dynamic_smem_bytes;
 static bool g4c_dynamic_smem_short;
-static inline unsigned char* g4c_dynamic_region(unsigned bytes) {
-  if (bytes > g4c_dynamic_smem_bytes) g4c_dynamic_smem_short = true;
-  return g4c_dynamic_smem;
+static inline unsigned char* g4c_block_region(unsigned bytes, bool dynamic) {
+  if (dynamic && bytes > g4c_dynamic_smem_bytes) g4c_dynamic_smem_short = true;
+  g4c_region_used = std::max(g4c_region_used, std::min(bytes, (unsigned)G4C_MAX_DYNAMIC_SMEM));
+  return g4c_region;
 }
 
 // A warp's butterfly (`warp_butterfly` in g4c's prelude) in one exchange: each lane leaves its
@@ -242,6 +247,7 @@ extern "C" int g4c_emulate(void* kernel, void** args, const unsigned long long* 
   if (nargs > G4C_MAX_ARGS || block > 1024 || dynamic_smem > G4C_MAX_DYNAMIC_SMEM) return 1;
   g4c_dynamic_smem_bytes = dynamic_smem;
   g4c_dynamic_smem_short = false;
+  g4c_region_used = G4C_MAX_DYNAMIC_SMEM;
   for (int i = 0; i < G4C_MAX_ARGS; ++i) {
     g4c_args[i] = i < nargs ? args[i] : nullptr;
     g4c_arg_bytes[i] = i < nargs ? arg_bytes[i] : 0;
@@ -253,6 +259,8 @@ extern "C" int g4c_emulate(void* kernel, void** args, const unsigned long long* 
   gridDim = {grid, 1, 1};
   for (unsigned b = 0; b < grid; ++b) {
     blockIdx = {b, 0, 0};
+    std::memset(g4c_region, 0xff, g4c_region_used);
+    if (b == 0) g4c_region_used = 0;
     if (!synchronizes) {
       for (unsigned t = 0; t < block; ++t) {
         threadIdx = {t, 0, 0};
