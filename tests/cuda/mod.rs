@@ -415,19 +415,22 @@ fn e2b_down_projections_on_t4g_stride_in_a_dynamic_region() {
 
 /// A decode step of several sequences computes each sliding layer's softmax maximum and sum in its
 /// weighted sum of values, as one sequence's does: a block stages one head's probabilities of one
-/// sequence and computes that row's statistics alone (`Prelude::one_row`), where the statistics of
+/// sequence and computes that row's statistics alone (`staged_row_of`), where the statistics of
 /// all 32 rows in each of its 256 blocks were over the preludes' budget, two launches of their own
 /// each layer. On h200 the full-attention layers' too; on t4g (40 SMs) their 4096-slot rows, in 512
-/// blocks, stay over the budget of what an SM's blocks recompute.
+/// blocks, stay over the budget of what an SM's blocks recompute. And each layer's residual kernel,
+/// whose blocks write 256 features of one sequence, computes that sequence's norm statistics alone
+/// (`element_row_of`), which took a launch of their own each layer.
 #[test]
-fn e2b_batched_decode_computes_softmax_statistics_in_the_weighted_sums() {
-    for (target, layers) in [("h200", 35), ("t4g", 28)] {
+fn e2b_batched_decode_computes_statistics_a_row_a_block() {
+    for (target, sums) in [("h200", 35), ("t4g", 28)] {
         let plan = e2b_plan_of(Target::by_name(target).unwrap(), Shapes { batch: 4, prefill_len: 64, context: 4096 });
-        let staged =
-            |c: &&KernelCall| matches!(c.launch.split, Some(ReduceSplit::WarpsPerExtent { staged }) if staged > 0);
-        let sums = plan.entry("decode").unwrap().calls.iter().filter(staged);
-        let one_row = sums.filter(|c| c.launch.prelude.is_some_and(|p| p.one_row && p.reductions == 2)).count();
-        assert_eq!(one_row, layers, "{target}: weighted sums computing their row's softmax statistics");
+        let one_row = |c: &&KernelCall| c.launch.prelude.is_some_and(|p| p.one_row);
+        let calls: Vec<&KernelCall> = plan.entry("decode").unwrap().calls.iter().filter(one_row).collect();
+        let staged = calls.iter().filter(|c| matches!(c.launch.split, Some(ReduceSplit::WarpsPerExtent { .. })));
+        let residual = calls.iter().filter(|c| c.kind == KernelKind::Loop && c.launch.prelude.unwrap().reductions == 3);
+        assert_eq!(staged.count(), sums, "{target}: weighted sums computing their row's softmax statistics");
+        assert_eq!(residual.count(), 35, "{target}: residual kernels computing their row's three norms' statistics");
     }
 }
 

@@ -88,6 +88,43 @@ impl Products {
              logits: f32[{r},{all}] logits\n  ) {{\n{body}    return {result}\n  }}\n}}\n"
         )
     }
+
+    /// The weights of `module`: pseudo-random, as `product_outputs` says.
+    fn weights(&self, (t, scale_type): (&str, &str), magnitude: f32) -> Vec<(String, g4c_runtime::Tensor)> {
+        let Products { rows, cols, depth, products, four_bit, .. } = *self;
+        let mut seed = 7u64;
+        let mut next = move || {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (seed >> 33) as u32
+        };
+        let s_dtype: g4c_ir::DType = scale_type.parse().unwrap();
+        let mut weights = Vec::new();
+        for j in 0..products {
+            if !four_bit {
+                // The 4-bit weights' values: integers from -8 to 7 times `magnitude` to twice that.
+                let w = (0..cols * depth)
+                    .map(|_| ((next() % 16) as f32 - 8.0) * magnitude * (1.0 + (next() % 100) as f32 * 0.01))
+                    .collect();
+                let w = g4c_runtime::Tensor::f32([cols, depth], w);
+                let dtype: g4c_ir::DType = t.parse().unwrap();
+                let bytes = g4c_runtime::tensor::convert_float_bytes(g4c_ir::DType::F32, dtype, &w.to_bytes()).unwrap();
+                let w = g4c_ir::TensorType::new(dtype, [cols, depth]);
+                weights.push((format!("q{j}"), g4c_runtime::Tensor::from_bytes(w, &bytes).unwrap()));
+                continue;
+            }
+            let nibbles: Vec<u8> = (0..cols * depth / 2).map(|_| next() as u8).collect();
+            let q = g4c_ir::TensorType::new(g4c_ir::DType::I4, [cols, depth]);
+            weights.push((format!("q{j}"), g4c_runtime::Tensor::from_bytes(q, &nibbles).unwrap()));
+            let s = (0..cols * depth / 32).map(|_| magnitude * (1.0 + (next() % 100) as f32 * 0.01)).collect();
+            let s = g4c_runtime::Tensor::f32([cols, depth / 32], s);
+            let bytes = g4c_runtime::tensor::convert_float_bytes(g4c_ir::DType::F32, s_dtype, &s.to_bytes()).unwrap();
+            let s = g4c_ir::TensorType::new(s_dtype, [cols, depth / 32]);
+            weights.push((format!("s{j}"), g4c_runtime::Tensor::from_bytes(s, &bytes).unwrap()));
+        }
+        let x = (0..rows * depth).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
+        weights.push(("x".into(), g4c_runtime::Tensor::f32([rows, depth], x)));
+        weights
+    }
 }
 
 /// A packed matvec `depth` deep (in groups of 32) whose weight is of type `t` and its scales (from
@@ -146,6 +183,63 @@ pub(super) fn assert_strided_matvecs_agree<D: Device + 'static>(device: fn(&[Dev
         assert!(tile.strided && tile.packed == four_bit && call.launch.grid == grid, "{what}");
         assert_products_agree(&what, "f16", 0.01, &got, &want);
     }
+}
+
+/// A kernel of a thread per element whose blocks each lie in one row (4 rows of 512, blocks of
+/// 256) computes that row's statistics alone in its prelude (`Prelude::one_row`), the second (a sum
+/// of squares about the row's maximum) reading the first: on the host emulator, whose blocks see
+/// NaN wherever their shared memory was not written, against the interpreter.
+#[test]
+fn a_row_normalized_in_blocks_of_one_row_computes_what_the_module_does() {
+    let (rows, len) = (4, 512);
+    let text = format!(
+        "module @rows {{\n  weight @x : f32[{rows}, {len}] = \"x\"\n  func @decode(\n    %ids: i32[1,{rows}] token_ids,\n    \
+         %pos: i32[1,{rows}] positions\n  ) -> (\n    logits: f32[{rows},{len}] logits\n  ) {{\n    \
+         %x = weight @x : f32[{rows},{len}]\n    %id = convert %ids : f32[1,{rows}]\n    %id.r = reshape %id : f32[{rows}]\n    \
+         %ids.wide = broadcast %id.r {{dims = [0]}} : f32[{rows},{len}]\n    %a = mul %x, %ids.wide : f32[{rows},{len}]\n    \
+         %m = reduce %a {{kind = max, axes = [1]}} : f32[{rows}]\n    %mb = broadcast %m {{dims = [0]}} : f32[{rows},{len}]\n    \
+         %c = sub %a, %mb : f32[{rows},{len}]\n    %sq = mul %c, %c : f32[{rows},{len}]\n    \
+         %ss = reduce %sq {{kind = sum, axes = [1]}} : f32[{rows}]\n    %n = constant {{value = {len}.0}} : f32[{rows}]\n    \
+         %ms = div %ss, %n : f32[{rows}]\n    %r = rsqrt %ms : f32[{rows}]\n    \
+         %rb = broadcast %r {{dims = [0]}} : f32[{rows},{len}]\n    %y = mul %c, %rb : f32[{rows},{len}]\n    \
+         return %y\n  }}\n}}\n"
+    );
+    let x = (0..rows * len).map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0).collect();
+    let weights = vec![("x".to_string(), g4c_runtime::Tensor::f32([rows, len], x))];
+    for target in ["h200", "t4g"] {
+        let target = Target::by_name(target).unwrap();
+        let (plan, want, got) = module_outputs((&text, "decode", rows), weights.clone(), target, emulator);
+        let what = print_plan(&plan, false);
+        let calls = &plan.entries[0].calls;
+        assert_eq!(calls.len(), 1, "{what}");
+        let prelude = calls[0].launch.prelude.unwrap_or_else(|| panic!("{what}"));
+        assert!(prelude.one_row && prelude.reductions == 2 && calls[0].launch.grid == 8, "{what}");
+        let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!((a - b).abs() <= 1e-5 * scale, "{what}: output {i}: {a} where the interpreter computes {b}");
+        }
+    }
+}
+
+/// A kernel whose prelude computes its blocks' rows alone (`Prelude::one_row`) is not made a tail
+/// (`tails`), which would run all its blocks' elements on one block: the norm of a 4-row matvec's
+/// 256 outputs a row (4 blocks, a row each), which reads nothing but the matvec's output. On the
+/// host emulator against the interpreter.
+#[test]
+fn a_kernel_of_a_row_a_block_is_not_a_tail() {
+    let product = Products { entry: "decode", rows: 4, cols: 256, depth: 256, products: 1, four_bit: false };
+    let norm = "    %sq = mul %y0, %y0 : f32[4,256]\n    %ss = reduce %sq {kind = sum, axes = [1]} : f32[4]\n    \
+                %n = constant {value = 256.0} : f32[4]\n    %ms = div %ss, %n : f32[4]\n    %r = rsqrt %ms : f32[4]\n    \
+                %rb = broadcast %r {dims = [0]} : f32[4,256]\n    %out = mul %y0, %rb : f32[4,256]\n    return %out\n";
+    let text = product.module("bf16", "bf16").replace("    return %y0\n", norm);
+    let weights = product.weights(("bf16", "bf16"), 0.01);
+    let h200 = Target::by_name("h200").unwrap();
+    let (plan, want, got) = module_outputs((&text, "decode", 4), weights, h200, emulator);
+    let what = print_plan(&plan, false);
+    let calls = &plan.entries[0].calls;
+    let norm = calls.iter().find(|c| c.launch.prelude.is_some_and(|p| p.one_row)).unwrap_or_else(|| panic!("{what}"));
+    assert!(!norm.tail && norm.launch.grid == 4, "{what}");
+    assert_products_agree(&what, "bf16", 0.01, &got, &want);
 }
 
 /// A prefill GEMM of few tiles splits its contraction over blocks (`Tile::splits`), whose partial
@@ -248,44 +342,25 @@ fn product_outputs<D: Device + 'static>(
     target: &'static Target,
     device: fn(&[DeviceProgram]) -> D,
 ) -> (KernelPlan, Vec<f32>, Vec<f32>) {
+    let text = product.module(t, scale_type);
+    let weights = product.weights((t, scale_type), magnitude);
+    module_outputs((&text, product.entry, product.rows), weights, target, device)
+}
+
+/// The outputs of `entry` of the module `text` (whose `rows` token ids scale its inputs, as
+/// `Products::module`'s do) over `weights`, from the interpreter and from `target`'s kernels on
+/// `device`, and the plan.
+fn module_outputs<D: Device + 'static>(
+    (text, entry, rows): (&str, &str, usize),
+    weights: Vec<(String, g4c_runtime::Tensor)>,
+    target: &'static Target,
+    device: fn(&[DeviceProgram]) -> D,
+) -> (KernelPlan, Vec<f32>, Vec<f32>) {
     use g4c_runtime::backend::cuda::DeviceExecutor;
     use g4c_runtime::{Executor, StepInputs, StepOutput};
     use std::sync::Arc;
-    let Products { entry, rows, cols, depth, products, four_bit } = product;
-    let text = product.module(t, scale_type);
-    let module = Arc::new(g4c_ir::parse_module(&text).unwrap());
+    let module = Arc::new(g4c_ir::parse_module(text).unwrap());
     g4c_ir::verify_module(&module).unwrap();
-    let mut seed = 7u64;
-    let mut next = move || {
-        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-        (seed >> 33) as u32
-    };
-    let s_dtype: g4c_ir::DType = scale_type.parse().unwrap();
-    let mut weights = Vec::new();
-    for j in 0..products {
-        if !four_bit {
-            // The 4-bit weights' values: integers from -8 to 7 times `magnitude` to twice that.
-            let w = (0..cols * depth)
-                .map(|_| ((next() % 16) as f32 - 8.0) * magnitude * (1.0 + (next() % 100) as f32 * 0.01))
-                .collect();
-            let w = g4c_runtime::Tensor::f32([cols, depth], w);
-            let dtype: g4c_ir::DType = t.parse().unwrap();
-            let bytes = g4c_runtime::tensor::convert_float_bytes(g4c_ir::DType::F32, dtype, &w.to_bytes()).unwrap();
-            let w = g4c_ir::TensorType::new(dtype, [cols, depth]);
-            weights.push((format!("q{j}"), g4c_runtime::Tensor::from_bytes(w, &bytes).unwrap()));
-            continue;
-        }
-        let nibbles: Vec<u8> = (0..cols * depth / 2).map(|_| next() as u8).collect();
-        let q = g4c_ir::TensorType::new(g4c_ir::DType::I4, [cols, depth]);
-        weights.push((format!("q{j}"), g4c_runtime::Tensor::from_bytes(q, &nibbles).unwrap()));
-        let s = (0..cols * depth / 32).map(|_| magnitude * (1.0 + (next() % 100) as f32 * 0.01)).collect();
-        let s = g4c_runtime::Tensor::f32([cols, depth / 32], s);
-        let bytes = g4c_runtime::tensor::convert_float_bytes(g4c_ir::DType::F32, s_dtype, &s.to_bytes()).unwrap();
-        let s = g4c_ir::TensorType::new(s_dtype, [cols, depth / 32]);
-        weights.push((format!("s{j}"), g4c_runtime::Tensor::from_bytes(s, &bytes).unwrap()));
-    }
-    let x = (0..rows * depth).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
-    weights.push(("x".into(), g4c_runtime::Tensor::f32([rows, depth], x)));
     let store: Arc<dyn g4c_runtime::WeightStore> = Arc::new(WeightTable(weights));
     let plan = Arc::new(plan_module(&module, target).unwrap());
     let programs = g4c_driver::cuda_programs(&plan, target, false).unwrap().programs;

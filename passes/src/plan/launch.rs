@@ -5,7 +5,7 @@
 
 use super::attention::attention_of;
 use super::kind::{matvec_of, reads_per_element, reduction_of, rows_sharing_rhs, PackedWeight, Reduction};
-use super::prelude::{one_row_a_block, prelude_footprint, prelude_launch, prelude_of};
+use super::prelude::{element_row_of, prelude_footprint, prelude_launch, prelude_of, staged_row_of};
 use g4c_ir::plan::{KernelKind, Launch, ReduceSplit, SlotSplit, Tile};
 use g4c_ir::{DType, Function, GpuLimits, MmaShape, Op};
 
@@ -289,7 +289,7 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
         }
     });
     if let Some((split, blocks)) = split {
-        let prelude = prelude_launch(&prelude_of(k), BLOCK, one_row_a_block(k, split));
+        let prelude = prelude_launch(&prelude_of(k), BLOCK, staged_row_of(k, split).is_some());
         let prelude_bytes = prelude.map_or(0, |p| prelude_footprint(&p, BLOCK)) as u32;
         return Launch {
             grid: (blocks as u32).max(1),
@@ -302,10 +302,11 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
             prelude,
         };
     }
+    let prelude = prelude_launch(&prelude_of(k), BLOCK, element_row_of(k, BLOCK).is_some());
     Launch {
         grid: work.div_ceil(BLOCK).max(1),
         block: BLOCK,
-        smem_bytes: prelude_bytes,
+        smem_bytes: prelude.map_or(0, |p| prelude_footprint(&p, BLOCK)) as u32,
         registers,
         tile: None,
         split: None,

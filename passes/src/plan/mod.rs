@@ -23,7 +23,7 @@ pub use launch::{
     attention_arrays, attention_footprint, elements_written, footprint, split_footprint, split_sums_bytes,
     AttentionArrays, Footprint, SplitSumsBytes,
 };
-pub use prelude::{one_row_a_block, prelude_footprint, prelude_launch, prelude_of, PreludeReduction};
+pub use prelude::{element_row_of, prelude_footprint, prelude_launch, prelude_of, staged_row_of, PreludeReduction};
 
 use g4c_ir::plan::{EntryPlan, KernelCall, KernelPlan, Slot};
 use g4c_ir::{FuncResult, Function, GpuLimits, Instr, Module, Op, Param, ParamRole, ResultRole, Target, ValueId};

@@ -8,14 +8,14 @@
 //! values they mostly read anyway (a matvec stages the whole normalized row), as long as what all
 //! those blocks recompute stays within budget: E2B's decode step goes from 801 kernels to 544. A
 //! block reading one output of each reduction (a head's probabilities) computes that one alone
-//! (`one_row_a_block`).
+//! (`staged_row_of`, `element_row_of`).
 
 use super::fusion::Group;
 use super::kernel_function;
 use super::kind::{classify, own_reductions, reduction_of, rows_sharing_rhs};
 use super::launch::launch;
 use g4c_ir::plan::{KernelKind, Prelude, ReduceSplit};
-use g4c_ir::{DType, Function, GpuLimits, Op, ValueId};
+use g4c_ir::{DType, Function, GpuLimits, Instr, Op, ValueId};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// A prelude reduction has at most this many outputs, all of which each block holds.
@@ -81,63 +81,90 @@ pub fn prelude_launch(reductions: &[PreludeReduction], block: u32, one_row: bool
     })
 }
 
-/// Whether each block of `k`, split as `split`, reads one output of each reduction of its prelude,
-/// so that it need compute that one alone (`Prelude::one_row`): a `WarpsPerExtent` block of a
-/// product stages one row of its left-hand side (`rows_sharing_rhs`), and here that row's index is
-/// each reduction's output index. The left-hand side is `[rows.., contracted..]` (its batch and free
-/// axes leading, in order), every reduction of the prelude reduces a value of that shape over its
-/// trailing axes, and a reduction reaches the product only through broadcasts along those axes and
-/// elementwise ops of that shape, element for element: a decode step's weighted sum of values,
-/// whose block reads one head's probabilities, computes that head's softmax maximum and sum alone.
-pub fn one_row_a_block(k: &Function, split: ReduceSplit) -> bool {
-    let ReduceSplit::WarpsPerExtent { staged } = split else { return false };
-    let Some(own) = reduction_of(k) else { return false };
-    let product = k.body.iter().find(|i| i.result == own.reduction).map(|i| &i.op);
-    let Some(op @ Op::DotGeneral { lhs, dims, .. }) = product else { return false };
+/// The row of its product's left-hand side that each block of `k`, split as `split`, stages, where
+/// that row's index is the index of the one output of each prelude reduction the block reads, so
+/// that it need compute that one alone (`Prelude::one_row`): a `WarpsPerExtent` block over
+/// `rows_sharing_rhs`, whose `(rows, cols)` it returns. The left-hand side is `[rows..,
+/// contracted..]` (its batch and free axes leading, in order) and reaches the reductions as
+/// `reads_one_row` says. A decode step's weighted sum of values, whose block reads one head's
+/// probabilities, computes that head's softmax maximum and sum alone.
+pub fn staged_row_of(k: &Function, split: ReduceSplit) -> Option<(usize, usize)> {
+    let ReduceSplit::WarpsPerExtent { staged } = split else { return None };
+    let own = reduction_of(k)?;
+    let op = &k.body.iter().find(|i| i.result == own.reduction)?.op;
+    let Op::DotGeneral { lhs, rhs, dims } = op else { return None };
     let shape = &k.ty(*lhs).shape;
     let rows = shape.len() - dims.lhs_contract.len();
     let leading = dims.lhs_batch.iter().chain(&dims.lhs_free(shape.len())).copied().eq(0..rows);
+    // The product reads the rows on its left-hand side alone.
+    let into_product = |user: &Instr, v: ValueId| user.result == own.reduction && *lhs == v && *rhs != v;
+    let one_row = staged > 0 && leading && reads_one_row(k, shape, rows, into_product);
+    one_row.then(|| rows_sharing_rhs(k, op)).flatten()
+}
+
+/// The elements of a row of `k`'s root, where `k` runs a thread per element of its root and each
+/// block's threads lie in one row whose index is the index of the one output of each prelude
+/// reduction the block reads (`Prelude::one_row`): the root is `[rows.., row..]`, the row's elements
+/// a multiple of the block's, and it is computed from the reductions as `reads_one_row` says. A
+/// decode step's residual kernel of several sequences, whose block writes 256 features of one
+/// sequence, computes that sequence's norm statistics alone.
+pub fn element_row_of(k: &Function, block: u32) -> Option<usize> {
+    let root = k.results[0].value;
+    let shape = &k.ty(root).shape;
+    let trailing = k.body.iter().find_map(|i| match &i.op {
+        Op::Reduce { axes, .. } if prelude_of(k).iter().any(|p| p.reduction == i.result) => Some(axes.len()),
+        _ => None,
+    })?;
+    let rows = shape.len().checked_sub(trailing)?;
+    let len: usize = shape[rows..].iter().product();
+    let one_row = len.is_multiple_of(block as usize) && reads_one_row(k, shape, rows, |_, _| false);
+    one_row.then_some(len)
+}
+
+/// Whether every reduction of `k`'s prelude reduces a value of `shape` over its axes after the
+/// first `rows`, and whatever is computed from a reduction is computed element for element, of a
+/// row (elementwise ops of the reductions' shape) or of `shape` (those broadcast along the reduced
+/// axes, elementwise ops), up to another reduction of the prelude, the kernel's root, or a use
+/// `ends` accepts: so an element of `shape` reads each reduction at the index of its first `rows`
+/// axes, its row.
+fn reads_one_row(k: &Function, shape: &[usize], rows: usize, ends: impl Fn(&Instr, ValueId) -> bool) -> bool {
     let prelude = prelude_of(k);
-    if staged == 0 || rows_sharing_rhs(k, op).is_none() || !leading || prelude.is_empty() {
-        return false;
-    }
     let reductions: HashSet<ValueId> = prelude.iter().map(|p| p.reduction).collect();
-    let row_reductions = k.body.iter().filter(|i| reductions.contains(&i.result)).all(|i| match &i.op {
-        Op::Reduce { input, axes, .. } => k.ty(*input).shape == *shape && axes.iter().copied().eq(rows..shape.len()),
+    let of_rows = k.body.iter().filter(|i| reductions.contains(&i.result)).all(|i| match &i.op {
+        Op::Reduce { input, axes, .. } => k.ty(*input).shape == shape && axes.iter().copied().eq(rows..shape.len()),
         _ => false,
     });
-    // Every value computed from a reduction, and what reads it: element for element of the left-hand
-    // side's shape, up to the product's left-hand side or another of the prelude's reductions.
+    if prelude.is_empty() || !of_rows {
+        return false;
+    }
     let (mut stack, mut seen) = (reductions.iter().copied().collect::<Vec<_>>(), HashSet::new());
     while let Some(v) = stack.pop() {
         if !seen.insert(v) {
             continue;
         }
-        if k.results.iter().any(|r| r.value == v) {
-            return false;
-        }
         for user in k.body.iter().filter(|i| i.op.operands().contains(&v)) {
-            let elementwise = k.ty(user.result).shape == *shape;
+            if ends(user, v) {
+                continue;
+            }
+            // An element of `shape`, or of a row (a reduction's statistic, its reciprocal root).
+            let (elementwise, of_row) = (k.ty(user.result).shape == shape, k.ty(user.result).shape == shape[..rows]);
             let row_preserving = match &user.op {
                 Op::Broadcast { input, dims } => {
-                    reductions.contains(input) && dims.iter().copied().eq(0..rows) && elementwise
+                    k.ty(*input).shape == shape[..rows] && dims.iter().copied().eq(0..rows) && elementwise
                 }
                 Op::Unary { .. } | Op::Binary { .. } | Op::Compare { .. } | Op::Select { .. } | Op::Convert { .. } => {
-                    elementwise
+                    elementwise || of_row
                 }
                 Op::Reduce { .. } => reductions.contains(&user.result),
-                Op::DotGeneral { lhs: l, rhs: r, .. } => user.result == own.reduction && *l == v && *r != v,
                 _ => false,
             };
             if !row_preserving {
                 return false;
             }
-            if user.result != own.reduction {
-                stack.push(user.result);
-            }
+            stack.push(user.result);
         }
     }
-    row_reductions
+    true
 }
 
 /// Shared memory of a prelude in blocks of `block` threads: each reduction's outputs, and a

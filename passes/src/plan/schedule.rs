@@ -117,8 +117,10 @@ fn make_tail(calls: &mut Vec<KernelCall>, args: &mut Vec<usize>, s: usize) -> bo
 fn tail_host(calls: &[KernelCall], args: &[usize], s: usize) -> Option<usize> {
     let (call, l) = (&calls[s], &calls[s].launch);
     // Templates index by the call's block (from 0) and loop over the grid they were planned for;
-    // a grid-stride one covers a smaller grid as well.
-    let grid_stride = l.tile.is_none() && l.split.is_none() && l.slots.is_none();
+    // a grid-stride one covers a smaller grid as well, unless its prelude computes its blocks' rows
+    // alone (`Prelude::one_row`).
+    let one_row = l.prelude.is_some_and(|p| p.one_row);
+    let grid_stride = l.tile.is_none() && l.split.is_none() && l.slots.is_none() && !one_row;
     if call.tail || !(l.grid == 1 || grid_stride && l.grid <= TAIL_MOST_BLOCKS) {
         return None;
     }

@@ -9,7 +9,9 @@ use crate::cuda::shared::SharedArrays;
 use crate::cuda::CudaError;
 use g4c_ir::plan::{KernelCall, ReduceSplit};
 use g4c_ir::{DotDims, Op, ReduceKind, ValueId};
-use g4c_passes::{one_row_a_block, prelude_launch, prelude_of, reads_per_element, reduction_of, rows_sharing_rhs};
+use g4c_passes::{
+    element_row_of, prelude_launch, prelude_of, reads_per_element, reduction_of, rows_sharing_rhs, staged_row_of,
+};
 
 /// A reduction split over threads: a warp per output (`WarpPerOutput`: its lanes stride the row,
 /// shuffles combine their partial results, lane 0 stores; the grid's blocks stride the outputs),
@@ -207,15 +209,19 @@ const VALUES_AT_ONCE: u32 = 64;
 pub(super) fn prelude(em: &mut Emitter, call: &KernelCall) -> Result<SharedArrays, CudaError> {
     let reductions = prelude_of(em.k);
     let warps = call.launch.block as usize / 32;
-    let one_row = call.launch.split.is_some_and(|split| one_row_a_block(em.k, split));
-    if call.launch.prelude != prelude_launch(&reductions, call.launch.block, one_row) {
+    // The one row of each reduction a block reads: the row its product stages, or the row its
+    // threads' elements lie in.
+    let block = call.launch.block;
+    let row = match (call.launch.split, call.launch.tile, call.launch.slots) {
+        (Some(split), _, _) => staged_row_of(em.k, split).map(staged_row),
+        (None, None, None) => element_row_of(em.k, block).map(|len| format!("block * {block} / {len}")),
+        _ => None,
+    };
+    if call.launch.prelude != prelude_launch(&reductions, block, row.is_some()) {
         return Err(CudaError::Unsupported(format!("{}: the plan's prelude is not the kernel's", em.k.name)));
     }
-    // The one row a block reads of each reduction, which the body's product stages.
-    let row = reduction_of(em.k).and_then(|r| em.k.body.iter().find(|i| i.result == r.reduction));
-    let row = row.and_then(|i| rows_sharing_rhs(em.k, &i.op)).filter(|_| one_row);
-    if let Some(rows) = row {
-        em.line(format!("const int prow = {};", staged_row(rows)));
+    if let Some(row) = &row {
+        em.line(format!("const int prow = {row};"));
     }
     let mut shared = SharedArrays::default();
     for (n, r) in reductions.iter().enumerate() {
