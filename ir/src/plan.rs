@@ -146,7 +146,7 @@ pub struct Prelude {
     /// through shared memory.
     pub block_combined: u32,
     /// Whether each block computes one output of each reduction, the only one it reads (the row of
-    /// its product's left-hand side it stages), rather than all of them.
+    /// its product's left-hand side it stages, or of the elements it writes), rather than all.
     pub one_row: bool,
 }
 

@@ -170,10 +170,12 @@ static inline void prefetch_l2_lines(const void* p, unsigned bytes) {
 static inline void prefetch_l2(const void* p, unsigned bytes) { prefetch_l2_lines(p, bytes); }
 
 // A block's shared-memory region (`STATIC_REGION` and `DYNAMIC_REGION` in g4c's prelude), 16-byte
-// aligned, at most a block's opt-in on any GPU. Before each block its bytes are all ones (each float
-// a NaN), so that a kernel reading what its block did not write (uninitialized on a GPU; left by
-// the block before here) computes NaN. A dynamic region larger than the bytes its launch passed
-// marks the launch, where a GPU would read and write past the block's shared memory.
+// aligned, at most a block's opt-in on any GPU. Before each block each of its 32-bit words is
+// 0x7fffffff: a NaN as a float, as either half an f16 or bf16 NaN, and as an int the largest (an
+// index far out of range), so that a kernel reading what its block did not write (uninitialized on
+// a GPU; left by the block before here) computes NaN or reads far away. A dynamic region larger
+// than the bytes its launch passed marks the launch, where a GPU would read and write past the
+// block's shared memory.
 #define G4C_MAX_DYNAMIC_SMEM (227 * 1024)
 alignas(16) static unsigned char g4c_region[G4C_MAX_DYNAMIC_SMEM];
 // The most bytes a block of the launch asked for: what the next block's filling covers.
@@ -259,7 +261,7 @@ extern "C" int g4c_emulate(void* kernel, void** args, const unsigned long long* 
   gridDim = {grid, 1, 1};
   for (unsigned b = 0; b < grid; ++b) {
     blockIdx = {b, 0, 0};
-    std::memset(g4c_region, 0xff, g4c_region_used);
+    std::fill_n(reinterpret_cast<uint32_t*>(g4c_region), (g4c_region_used + 3) / 4, 0x7fffffffu);
     if (b == 0) g4c_region_used = 0;
     if (!synchronizes) {
       for (unsigned t = 0; t < block; ++t) {
