@@ -90,15 +90,15 @@ pub struct Target {
 }
 
 const KIB: u32 = 1024;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+const GB: u64 = 1_000_000_000;
 
 /// [G]: a block's static shared memory (`__shared__` arrays, whose bytes ptxas sees) stops at 48
 /// KiB on every compute capability; beyond it a kernel declares its array `extern` and is launched
 /// with the bytes as dynamic shared memory, after opting in to them
 /// (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`), up to `GpuLimits::smem_per_block_optin`.
 pub const STATIC_SMEM_PER_BLOCK: u32 = 48 * KIB;
-const MIB: u64 = 1 << 20;
-const GIB: u64 = 1 << 30;
-const GB: u64 = 1_000_000_000;
 
 const CPU_MATH: &[DType] = &[DType::F32, DType::I32, DType::I8];
 const TPU_MATH: &[DType] = &[DType::F32, DType::BF16, DType::I32, DType::I8, DType::I4];

@@ -170,14 +170,17 @@ static inline void prefetch_l2_lines(const void* p, unsigned bytes) {
 static inline void prefetch_l2(const void* p, unsigned bytes) { prefetch_l2_lines(p, bytes); }
 
 // A block's shared-memory region (`STATIC_REGION` and `DYNAMIC_REGION` in g4c's prelude), 16-byte
-// aligned, at most a block's opt-in on any GPU. Before each block each of its 32-bit words is
+// aligned, at most a block's opt-in on any GPU (`G4C_MAX_DYNAMIC_SMEM`, which the emulator defines
+// from the targets' table). Before each block each of its 32-bit words is
 // 0x7fffffff: a NaN as a float, as either half an f16 or bf16 NaN, and as an int the largest (an
 // index far out of range), so that a kernel reading what its block did not write (uninitialized on
 // a GPU; left by the block before here) computes NaN or reads far away. A dynamic region larger
 // than the bytes its launch passed marks the launch, where a GPU would read and write past the
 // block's shared memory.
-#define G4C_MAX_DYNAMIC_SMEM (227 * 1024)
-alignas(16) static unsigned char g4c_region[G4C_MAX_DYNAMIC_SMEM];
+#ifndef G4C_MAX_DYNAMIC_SMEM
+#error "G4C_MAX_DYNAMIC_SMEM: the most dynamic shared memory a block may take, from the targets' table"
+#endif
+alignas(16) static uint32_t g4c_region[(G4C_MAX_DYNAMIC_SMEM + 3) / 4];
 // The most bytes a block of the launch asked for: what the next block's filling covers.
 static unsigned g4c_region_used;
 static unsigned g4c_dynamic_smem_bytes;
@@ -185,7 +188,7 @@ static bool g4c_dynamic_smem_short;
 static inline unsigned char* g4c_block_region(unsigned bytes, bool dynamic) {
   if (dynamic && bytes > g4c_dynamic_smem_bytes) g4c_dynamic_smem_short = true;
   g4c_region_used = std::max(g4c_region_used, std::min(bytes, (unsigned)G4C_MAX_DYNAMIC_SMEM));
-  return g4c_region;
+  return reinterpret_cast<unsigned char*>(g4c_region);
 }
 
 // A warp's butterfly (`warp_butterfly` in g4c's prelude) in one exchange: each lane leaves its
@@ -261,7 +264,7 @@ extern "C" int g4c_emulate(void* kernel, void** args, const unsigned long long* 
   gridDim = {grid, 1, 1};
   for (unsigned b = 0; b < grid; ++b) {
     blockIdx = {b, 0, 0};
-    std::fill_n(reinterpret_cast<uint32_t*>(g4c_region), (g4c_region_used + 3) / 4, 0x7fffffffu);
+    std::fill_n(g4c_region, (g4c_region_used + 3) / 4, 0x7fffffffu);
     if (b == 0) g4c_region_used = 0;
     if (!synchronizes) {
       for (unsigned t = 0; t < block; ++t) {

@@ -7,6 +7,7 @@ use super::device::{Buffer, Device, DeviceProgram, Launch, LaunchSequence};
 use super::guarded::GuardedBuffer;
 use crate::error::{invalid, Result, RuntimeError};
 use g4c_ir::plan::MAX_LAUNCH_ARGS;
+use g4c_ir::TARGETS;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::process::Command;
@@ -15,9 +16,12 @@ const EMULATOR_H: &str = include_str!("emulator.h");
 
 type Emulate = unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *const u64, i32, u32, u32, i32, u32) -> i32;
 
-/// The most dynamic shared memory the emulator gives a launch (`G4C_MAX_DYNAMIC_SMEM`): the
-/// largest opt-in of any GPU (227 KiB, sm_90).
-const MAX_DYNAMIC_SMEM: u32 = 227 * 1024;
+/// The most dynamic shared memory the emulator gives a launch (`G4C_MAX_DYNAMIC_SMEM`, defined for
+/// the C++ compiler): the largest opt-in of any GPU target.
+fn max_dynamic_smem() -> u32 {
+    let gpus = TARGETS.iter().filter_map(|t| t.gpu.as_ref());
+    gpus.map(|g| g.smem_per_block_optin).max().unwrap_or(0)
+}
 
 pub struct Emulator {
     /// Per program (entry point): its library. Kept loaded while kernels may run.
@@ -40,6 +44,7 @@ impl Emulator {
             std::fs::write(&source, format!("#include \"emulator.h\"\n{}", p.source))
                 .map_err(|e| fail(e.to_string()))?;
             let out = Command::new("c++")
+                .arg(format!("-DG4C_MAX_DYNAMIC_SMEM={}", max_dynamic_smem()))
                 .args(["-std=c++20", "-O1", "-fPIC", "-shared", "-pthread", "-w", "-o"])
                 .arg(&library)
                 .arg(&source)
@@ -138,11 +143,12 @@ fn emulate_launch(
     }
     if rc != 0 {
         return invalid(format!(
-            "kernel {}: the emulator refused a launch of {} arguments, {} threads and {} bytes of dynamic shared memory (at most {MAX_LAUNCH_ARGS}, 1024 and {MAX_DYNAMIC_SMEM})",
+            "kernel {}: the emulator refused a launch of {} arguments, {} threads and {} bytes of dynamic shared memory (at most {MAX_LAUNCH_ARGS}, 1024 and {})",
             launch.symbol,
             launch.args.len(),
             launch.block,
-            launch.dynamic_smem_bytes
+            launch.dynamic_smem_bytes,
+            max_dynamic_smem()
         ));
     }
     Ok(())
