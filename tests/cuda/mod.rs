@@ -870,7 +870,7 @@ int main() {
 
 "#;
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("emulator.h"), read("runtime/src/backend/cuda/emulator.h")).unwrap();
+    std::fs::write(dir.path().join("emulator.h"), g4c_runtime::backend::cuda::emulator_header()).unwrap();
     let source = dir.path().join("check.cpp");
     let prelude = read("codegen/src/cuda/prelude.cu");
     std::fs::write(&source, format!("#include \"emulator.h\"\n{prelude}\n{check}")).unwrap();

@@ -170,8 +170,8 @@ static inline void prefetch_l2_lines(const void* p, unsigned bytes) {
 static inline void prefetch_l2(const void* p, unsigned bytes) { prefetch_l2_lines(p, bytes); }
 
 // A block's shared-memory region (`STATIC_REGION` and `DYNAMIC_REGION` in g4c's prelude), 16-byte
-// aligned, at most a block's opt-in on any GPU (`G4C_MAX_DYNAMIC_SMEM`, which the emulator defines
-// from the targets' table). Before each block each of its 32-bit words is
+// aligned, at most a block's opt-in on any GPU (`G4C_MAX_DYNAMIC_SMEM`, which `emulator_header`
+// defines from the targets' table). Before each block each of its 32-bit words is
 // 0x7fffffff: a NaN as a float, as either half an f16 or bf16 NaN, and as an int the largest (an
 // index far out of range), so that a kernel reading what its block did not write (uninitialized on
 // a GPU; left by the block before here) computes NaN or reads far away. A dynamic region larger

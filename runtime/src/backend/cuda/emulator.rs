@@ -16,11 +16,21 @@ const EMULATOR_H: &str = include_str!("emulator.h");
 
 type Emulate = unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *const u64, i32, u32, u32, i32, u32) -> i32;
 
-/// The most dynamic shared memory the emulator gives a launch (`G4C_MAX_DYNAMIC_SMEM`, defined for
-/// the C++ compiler): the largest opt-in of any GPU target.
+/// The most dynamic shared memory the emulator gives a launch (`G4C_MAX_DYNAMIC_SMEM`): the
+/// largest opt-in of any GPU target.
 fn max_dynamic_smem() -> u32 {
     let gpus = TARGETS.iter().filter_map(|t| t.gpu.as_ref());
     gpus.map(|g| g.smem_per_block_optin).max().unwrap_or(0)
+}
+
+/// `emulator.h` as the host compiler reads it: the CUDA built-ins' stand-ins, after the bounds it
+/// takes from the targets' table.
+pub fn emulator_header() -> String {
+    format!(
+        "#define G4C_MAX_DYNAMIC_SMEM {}
+{EMULATOR_H}",
+        max_dynamic_smem()
+    )
 }
 
 pub struct Emulator {
@@ -36,7 +46,7 @@ impl Emulator {
     pub fn new(programs: &[DeviceProgram]) -> Result<Emulator> {
         let fail = |m: String| RuntimeError::Invalid(format!("the CUDA host emulator: {m}"));
         let dir = tempfile::tempdir().map_err(|e| fail(format!("a temporary folder: {e}")))?;
-        std::fs::write(dir.path().join("emulator.h"), EMULATOR_H).map_err(|e| fail(e.to_string()))?;
+        std::fs::write(dir.path().join("emulator.h"), emulator_header()).map_err(|e| fail(e.to_string()))?;
         let mut libraries = HashMap::new();
         for p in programs {
             let source = dir.path().join(format!("{}.cpp", p.entry));
@@ -44,7 +54,6 @@ impl Emulator {
             std::fs::write(&source, format!("#include \"emulator.h\"\n{}", p.source))
                 .map_err(|e| fail(e.to_string()))?;
             let out = Command::new("c++")
-                .arg(format!("-DG4C_MAX_DYNAMIC_SMEM={}", max_dynamic_smem()))
                 .args(["-std=c++20", "-O1", "-fPIC", "-shared", "-pthread", "-w", "-o"])
                 .arg(&library)
                 .arg(&source)
