@@ -94,9 +94,11 @@ pub struct Tile {
     /// steps; the last of them to finish adds their partial sums (`KernelCall::split_sums`) and
     /// applies the epilogue. A prefill GEMM of few tiles would otherwise leave most SMs idle.
     pub splits: u32,
-    /// A matvec's blocks stride over its groups of `cols` columns, fewer blocks than groups: each
-    /// stages its activations once for all of its groups and keeps its partial sums apart from
-    /// them (see `g4c_codegen`'s `matvec`). Otherwise a block takes one group.
+    /// A matvec's blocks stride over its groups of `cols` columns (as many blocks as groups at
+    /// most): each stages its activations once for all of its groups and keeps its partial sums
+    /// apart from them (see `g4c_codegen`'s `matvec`); with `k` short of the contraction (4-bit
+    /// weights), a step at a time, each step once for all of its groups, whose sums it adds up
+    /// over the steps. Otherwise a block takes one group.
     pub strided: bool,
 }
 

@@ -434,6 +434,39 @@ fn e2b_batched_decode_computes_statistics_a_row_a_block() {
     }
 }
 
+/// A decode step of 8 sequences (`g4c serve`'s default batch) stages each matvec's activations
+/// once a block: every matvec of 8 rows at least 1536 deep strides over its columns, one block an
+/// SM staging its 8 × 1536 or more activations (48 KiB and up, in a dynamic region) for all of
+/// its groups, a step at a time where the GPU's opt-in does not hold the whole contraction (deeper
+/// than 1536 on t4g, 4096 on a100, 6144 on h200). Unstrided, each block of a 6144-wide gate/up
+/// projection (6144 blocks, a column each) staged them all: 32 GB through L2 a step. The per-layer
+/// projection (256 deep, 8 KiB) does not stride. With the blocks few, three of each layer's four
+/// kernels of norm statistics move into the preludes of the matvecs reading them (the fourth would
+/// give the gate/up projection's prelude two norms of 8 × 1536, over a block's budget): 397
+/// launches on a100 and h200, 411 on t4g, where there were 503 and 517.
+#[test]
+fn e2b_decode_of_8_sequences_stages_activations_once_a_block() {
+    for (target, whole_at_most, launches) in [("t4g", 1536, 411), ("a100", 4096, 397), ("h200", 6144, 397)] {
+        let plan = e2b_plan_of(Target::by_name(target).unwrap(), Shapes { batch: 8, prefill_len: 64, context: 4096 });
+        let decode = plan.entry("decode").unwrap();
+        let mut strided = 0;
+        for c in decode.calls.iter().filter(|c| matches!(c.kind, KernelKind::Matvec | KernelKind::MatvecW4)) {
+            let (m, tile) =
+                (g4c_passes::matvec_of(plan.kernels.function(&c.kernel).unwrap()).unwrap(), c.launch.tile.unwrap());
+            let what = format!("{target}: {} ({} rows, {} deep): {tile:?}", c.kernel, m.rows, m.depth);
+            assert_eq!(m.rows, 8, "{what}");
+            assert_eq!(tile.strided, m.depth >= 1536, "{what}");
+            if tile.strided {
+                assert_eq!((tile.k as usize) < m.depth, m.depth > whole_at_most, "{what}: staged in steps");
+                assert!(SharedRegion::of(std::slice::from_ref(c)).dynamic_bytes() > 0, "{what}: a dynamic region");
+                strided += 1;
+            }
+        }
+        assert_eq!(strided, 242 - 35, "{target}: strided matvecs");
+        assert_eq!(decode.launches().count(), launches, "{target}: launches");
+    }
+}
+
 /// A decode layer's projections (q, k and v; q alone where the layer reads another's cache)
 /// compute the residual stream they stage (`recompute`) rather than wait for the kernel
 /// materializing it, and run in its launch, one dependent launch fewer: every layer but the first
@@ -782,8 +815,10 @@ fn strided_matvecs_on_the_host_compute_what_the_interpreter_does() {
 /// E2B's decode kernels on random inputs, in the host emulator, against the interpreter, planned
 /// for t4g, a100 and h200: the LM head striding 125 groups a block, the 12288-deep down
 /// projections, attention over 4096 slots in 64 chunks, the full layers' 512-wide heads, shapes no
-/// tiny model has, checked before a lent GPU's time goes on them; and h200's decode step of 4
-/// sequences (`g4c serve`'s batches), whose matvecs of 4 rows stride.
+/// tiny model has, checked before a lent GPU's time goes on them; h200's decode step of 4
+/// sequences (`g4c serve`'s batches), whose matvecs of 4 rows stride; and t4g's and h200's of 8,
+/// whose matvecs of 8 rows stride too, a step at a time where the GPU's shared memory does not
+/// hold the whole contraction (t4g's deeper than 1536, h200's 12288-deep).
 #[test]
 #[ignore = "minutes over an e2b-qat checkpoint: G4C_E2B_DIR=DIR cargo test --release --test g4c -- --ignored e2b_"]
 fn e2b_decode_kernels_on_the_host_compute_what_the_interpreter_does() {
@@ -791,8 +826,10 @@ fn e2b_decode_kernels_on_the_host_compute_what_the_interpreter_does() {
     for target in ["t4g", "a100", "h200"] {
         assert_kernels_agree(Target::by_name(target).unwrap(), &dir, E2B_CHECKED, &["decode"], on_the_host);
     }
-    let batched = (Shapes { batch: 4, prefill_len: 2, context: 4096 }, None);
-    assert_kernels_agree(Target::by_name("h200").unwrap(), &dir, batched, &["decode"], on_the_host);
+    for (target, batch) in [("h200", 4), ("t4g", 8), ("h200", 8)] {
+        let batched = (Shapes { batch, prefill_len: 2, context: 4096 }, None);
+        assert_kernels_agree(Target::by_name(target).unwrap(), &dir, batched, &["decode"], on_the_host);
+    }
 }
 
 /// E2B's prefill kernels the same way, for a prefill of 9 tokens, the fewest that its products

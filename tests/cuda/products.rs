@@ -147,8 +147,11 @@ fn assert_deep_packed_matvec_agrees(t: &str, scale_type: &str, magnitude: f32, d
 /// weights): 2304 deep (a thread's words in one trip), 6144 (two trips: the second loaded in the
 /// loop, for the block's current group), GELU(gate)·up's two products 6144 deep (three trips), and
 /// in a dynamic region past 48 KiB, for one block at a time, 12288 deep (E2B's down projections: 48
-/// KiB of activations and the partial sums after them) and 2 rows 6144 deep (as `g4c serve` batches
-/// two sequences); and a 16-bit one. On the host emulator against the interpreter.
+/// KiB of activations and the partial sums after them), 2 rows 6144 deep (as `g4c serve` batches
+/// two sequences) and 8 rows 1536 deep (a batch of 8, one block an SM); staged a step of 1536 or
+/// 6144 at a time where 64 KiB does not hold the whole contraction, each step once for all the
+/// block's groups: 8 rows 2304 deep (a step and a shorter one), 8 rows 6144 deep and 2 rows of
+/// two products 12288 deep; and a 16-bit one. On the host emulator against the interpreter.
 #[test]
 fn a_strided_matvec_computes_what_the_module_does() {
     assert_strided_matvecs_agree(emulator);
@@ -163,6 +166,10 @@ pub(super) fn assert_strided_matvecs_agree<D: Device + 'static>(device: fn(&[Dev
         (1, 6144, 2, true),
         (1, 12288, 1, true),
         (2, 6144, 1, true),
+        (8, 1536, 1, true),
+        (8, 2304, 1, true),
+        (8, 6144, 1, true),
+        (2, 12288, 2, true),
         (1, 1536, 1, false),
     ];
     for (rows, depth, products, four_bit) in cases {
@@ -178,6 +185,8 @@ pub(super) fn assert_strided_matvecs_agree<D: Device + 'static>(device: fn(&[Dev
         let tile = call.launch.tile.unwrap_or_else(|| panic!("{what}"));
         let dynamic = SharedRegion::of(std::slice::from_ref(call)).dynamic_bytes() > 0;
         assert_eq!(dynamic, rows * depth > 6144, "{what}: a dynamic region");
+        // 64 KiB of f32 activations: more are staged a step at a time.
+        assert_eq!((tile.k as usize) < depth, rows * depth > 16384, "{what}: staged in steps");
         // The SM holds one block with a region past 48 KiB, two with the others.
         let grid = if dynamic { 1 } else { 2 };
         assert!(tile.strided && tile.packed == four_bit && call.launch.grid == grid, "{what}");

@@ -30,12 +30,16 @@ const PACKED_SUMS: u32 = 16;
 /// the attention chunk (a block alone on its SM either way) and matvecs of more than
 /// `SHARED_FILE_MAX_ROWS` rows take the whole file.
 const BLOCKS_PER_SM: u32 = 2;
-/// The most rows a matvec has to take `BLOCKS_PER_SM` blocks' share of the register file, and
-/// stride over its columns: a decode step of up to 4 sequences (`g4c serve`'s batches), whose
-/// packed matvecs keep 16 sums a thread whatever their rows (fewer columns a block for more rows)
-/// and fit 128 registers on t4g, a100 and h200 without spilling (82–128 in E2B's decode of 4).
-/// E2B's decode of 8 spills 116–348 bytes on t4g at 128 (none on a100 or h200).
+/// The most rows a matvec has to take `BLOCKS_PER_SM` blocks' share of the register file: a
+/// decode step of up to 4 sequences (`g4c serve`'s batches), whose packed matvecs keep 16 sums a
+/// thread whatever their rows (fewer columns a block for more rows) and fit 128 registers on t4g,
+/// a100 and h200 without spilling (82–128 in E2B's decode of 4). E2B's decode of 8 spills 116–348
+/// bytes on t4g at 128 (none on a100 or h200); more rows take the whole file, one block an SM.
 const SHARED_FILE_MAX_ROWS: usize = 4;
+/// Shared memory a matvec of many rows keeps free in the static limit for a prelude joining it
+/// later (`prelude::merge`), beyond which it strides: a norm's statistics for 8 rows take 32
+/// bytes.
+const PRELUDE_ROOM: u32 = 256;
 /// The most elements of a reduced extent a `WarpsPerExtent` thread stages (`staged_extent`): 4 KB
 /// of shared memory a block.
 const STAGED_PER_THREAD: u32 = 4;
@@ -226,33 +230,50 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
         let k = whole.min(fitting).max(MATVEC_K_STEP);
         let groups = (m.cols as u32).div_ceil(cols);
         let tile = Tile { rows, cols, k, stages: 1, mma: None, products, packed, splits: 1, strided: false };
-        // More groups than blocks fit the GPU at once, and the whole contraction staged: one wave
-        // of blocks, each striding over groups. A block's staging (its prelude and its prologue
-        // included) was repeated for each group, its weights' loads waited while it summed and
-        // stored; now it stages once, and loads a group's words while it sums the group before.
-        // Only a matvec of up to `SHARED_FILE_MAX_ROWS` rows: its budget is `BLOCKS_PER_SM`
-        // blocks' share of the file, which ptxas fills; one of more rows has the whole file for
-        // one block, and may use far less, where the GPU would hold more blocks than the budget
-        // says and so than the grid was planned for.
+        // More groups than blocks fit the GPU at once: one wave of blocks, each striding over
+        // groups. A block's staging (its prelude and its prologue included) was repeated for each
+        // group, its weights' loads waited while it summed and stored; now it stages once, and
+        // loads a group's words while it sums the group before. A block strides where the GPU
+        // holds as many of its blocks at once as of the unstrided tile's (whose activations may
+        // be staged a step at a time, and whose partial sums share their array): a block's
+        // staging must not cost the SM blocks in flight. Its shared memory may go past the static
+        // 48 KiB, up to the opt-in (a dynamic region): t4g's 12288-deep down projection stages 48
+        // KiB of activations and its partial sums take 256 bytes more, and an SM holds one block
+        // of either.
         //
-        // A block strides where the GPU holds as many of its blocks at once as of the unstrided
-        // tile's (whose activations may be staged a step at a time, and whose partial sums share
-        // their array): a block's staging must not cost the SM blocks in flight. Its shared
-        // memory may go past the static 48 KiB, up to the opt-in (a dynamic region): t4g's
-        // 12288-deep down projection stages 48 KiB of activations and its partial sums take 256
-        // bytes more, and an SM holds one block of either.
-        let strided = Tile { k: whole, strided: true, ..tile };
-        let strided_smem = footprint(&strided).smem_bytes as u32 + prelude_bytes;
-        let resident = resident_blocks(gpu, registers, strided_smem);
+        // Where the whole contraction does not fit the opt-in, a packed block stages it a step
+        // (the unstrided tile's `k`) at a time, each step once for all of its groups, and adds
+        // each group's sums up over the steps. E2B's 12288-deep down projection for 8 sequences
+        // (384 KiB of activations) was 768 blocks, each staging all of them: 300 MB through L2
+        // for 10 MB of weights.
         let unstrided_resident = resident_blocks(gpu, registers, footprint(&tile).smem_bytes as u32 + prelude_bytes);
-        let stridable = rows as usize <= SHARED_FILE_MAX_ROWS
-            && strided_smem <= gpu.smem_per_block_optin
-            && resident >= unstrided_resident;
-        let (tile, grid) = match stridable && groups > resident {
+        let strided = [whole, k]
+            .into_iter()
+            .filter(|&k| k == whole || packed)
+            .map(|k| Tile { k, strided: true, ..tile })
+            .map(|t| (t, footprint(&t).smem_bytes as u32 + prelude_bytes))
+            .filter(|&(_, smem)| smem <= gpu.smem_per_block_optin)
+            .map(|(t, smem)| (t, resident_blocks(gpu, registers, smem)))
+            .find(|&(_, resident)| resident >= unstrided_resident);
+        // A matvec of more rows than `SHARED_FILE_MAX_ROWS` takes the whole register file, one
+        // block an SM by the plan; ptxas may use far fewer registers (82 for a sliding layer's
+        // scores of 8 heads on t4g), and the GPU then holds more blocks than a strided grid
+        // would have. It strides where its staging is large: where the static limit leaves its
+        // whole contraction no room for a prelude (a norm's statistics, which would cut it into
+        // two steps), even with a group a block. A decode of 8 sequences stages 8 rows of 1536
+        // activations, 48 KiB: unstrided, each of a 6144-wide gate/up projection's 6144 blocks (a
+        // column each) staged them, 300 MB through L2 for 9 MB of weights.
+        let many_rows = rows as usize > SHARED_FILE_MAX_ROWS;
+        let crowded = many_rows
+            && footprint(&Tile { k: whole, ..tile }).smem_bytes as u32 + prelude_bytes + PRELUDE_ROOM
+                > gpu.smem_per_block;
+        let (tile, grid) = match strided {
             // As many groups a block as the wave needs, spread over as few blocks as that takes:
             // the same time, fewer stagings.
-            true => (strided, groups.div_ceil(groups.div_ceil(resident))),
-            false => (tile, groups),
+            Some((strided, resident)) if (groups > resident && !many_rows) || crowded => {
+                (strided, groups.div_ceil(groups.div_ceil(resident)))
+            }
+            _ => (tile, groups),
         };
         return Launch {
             grid,
@@ -400,6 +421,16 @@ fn registers_per_thread(gpu: &GpuLimits, block: u32) -> u32 {
     ((gpu.registers_per_sm / block) / 8 * 8).min(gpu.registers_per_thread)
 }
 
+/// The most shared memory a block of `launch` may take: a strided matvec's, the GPU's opt-in
+/// (beyond the static 48 KiB a dynamic array, `SharedRegion`); any other's, the static limit
+/// (bigger tiles there would trade blocks an SM for fewer steps, unmeasured).
+pub(crate) fn smem_limit(launch: &Launch, gpu: &GpuLimits) -> u32 {
+    match launch.tile.is_some_and(|t| t.strided) {
+        true => gpu.smem_per_block_optin,
+        false => gpu.smem_per_block,
+    }
+}
+
 /// The fit proof of one kernel: shared memory (its template's and its prelude's) within the
 /// block's static limit (an array ptxas sees too), or, for a strided matvec, the opt-in (beyond 48
 /// KiB a dynamic array, `SharedRegion`); threads within the block's limit, and registers × threads
@@ -412,10 +443,7 @@ pub(crate) fn check_fit(launch: &Launch, gpu: &GpuLimits) -> Result<(), (&'stati
         (None, None, None) => 0,
     };
     let smem = body + launch.prelude.map_or(0, |p| prelude_footprint(&p, launch.block));
-    let limit = match launch.tile.is_some_and(|t| t.strided) {
-        true => gpu.smem_per_block_optin,
-        false => gpu.smem_per_block,
-    };
+    let limit = smem_limit(launch, gpu);
     if smem != launch.smem_bytes as u64 || smem > limit as u64 {
         return Err(("bytes of shared memory", smem, limit as u64));
     }

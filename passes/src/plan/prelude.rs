@@ -13,7 +13,7 @@
 use super::fusion::Group;
 use super::kernel_function;
 use super::kind::{classify, own_reductions, reduction_of, rows_sharing_rhs};
-use super::launch::launch;
+use super::launch::{launch, smem_limit};
 use g4c_ir::plan::{KernelKind, Prelude, ReduceSplit};
 use g4c_ir::{DType, Function, GpuLimits, Instr, Op, ValueId};
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -262,7 +262,7 @@ fn merged_reader(
             == (new.grid, new.block, new.tile, new.split, new.slots)
         && every_reduction_placed(&after);
     let work = block_work(&after, new.prelude);
-    let fits = new.smem_bytes <= gpu.smem_per_block && work <= BLOCK_WORK_LIMIT;
+    let fits = new.smem_bytes <= smem_limit(&new, gpu) && work <= BLOCK_WORK_LIMIT;
     (same_body && fits).then(|| (group, new.grid as usize * work.saturating_sub(block_work(&before, old.prelude))))
 }
 

@@ -9,6 +9,7 @@
 //! call reading what one call of the launch before wrote runs at that launch's end, as its tail.
 
 use super::fusion::Group;
+use super::launch::smem_limit;
 use g4c_ir::plan::{launch_smem_bytes, KernelCall, MAX_LAUNCH_ARGS};
 use g4c_ir::{Function, GpuLimits, ValueId};
 use std::collections::HashMap;
@@ -49,9 +50,11 @@ pub(crate) fn side_by_side(calls: &mut [KernelCall], args: &[usize], levels: &[u
     let mut first = 0;
     for k in 1..calls.len() {
         let (launch, next) = (&calls[first..k], &calls[k]);
+        // A strided matvec's region may pass the static limit: the launch's, its calls' largest.
+        let limit = calls[first..=k].iter().map(|c| smem_limit(&c.launch, gpu)).max().unwrap_or(0);
         let fits = levels[k] == levels[first]
             && next.launch.block == launch[0].launch.block
-            && launch_smem_bytes(&calls[first..=k]) <= gpu.smem_per_block
+            && launch_smem_bytes(&calls[first..=k]) <= limit
             && args[first..=k].iter().sum::<usize>() <= MAX_LAUNCH_ARGS
             && strided_budgets_kept(&calls[first..=k]);
         calls[k].side_by_side = fits;

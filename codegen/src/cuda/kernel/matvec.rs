@@ -31,6 +31,12 @@ pub(super) fn matvec(
     }
     let (rows, kt, cols) = (tile.rows, tile.k, tile.cols);
     let (n_total, products) = (m.cols, m.dots.len());
+    if stepped(tile, m) {
+        return Err(CudaError::Unsupported(format!(
+            "{}: a strided tile of 16-bit weights staged a step at a time",
+            em.k.name
+        )));
+    }
     em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
     open_groups(em, (tile, grid), m, warps * 32)?;
     em.line(format!("const int n = g * {cols} + warp;"));
@@ -55,29 +61,51 @@ pub(super) fn matvec(
     store_products(em, m, &|j| format!("acc[{j}][r]"), root)?;
     em.close();
     em.close();
-    em.close();
+    close_groups(em, tile, m);
     Ok(())
 }
 
+/// Whether a strided tile stages its contraction a step at a time (`k` short of the depth),
+/// each step once for all of the block's groups.
+fn stepped(tile: &Tile, m: &Matvec) -> bool {
+    tile.strided && (tile.k as usize) < m.depth
+}
+
 /// Opens the block's work on its groups of `cols` columns, the C variable `g` each group. A block
-/// of a strided tile (`Tile::strided`: the whole contraction is one step) stages its activations
-/// once (`k0` 0), then takes groups `block`, `block + grid`, …, asking L2 for each next group's
-/// weights as it starts one; any other block takes group `block`.
+/// of a strided tile (`Tile::strided`) whose contraction is one step stages its activations once
+/// (`k0` 0), then takes groups `block`, `block + grid`, …, asking L2 for each next group's
+/// weights as it starts one; a stepped one (`stepped`) stages each step, then takes its groups
+/// (the C variable `gi` counting them), step after step; any other block takes group `block`.
 fn open_groups(em: &mut Emitter, (tile, grid): (&Tile, u32), m: &Matvec, threads: u32) -> Result<(), CudaError> {
     if !tile.strided {
         em.open("/* the block's group of columns */");
         em.line("const int g = block;");
         return Ok(());
     }
+    let groups = m.cols.div_ceil(tile.cols as usize);
+    if stepped(tile, m) {
+        em.open(format!("for (int k0 = 0; k0 < {}; k0 += {})", m.depth, tile.k));
+        stage_activations(em, m, (tile.rows, tile.k), threads)?;
+        em.open(format!("for (int g = block, gi = 0; g < {groups}; g += {grid}, ++gi)"));
+        return Ok(());
+    }
     em.line("const int k0 = 0;");
     stage_activations(em, m, (tile.rows, tile.k), threads)?;
-    em.open(format!("for (int g = block; g < {}; g += {grid})", m.cols.div_ceil(tile.cols as usize)));
+    em.open(format!("for (int g = block; g < {groups}; g += {grid})"));
     prefetch_group(em, tile, m, &format!("(g + {grid})"));
     Ok(())
 }
 
+/// Closes `open_groups`.
+fn close_groups(em: &mut Emitter, tile: &Tile, m: &Matvec) {
+    em.close();
+    if stepped(tile, m) {
+        em.close();
+    }
+}
+
 /// Opens the loop over the contraction's steps of the tile's `k`, each staged first: a strided
-/// block's one step, staged by `open_groups`.
+/// block's steps are `open_groups`'.
 fn open_steps(em: &mut Emitter, tile: &Tile, m: &Matvec, threads: u32) -> Result<(), CudaError> {
     if tile.strided {
         em.open("/* the one step, staged */");
@@ -254,6 +282,11 @@ fn packed_matvec(
         })?;
     }
     em.line("const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;");
+    let stepped = stepped(tile, m);
+    if stepped {
+        // Each of the block's groups' sums over the steps so far, for the thread of its output.
+        em.line(format!("float summed[{}][{products}];", m.cols.div_ceil(cols as usize).div_ceil(grid as usize)));
+    }
     open_groups(em, (tile, grid), m, warps * 32)?;
     em.line(format!("float acc[{products}][{cols}][{rows}] = {{}};"));
     open_steps(em, tile, m, warps * 32)?;
@@ -323,14 +356,24 @@ fn packed_matvec(
     em.line("sum[j] = 0.f;");
     em.line(format!("for (int w = 0; w < {}; ++w) sum[j] += part[w * {sums} + (j * {cols} + c) * {rows} + r];", warps));
     em.close();
-    store_products(em, m, &|j| format!("sum[{j}]"), root)?;
+    if stepped {
+        em.line(format!(
+            "for (int j = 0; j < {products}; ++j) summed[gi][j] = (k0 == 0 ? 0.f : summed[gi][j]) + sum[j];"
+        ));
+        em.open(format!("if (k0 + {kt} >= {depth})"));
+        store_products(em, m, &|j| format!("summed[gi][{j}]"), root)?;
+        em.close();
+    } else {
+        store_products(em, m, &|j| format!("sum[{j}]"), root)?;
+    }
     em.close();
     em.close();
     if tile.strided {
-        // The next group's partial sums wait until these are read.
+        // The next group's partial sums wait until these are read (and a stepped block's next
+        // step's staging until every group's words of this one are).
         em.line("__syncthreads();");
     }
-    em.close();
+    close_groups(em, tile, m);
     Ok(())
 }
 
