@@ -92,7 +92,9 @@ pub struct Tile {
     pub packed: bool,
     /// Blocks a GEMM tile's contraction is split over (1: none), each adding its own range of
     /// steps; the last of them to finish adds their partial sums (`KernelCall::split_sums`) and
-    /// applies the epilogue. A prefill GEMM of few tiles would otherwise leave most SMs idle.
+    /// applies the epilogue. A prefill GEMM of few tiles would otherwise leave most SMs idle. A
+    /// strided packed matvec's too, each block taking a share `k` deep (staged once, in one step)
+    /// for every group of its stride: its blocks would otherwise each stage the whole contraction.
     pub splits: u32,
     /// A matvec's blocks stride over its groups of `cols` columns (as many blocks as groups at
     /// most): each stages its activations once for all of its groups and keeps its partial sums
@@ -201,9 +203,9 @@ pub struct KernelCall {
 
 /// A call's parts of its entry's split-sums buffer, which holds every launch's counts first and
 /// then every launch's partial sums, so that no count lies where a launch before left partial sums:
-/// from `counts`, a count of finished blocks per tile of a split GEMM, or of a tail's host's (`u32`,
-/// zero between launches: the last block resets it); from `partials`, a split GEMM's blocks'
-/// partial sums (`f32`; a tail has none).
+/// from `counts`, a count of finished blocks per tile of a split GEMM, per stride of groups of a
+/// split matvec, or of a tail's host's (`u32`, zero between launches: the last block resets it);
+/// from `partials`, a split GEMM's or matvec's blocks' partial sums (`f32`; a tail has none).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SplitSums {
     pub buffer: Slot,

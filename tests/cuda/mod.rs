@@ -4,7 +4,7 @@
 mod machine_code;
 mod products;
 
-use products::{assert_split_gemm_agrees, assert_strided_matvecs_agree};
+use products::{assert_split_gemm_agrees, assert_split_matvecs_agree, assert_strided_matvecs_agree};
 
 use crate::common::{
     assert_matches_golden, golden_cases, golden_dir, greedy_generate, long_context_generate, run_transformed,
@@ -437,16 +437,30 @@ fn e2b_batched_decode_computes_statistics_a_row_a_block() {
 /// A decode step of 8 sequences (`g4c serve`'s default batch) stages each matvec's activations
 /// once a block: every matvec of 8 rows at least 1536 deep strides over its columns, one block an
 /// SM staging its 8 × 1536 or more activations (48 KiB and up, in a dynamic region) for all of
-/// its groups, a step at a time where the GPU's opt-in does not hold the whole contraction (deeper
-/// than 1536 on t4g, 4096 on a100, 6144 on h200). Unstrided, each block of a 6144-wide gate/up
-/// projection (6144 blocks, a column each) staged them all: 32 GB through L2 a step. The per-layer
-/// projection (256 deep, 8 KiB) does not stride. With the blocks few, three of each layer's four
-/// kernels of norm statistics move into the preludes of the matvecs reading them (the fourth would
-/// give the gate/up projection's prelude two norms of 8 × 1536, over a block's budget): 397
-/// launches on a100 and h200, 411 on t4g, where there were 503 and 517.
+/// its groups. Unstrided, each block of a 6144-wide gate/up projection (6144 blocks, a column each)
+/// staged them all: 32 GB through L2 a step. Where the blocks would still stage more than the
+/// weights hold, the deep ones split their contraction over blocks (`Tile::splits`), each staging
+/// a share: the down projections (6144 and 12288 deep) on every GPU, the full layers' 4096-deep
+/// output projections on a100 and h200 (t4g's 64 KiB holds no 8 × 2048 share beside the partial
+/// sums); a matvec deeper than the opt-in holds and not split stages a step at a time (deeper than
+/// 1536 on t4g, 4096 on a100, 6144 on h200). The per-layer projection (256 deep, 8 KiB) does not
+/// stride. With the blocks few, three of each layer's four kernels of norm statistics move into
+/// the preludes of the matvecs reading them (the fourth would give the gate/up projection's
+/// prelude two norms of 8 × 1536, over a block's budget): 397 launches on a100 and h200, 411 on
+/// t4g, where there were 503 and 517.
 #[test]
 fn e2b_decode_of_8_sequences_stages_activations_once_a_block() {
+    // Each target: the deepest contraction staged whole, the launches.
     for (target, whole_at_most, launches) in [("t4g", 1536, 411), ("a100", 4096, 397), ("h200", 6144, 397)] {
+        // The shares a contraction so deep splits into.
+        let splits = |depth: usize| match (target, depth) {
+            (_, 6144) => 4,
+            ("t4g", 12288) => 7,
+            ("a100", 12288) => 5,
+            ("h200", 12288) => 6,
+            ("a100" | "h200", 4096) => 2,
+            _ => 1,
+        };
         let plan = e2b_plan_of(Target::by_name(target).unwrap(), Shapes { batch: 8, prefill_len: 64, context: 4096 });
         let decode = plan.entry("decode").unwrap();
         let mut strided = 0;
@@ -456,8 +470,10 @@ fn e2b_decode_of_8_sequences_stages_activations_once_a_block() {
             let what = format!("{target}: {} ({} rows, {} deep): {tile:?}", c.kernel, m.rows, m.depth);
             assert_eq!(m.rows, 8, "{what}");
             assert_eq!(tile.strided, m.depth >= 1536, "{what}");
+            assert_eq!(tile.splits, splits(m.depth), "{what}: split");
             if tile.strided {
-                assert_eq!((tile.k as usize) < m.depth, m.depth > whole_at_most, "{what}: staged in steps");
+                let stepped = tile.splits == 1 && (tile.k as usize) < m.depth;
+                assert_eq!(stepped, tile.splits == 1 && m.depth > whole_at_most, "{what}: staged in steps");
                 assert!(SharedRegion::of(std::slice::from_ref(c)).dynamic_bytes() > 0, "{what}: a dynamic region");
                 strided += 1;
             }
@@ -534,11 +550,11 @@ fn no_count_lies_where_partial_sums_were_left() {
             let (mut counts_end, mut partials_start, mut tiles) = (0, u64::MAX, std::collections::BTreeSet::new());
             for c in &e.calls {
                 let Some(sums) = c.split_sums else { continue };
-                let counts = match c.launch.tile.filter(|t| t.splits > 1) {
-                    Some(t) => {
-                        tiles.insert(c.launch.grid / t.splits);
+                let counts = match g4c_passes::split_sums_bytes(plan.kernels.function(&c.kernel).unwrap(), &c.launch) {
+                    Some(bytes) => {
+                        tiles.insert(c.launch.grid / c.launch.tile.unwrap().splits);
                         partials_start = partials_start.min(sums.partials);
-                        g4c_passes::split_sums_bytes(&t, c.launch.grid, c.launch.block).counts
+                        bytes.counts
                     }
                     None => 4,
                 };
@@ -561,11 +577,13 @@ fn no_count_lies_where_partial_sums_were_left() {
 /// 128-token prefill, and for `g4c serve`'s default of 8 sequences and 64-token prefills (whose
 /// 512-row GEMMs spilled on t4g, see `Edges` and `STAGED_READS`); and the decode of the batch whose
 /// strided matvecs take the largest dynamic regions (past 48 KiB, `SharedRegion`), which ptxas does
-/// not count: 2 sequences on t4g, 4 on a100 and h200.
+/// not count: 5 sequences on t4g (61,920 bytes), 4 on a100 (98,816) and 6 on h200 (74,112; deeper
+/// matvecs of 2 to 4 rows split their contraction there, `Tile::splits`, into shares within 48
+/// KiB).
 #[test]
 fn e2b_kernels_compile_and_fit_on_every_gpu_class() {
     let served = Shapes { batch: 8, prefill_len: 64, context: 4096 };
-    for (target, sm, batch) in [("t4g", (7, 5), 2), ("a100", (8, 0), 4), ("h200", (9, 0), 4)] {
+    for (target, sm, batch) in [("t4g", (7, 5), 5), ("a100", (8, 0), 4), ("h200", (9, 0), 6)] {
         let t = Target::by_name(target).unwrap();
         let limit = t.gpu.as_ref().unwrap().smem_per_block_optin;
         let mut batched = e2b_plan_of(t, Shapes { batch, ..served });
@@ -670,11 +688,13 @@ fn cuda_kernels_on_a_gpu_match_the_goldens() {
                 });
             });
             // Matvecs striding over their columns, planned for a t4g of one SM (on a real GPU's
-            // plans they stride only with E2B's widths), against the interpreter.
+            // plans they stride only with E2B's widths), and splitting their contraction, for one
+            // of four SMs, against the interpreter.
             if target == "t4g" {
                 threads.spawn(move || {
                     check(format!("cuda {target}, strided matvecs"), &|| {
                         assert_strided_matvecs_agree(|programs| CudaDevice::new(programs).unwrap());
+                        assert_split_matvecs_agree(|programs| CudaDevice::new(programs).unwrap());
                     });
                 });
             }

@@ -194,6 +194,43 @@ pub(super) fn assert_strided_matvecs_agree<D: Device + 'static>(device: fn(&[Dev
     }
 }
 
+/// A strided 4-bit matvec whose blocks together would stage more activations than its weights
+/// hold splits its contraction over them (`Tile::splits`): each block stages its share once for
+/// all of its groups and leaves their partial sums in the split-sums buffer, and the last of the
+/// blocks taking the same groups adds them up and applies the epilogue. Planned for a t4g of four
+/// SMs (one block an SM at 8 rows): 8 rows 6144 deep in 4 shares of 1536 (a block taking all 22
+/// groups of its share), 8 rows 4640 deep in 3 (1568, 1568 and 1504), and 2 rows of two products
+/// 12288 deep (a kernel each, side by side in one launch, each in 2 shares of 2 blocks, each block
+/// every other group). Each runs twice, other inputs first: the counts must start the second run
+/// at zero again. On the host emulator against the interpreter.
+#[test]
+fn a_split_matvec_computes_what_the_module_does() {
+    assert_split_matvecs_agree(emulator);
+}
+
+/// `a_split_matvec_computes_what_the_module_does`'s cases, on `device`.
+pub(super) fn assert_split_matvecs_agree<D: Device + 'static>(device: fn(&[DeviceProgram]) -> D) {
+    // Rows, depth, products; the shares and the grid.
+    let cases = [(8, 6144, 1, 4, 4), (8, 4640, 1, 3, 3), (2, 12288, 2, 2, 4)];
+    for (rows, depth, products, splits, grid) in cases {
+        let product = Products { entry: "decode", rows, cols: 44, depth, products, four_bit: true };
+        let (plan, want, got) = product_outputs(product, ("f16", "bf16"), 0.01, &FOUR_SM_T4G, device);
+        let what = format!("{rows} rows, {depth} deep, {products} products: {}", print_plan(&plan, false));
+        let call = &plan.entries[0].calls[0];
+        let tile = call.launch.tile.unwrap_or_else(|| panic!("{what}"));
+        assert!(tile.strided && tile.splits == splits && call.launch.grid == grid, "{what}");
+        assert!(call.split_sums.is_some(), "{what}: no split sums");
+        assert_products_agree(&what, "f16", 0.01, &got, &want);
+    }
+}
+
+/// A t4g of four SMs, where a matvec of E2B's depths but few columns splits its contraction.
+static FOUR_SM_T4G: std::sync::LazyLock<Target> = std::sync::LazyLock::new(|| {
+    let mut t = Target::by_name("t4g").unwrap().clone();
+    t.gpu.as_mut().unwrap().sm_count = 4;
+    t
+});
+
 /// A kernel of a thread per element whose blocks each lie in one row (4 rows of 512, blocks of
 /// 256) computes that row's statistics alone in its prelude (`Prelude::one_row`), the second (a sum
 /// of squares about the row's maximum) reading the first: on the host emulator, whose blocks see
@@ -291,7 +328,8 @@ pub(super) fn assert_split_gemm_agrees<D: Device + 'static>(
                 tile.splits
             );
             let sums = call.split_sums.unwrap_or_else(|| panic!("{what}: no split sums"));
-            let bytes = g4c_passes::split_sums_bytes(&tile, call.launch.grid, call.launch.block);
+            let kernel = plan.kernels.function(&call.kernel).unwrap();
+            let bytes = g4c_passes::split_sums_bytes(kernel, &call.launch).unwrap();
             assert!(sums.counts >= counts_end && sums.partials >= end, "{what}");
             (counts_end, end) = (sums.counts + bytes.counts, sums.partials + bytes.partials);
             assert!(counts_end <= first_partial, "{what}");

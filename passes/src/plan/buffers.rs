@@ -67,31 +67,43 @@ pub(crate) fn assign(
     Scratch { slot, bytes }
 }
 
-/// Gives the split GEMMs (`Tile::splits`) and the tails their parts of one more buffer, which
-/// holds no value and starts zeroed: the calls of a launch run at once, so each takes its own
-/// parts; every launch reads and writes its parts after the launch before has finished (its blocks
-/// wait for it before anything but weights), and leaves its counts at zero, so the next reuses the
-/// parts. The counts of every launch come first, then the partial sums: a count must start at zero,
-/// and a partial sum a launch before left is not.
-pub(crate) fn split_sums(calls: &mut [KernelCall], buffers: &mut Vec<u64>) {
-    let bytes_of = |call: &KernelCall| match call.launch.tile.filter(|t| t.splits > 1) {
-        Some(tile) => Some(split_sums_bytes(&tile, call.launch.grid, call.launch.block)),
-        None => call.tail.then_some(SplitSumsBytes { counts: 4, partials: 0 }),
+/// Gives the split GEMMs and matvecs (`Tile::splits`) and the tails their parts of one more
+/// buffer, which holds no value and starts zeroed: the calls of a launch run at once, so each takes
+/// its own parts; every launch reads and writes its parts after the launch before has finished (its
+/// blocks wait for it before anything but weights), and leaves its counts at zero, so the next
+/// reuses the parts. The counts of every launch come first, then the partial sums: a count must
+/// start at zero, and a partial sum a launch before left is not. `kernels` are the calls'
+/// functions, in their order.
+pub(crate) fn split_sums(calls: &mut [KernelCall], kernels: &[Function], buffers: &mut Vec<u64>) {
+    let bytes: Vec<Option<SplitSumsBytes>> = calls
+        .iter()
+        .zip(kernels)
+        .map(|(call, k)| match split_sums_bytes(k, &call.launch) {
+            Some(bytes) => Some(bytes),
+            None => call.tail.then_some(SplitSumsBytes { counts: 4, partials: 0 }),
+        })
+        .collect();
+    // Each launch's calls, by their indices.
+    let mut launches: Vec<std::ops::Range<usize>> = Vec::new();
+    for (n, call) in calls.iter().enumerate() {
+        match launches.last_mut() {
+            Some(launch) if call.side_by_side => launch.end = n + 1,
+            _ => launches.push(n..n + 1),
+        }
+    }
+    let counts_of = |launch: &std::ops::Range<usize>| -> u64 {
+        bytes[launch.clone()].iter().flatten().map(|b| b.counts.next_multiple_of(16)).sum()
     };
-    let launches = || calls.chunk_by(|_, next| next.side_by_side);
-    let counts_of = |launch: &[KernelCall]| -> u64 {
-        launch.iter().filter_map(bytes_of).map(|b| b.counts.next_multiple_of(16)).sum()
-    };
-    let counts = launches().map(counts_of).max().unwrap_or(0);
+    let counts = launches.iter().map(counts_of).max().unwrap_or(0);
     let buffer = Slot::Scratch(buffers.len());
     let mut end = counts;
-    for launch in calls.chunk_by_mut(|_, next| next.side_by_side) {
+    for launch in launches {
         let (mut count, mut partial) = (0, counts);
-        for call in launch {
-            let Some(bytes) = bytes_of(call) else { continue };
-            call.split_sums = Some(SplitSums { buffer, counts: count, partials: partial });
-            count += bytes.counts.next_multiple_of(16);
-            partial += bytes.partials.next_multiple_of(16);
+        for n in launch {
+            let Some(b) = bytes[n] else { continue };
+            calls[n].split_sums = Some(SplitSums { buffer, counts: count, partials: partial });
+            count += b.counts.next_multiple_of(16);
+            partial += b.partials.next_multiple_of(16);
         }
         end = end.max(partial);
     }

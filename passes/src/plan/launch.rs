@@ -4,7 +4,7 @@
 //! with, so the proof and the code cannot disagree.
 
 use super::attention::attention_of;
-use super::kind::{matvec_of, reads_per_element, reduction_of, rows_sharing_rhs, PackedWeight, Reduction};
+use super::kind::{matvec_of, reads_per_element, reduction_of, rows_sharing_rhs, Matvec, PackedWeight, Reduction};
 use super::prelude::{element_row_of, prelude_footprint, prelude_launch, prelude_of, staged_row_of};
 use g4c_ir::plan::{KernelKind, Launch, ReduceSplit, SlotSplit, Tile};
 use g4c_ir::{DType, Function, GpuLimits, MmaShape, Op};
@@ -275,6 +275,10 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
             }
             _ => (tile, groups),
         };
+        let (tile, grid) = match tile.strided && packed {
+            true => split_contraction(&m, (tile, grid), (registers, prelude_bytes), gpu),
+            false => (tile, grid),
+        };
         return Launch {
             grid,
             block: BLOCK,
@@ -336,6 +340,51 @@ pub(crate) fn launch(k: &Function, kind: KernelKind, gpu: &GpuLimits) -> Launch 
     }
 }
 
+/// The shallowest share of a contraction a block of a split matvec (`split_contraction`) takes:
+/// 192 words a column, for 256 threads taking a word each (as a 1536-deep matvec's do).
+const MIN_SPLIT_DEPTH: u32 = 1536;
+
+/// A strided packed matvec whose blocks each stage the whole contraction for all their groups, and
+/// together stage more bytes than its weights hold, splits the contraction over blocks
+/// (`Tile::splits`): each stages a share `k` deep once, for every group of its stride, and the
+/// last to finish of the blocks taking the same groups adds their partial sums
+/// (`KernelCall::split_sums`). Of the
+/// splits that fit the opt-in and still fill the wave, the fewest whose stagings weigh no more
+/// than the weights, else the most. E2B's 12288-deep down projection for 8 sequences on an H200
+/// staged 8 × 12288 activations in each of 128 blocks: 50 MB through L2 for 9.4 MB of weights.
+fn split_contraction(
+    m: &Matvec,
+    (tile, grid): (Tile, u32),
+    (registers, prelude_bytes): (u32, u32),
+    gpu: &GpuLimits,
+) -> (Tile, u32) {
+    let (depth, rows) = (m.depth as u32, u64::from(tile.rows));
+    // The 4-bit values (their scales add an eighth).
+    let weights = u64::from(depth) * m.cols as u64 * u64::from(tile.products) / 2;
+    // The activations a grid's blocks stage, `k` each.
+    let staged = |k: u32, grid: u32| u64::from(grid) * rows * u64::from(k) * 4;
+    let groups = (m.cols as u32).div_ceil(tile.cols);
+    let mut chosen = (tile, grid);
+    if staged(depth, grid) <= weights {
+        return chosen;
+    }
+    for splits in 2..=depth / MIN_SPLIT_DEPTH {
+        let k = depth.div_ceil(splits).next_multiple_of(MATVEC_K_STEP);
+        let split = Tile { k, splits: depth.div_ceil(k), ..tile };
+        let smem = footprint(&split).smem_bytes as u32 + prelude_bytes;
+        let per_split = resident_blocks(gpu, registers, smem) / split.splits;
+        if smem > gpu.smem_per_block_optin || per_split == 0 {
+            continue;
+        }
+        let grid = groups.div_ceil(groups.div_ceil(per_split)) * split.splits;
+        chosen = (split, grid);
+        if staged(k, grid) <= weights {
+            break;
+        }
+    }
+    chosen
+}
+
 /// Blocks each of a GEMM's `tiles` splits its contraction of `steps` over: the split whose blocks
 /// take the fewest steps in all, in waves of one block per SM (what a GEMM block's register budget
 /// leaves room for), each split block costing `SPLIT_COST_STEPS` more; each adds at least
@@ -353,19 +402,30 @@ fn gemm_splits(tiles: u32, steps: u32, gpu: &GpuLimits) -> u32 {
     candidates.into_iter().find(|&splits| time(splits) * 10 <= best * 11).unwrap_or(1)
 }
 
-/// A split GEMM's part of its entry's split-sums buffer (`SplitSums`), in bytes: its tiles' counts
-/// of finished blocks (a `u32` each, padded to 16 bytes), then every block's partial sums (a
-/// thread's share of its tile's `rows × cols` outputs for each product, `f32`).
+/// A split GEMM's or matvec's part of its entry's split-sums buffer (`SplitSums`), in bytes: the
+/// counts of finished blocks (a `u32` each, padded to 16 bytes) of a GEMM's tiles or of a
+/// matvec's strides of groups of columns (the blocks taking the same groups), then every block's
+/// partial sums (`f32`): of its tile's `rows × cols` outputs for each product, a matvec block's
+/// for each of its groups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SplitSumsBytes {
     pub counts: u64,
     pub partials: u64,
 }
 
-pub fn split_sums_bytes(tile: &Tile, grid: u32, block: u32) -> SplitSumsBytes {
-    let tiles = (grid / tile.splits) as u64;
-    let per_thread = (tile.rows * tile.cols / block * tile.products) as u64;
-    SplitSumsBytes { counts: (tiles * 4).next_multiple_of(16), partials: grid as u64 * block as u64 * per_thread * 4 }
+/// `SplitSumsBytes` of kernel `k` launched as `launch`, where its tile is split.
+pub fn split_sums_bytes(k: &Function, launch: &Launch) -> Option<SplitSumsBytes> {
+    let tile = launch.tile.filter(|t| t.splits > 1)?;
+    let strides = launch.grid / tile.splits;
+    let groups_per_block = match (tile.mma, matvec_of(k)) {
+        (None, Some(m)) => (m.cols as u32).div_ceil(tile.cols).div_ceil(strides),
+        _ => 1,
+    };
+    let per_block = u64::from(tile.rows * tile.cols * tile.products * groups_per_block);
+    Some(SplitSumsBytes {
+        counts: (u64::from(strides) * 4).next_multiple_of(16),
+        partials: u64::from(launch.grid) * per_block * 4,
+    })
 }
 
 /// Blocks of `BLOCK` threads, of `registers` each and `smem_bytes` of shared memory, that the GPU

@@ -156,7 +156,8 @@ fn plan_entry(
     schedule::share_register_budgets(&mut calls);
     number_in_launch_order(f, &mut calls, kernels);
     let mut buffers = scratch.bytes;
-    buffers::split_sums(&mut calls, &mut buffers);
+    let first = kernels.functions.len() - calls.len();
+    buffers::split_sums(&mut calls, &kernels.functions[first..], &mut buffers);
     Ok(EntryPlan { entry: f.name.clone(), buffers, calls, results: results.iter().map(|&v| slot(v)).collect() })
 }
 

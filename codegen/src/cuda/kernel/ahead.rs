@@ -25,22 +25,22 @@ use g4c_ir::{TensorType, ValueId};
 use g4c_passes::{Matvec, PackedWeight};
 
 /// Emits, ahead of the wait (`Emitter::ahead`), the prefetches of the weight rows a block of
-/// matvec `m` tiled by `tile` reads (for its first group of columns, `block`).
-pub(super) fn prefetch_weights(em: &mut Emitter, tile: &Tile, m: &Matvec) {
+/// matvec `m` tiled by `tile` reads for its first group of columns (`share.first`).
+pub(super) fn prefetch_weights(em: &mut Emitter, tile: &Tile, m: &Matvec, share: &Share) {
     let rows = rows_read(em, tile, m);
     if !rows.is_empty() {
-        em.ahead(|em| prefetch_rows(em, &rows, (tile.cols, m.cols), ("prefetch_l2", "block")));
+        em.ahead(|em| prefetch_rows(em, &rows, (tile, m), ("prefetch_l2", &share.first), share));
     }
 }
 
 /// Emits the prefetches of the weight rows of column group `group` (a C expression) of matvec `m`,
 /// if there is such a group: a block striding over groups asks for its next group's while it
 /// works on one.
-pub(super) fn prefetch_group(em: &mut Emitter, tile: &Tile, m: &Matvec, group: &str) {
+pub(super) fn prefetch_group(em: &mut Emitter, tile: &Tile, m: &Matvec, group: &str, share: &Share) {
     let rows = rows_read(em, tile, m);
     if !rows.is_empty() {
         em.open(format!("if ({group} * {} < {})", tile.cols, m.cols));
-        prefetch_rows(em, &rows, (tile.cols, m.cols), ("prefetch_l2_lines", group));
+        prefetch_rows(em, &rows, (tile, m), ("prefetch_l2_lines", group), share);
         em.close();
     }
 }
@@ -54,19 +54,67 @@ fn rows_read(em: &mut Emitter, tile: &Tile, m: &Matvec) -> Vec<WeightRows> {
         .collect()
 }
 
-/// Prefetches of `rows` for the `cols` columns of `group` (of `n_total` columns), by the prelude's
-/// function `prefetch`.
+/// Prefetches of `rows` for the `tile.cols` columns of `group` (of `m.cols`), by the prelude's
+/// function `prefetch`: whole rows, contiguous for the group, or a split tile's block's share of
+/// each (`Share::k0`), a row at a time.
 fn prefetch_rows(
     em: &mut Emitter,
     rows: &[WeightRows],
-    (cols, n_total): (u32, usize),
+    (tile, m): (&Tile, &Matvec),
     (prefetch, group): (&str, &str),
+    share: &Share,
 ) {
+    let (cols, n_total, depth) = (tile.cols, m.cols, m.depth);
     em.line(format!("const int ahead_first = {group} * {cols}, ahead_rows = min({cols}, {n_total} - ahead_first);"));
+    if tile.splits == 1 {
+        for WeightRows { array, row_bytes } in rows {
+            em.line(format!(
+                "{prefetch}((const u8*){array} + (unsigned long long)ahead_first * {row_bytes}, ahead_rows * {row_bytes}u);"
+            ));
+        }
+        return;
+    }
+    // A row's bytes are proportional to the contraction (words, scales or 16-bit values): the
+    // share's are those from its first value's byte to its end's, rounded out.
+    em.open("for (int ahead_c = 0; ahead_c < ahead_rows; ++ahead_c)");
+    em.line(format!(
+        "const unsigned long long ahead_k0 = {}, ahead_end = min({} + {}, {depth});",
+        share.k0, share.k0, tile.k
+    ));
     for WeightRows { array, row_bytes } in rows {
+        em.open("/* the share of a row */");
         em.line(format!(
-            "{prefetch}((const u8*){array} + (unsigned long long)ahead_first * {row_bytes}, ahead_rows * {row_bytes}u);"
+            "const unsigned long long from = ahead_k0 * {row_bytes} / {depth}, to = (ahead_end * {row_bytes} + {}) / {depth};",
+            depth - 1
         ));
+        em.line(format!(
+            "{prefetch}((const u8*){array} + (unsigned long long)(ahead_first + ahead_c) * {row_bytes} + from, (unsigned)(to - from));"
+        ));
+        em.close();
+    }
+    em.close();
+}
+
+/// Where a block of a matvec tile works (C expressions): its first group of columns, the stride to
+/// its next (`Tile::strided`), and the first value of its share of the contraction, which a split
+/// tile's blocks (`Tile::splits`) take in turn: block `b` the groups from `b / splits`, share
+/// `b % splits`.
+pub(super) struct Share {
+    pub first: String,
+    pub stride: u32,
+    pub k0: String,
+}
+
+impl Share {
+    pub fn of(tile: &Tile, grid: u32) -> Share {
+        match tile.splits {
+            1 => Share { first: "block".into(), stride: grid, k0: "0".into() },
+            splits => Share {
+                first: format!("(block / {splits})"),
+                stride: grid / splits,
+                k0: format!("(block % {splits} * {})", tile.k),
+            },
+        }
     }
 }
 

@@ -2,13 +2,13 @@
 //! output column for 16-bit weights (`matvec`), the block's threads splitting the contraction a
 //! word at a time for 4-bit ones (`packed_matvec`).
 
-use super::ahead::{prefetch_group, prefetch_weights};
+use super::ahead::{prefetch_group, prefetch_weights, Share};
 use super::packed::{packed_loads, packed_value};
-use super::{activation_at, reads_only_weights, store_root, Edges};
+use super::{activation_at, reads_only_weights, store_root, Edges, SPLIT_SUMS};
 use crate::cuda::elemental::Emitter;
 use crate::cuda::loops::{batched_loop, batched_loop_of, loads_at_once, thread_loop, trip_length, LOADS_IN_FLIGHT};
 use crate::cuda::CudaError;
-use g4c_ir::plan::Tile;
+use g4c_ir::plan::{SplitSums, Tile};
 use g4c_ir::{DType, ValueId};
 use g4c_passes::{footprint, reads_per_element, Matvec, PackedWeight};
 
@@ -16,24 +16,26 @@ use g4c_passes::{footprint, reads_per_element, Matvec, PackedWeight};
 /// once per block), each warp multiplies them by its column of every weight (lanes striding `k`),
 /// then reduces across lanes; lane 0 applies the epilogue to the products and stores. A block takes
 /// `cols` columns, or strides over groups of them (`open_groups`). A packed 4-bit one is
-/// `packed_matvec`.
+/// `packed_matvec`, which may split the contraction over blocks (`split`: their parts of the
+/// split-sums buffer).
 pub(super) fn matvec(
     em: &mut Emitter,
     (tile, warps, grid): (&Tile, u32, u32),
     m: &Matvec,
     root: ValueId,
+    split: Option<SplitSums>,
 ) -> Result<(), CudaError> {
-    prefetch_weights(em, tile, m);
+    prefetch_weights(em, tile, m, &Share::of(tile, grid));
     if tile.packed {
         let unsupported = || CudaError::Unsupported(format!("{}: a packed tile of weights not packed", em.k.name));
         let weights = PackedWeight::all_of(em.k, m).ok_or_else(unsupported)?;
-        return packed_matvec(em, (tile, warps, grid), m, &weights, root);
+        return packed_matvec(em, (tile, warps, grid), m, &weights, (root, split));
     }
     let (rows, kt, cols) = (tile.rows, tile.k, tile.cols);
     let (n_total, products) = (m.cols, m.dots.len());
-    if stepped(tile, m) {
+    if stepped(tile, m) || tile.splits > 1 {
         return Err(CudaError::Unsupported(format!(
-            "{}: a strided tile of 16-bit weights staged a step at a time",
+            "{}: a strided tile of 16-bit weights staged a step at a time or split",
             em.k.name
         )));
     }
@@ -65,17 +67,18 @@ pub(super) fn matvec(
     Ok(())
 }
 
-/// Whether a strided tile stages its contraction a step at a time (`k` short of the depth),
-/// each step once for all of the block's groups.
+/// Whether a strided tile stages its contraction a step at a time (`k` short of the depth, not
+/// split over blocks), each step once for all of the block's groups.
 fn stepped(tile: &Tile, m: &Matvec) -> bool {
-    tile.strided && (tile.k as usize) < m.depth
+    tile.strided && tile.splits == 1 && (tile.k as usize) < m.depth
 }
 
 /// Opens the block's work on its groups of `cols` columns, the C variable `g` each group. A block
 /// of a strided tile (`Tile::strided`) whose contraction is one step stages its activations once
 /// (`k0` 0), then takes groups `block`, `block + grid`, …, asking L2 for each next group's
-/// weights as it starts one; a stepped one (`stepped`) stages each step, then takes its groups
-/// (the C variable `gi` counting them), step after step; any other block takes group `block`.
+/// weights as it starts one; a block of a split tile likewise its share of the contraction, for
+/// its groups (`Share`, the C variable `gi` counting them); a stepped one (`stepped`) stages each
+/// step, then takes its groups (`gi` too), step after step; any other block takes group `block`.
 fn open_groups(em: &mut Emitter, (tile, grid): (&Tile, u32), m: &Matvec, threads: u32) -> Result<(), CudaError> {
     if !tile.strided {
         em.open("/* the block's group of columns */");
@@ -89,10 +92,14 @@ fn open_groups(em: &mut Emitter, (tile, grid): (&Tile, u32), m: &Matvec, threads
         em.open(format!("for (int g = block, gi = 0; g < {groups}; g += {grid}, ++gi)"));
         return Ok(());
     }
-    em.line("const int k0 = 0;");
+    let share = Share::of(tile, grid);
+    em.line(format!("const int k0 = {};", share.k0));
     stage_activations(em, m, (tile.rows, tile.k), threads)?;
-    em.open(format!("for (int g = block; g < {groups}; g += {grid})"));
-    prefetch_group(em, tile, m, &format!("(g + {grid})"));
+    match tile.splits {
+        1 => em.open(format!("for (int g = block; g < {groups}; g += {grid})")),
+        _ => em.open(format!("for (int g = {}, gi = 0; g < {groups}; g += {}, ++gi)", share.first, share.stride)),
+    }
+    prefetch_group(em, tile, m, &format!("(g + {})", share.stride), &share);
     Ok(())
 }
 
@@ -255,7 +262,7 @@ fn packed_matvec(
     (tile, warps, grid): (&Tile, u32, u32),
     m: &Matvec,
     weights: &[PackedWeight],
-    root: ValueId,
+    (root, split): (ValueId, Option<SplitSums>),
 ) -> Result<(), CudaError> {
     let (rows, kt, cols) = (tile.rows, tile.k, tile.cols);
     let (n_total, depth, products) = (m.cols, m.depth, weights.len() as u32);
@@ -270,13 +277,24 @@ fn packed_matvec(
         )));
     }
     let trip = PackedTrip { weights, steps, cols, n_total, depth };
-    let first_trip_ahead = depth <= kt as usize && weights.iter().all(|w| reads_only_weights(em.k, w.scale));
+    let share = Share::of(tile, grid);
+    let groups_per_block = m.cols.div_ceil(cols as usize).div_ceil(share.stride as usize);
+    let partials = split.map(|sums| SplitPartials { sums, tile, groups_per_block });
+    // A block whose contraction is one step (its share of it, where split).
+    let one_step = depth <= kt as usize || tile.splits > 1;
+    let first_trip_ahead = one_step && weights.iter().all(|w| reads_only_weights(em.k, w.scale));
     if first_trip_ahead {
         em.ahead(|em| {
             trip.declare(em);
             em.open("/* the thread's first trip */");
-            em.line(format!("const int k0 = 0, wd0 = threadIdx.x, words = {};", depth / 8));
-            trip.load(em, "block")?;
+            match tile.splits {
+                1 => em.line(format!("const int k0 = 0, wd0 = threadIdx.x, words = {};", depth / 8)),
+                _ => em.line(format!(
+                    "const int k0 = {}, wd0 = threadIdx.x, words = min({kt}, {depth} - k0) >> 3;",
+                    share.k0
+                )),
+            }
+            trip.load(em, &share.first)?;
             em.close();
             Ok::<(), CudaError>(())
         })?;
@@ -329,9 +347,9 @@ fn packed_matvec(
     em.close();
     if tile.strided && first_trip_ahead {
         // The next group's first trip, in flight while this group's sums are combined and stored.
-        em.open(format!("if ((g + {grid}) * {cols} < {n_total})"));
+        em.open(format!("if ((g + {}) * {cols} < {n_total})", share.stride));
         em.line("const int wd0 = threadIdx.x;");
-        trip.load(em, &format!("(g + {grid})"))?;
+        trip.load(em, &format!("(g + {})", share.stride))?;
         em.close();
     }
     close_steps(em, tile);
@@ -363,6 +381,9 @@ fn packed_matvec(
         em.open(format!("if (k0 + {kt} >= {depth})"));
         store_products(em, m, &|j| format!("summed[gi][{j}]"), root)?;
         em.close();
+    } else if let Some(partials) = &partials {
+        em.line(format!("float* const partial = {};", partials.of_output("block", "gi", "threadIdx.x")));
+        em.line(format!("for (int j = 0; j < {products}; ++j) partial[j] = sum[j];"));
     } else {
         store_products(em, m, &|j| format!("sum[{j}]"), root)?;
     }
@@ -374,6 +395,84 @@ fn packed_matvec(
         em.line("__syncthreads();");
     }
     close_groups(em, tile, m);
+    if let Some(partials) = &partials {
+        add_split_partials(em, (tile, &share), m, partials, root)?;
+    }
+    Ok(())
+}
+
+/// A split matvec block's partial sums in the split-sums buffer (`SplitSums`): for each of the
+/// grid's blocks, of each of its `groups_per_block` groups, each output's (`rows × cols` of them,
+/// thread-major) sum of each product, so that a thread's are adjacent.
+struct SplitPartials<'t> {
+    sums: SplitSums,
+    tile: &'t Tile,
+    groups_per_block: usize,
+}
+
+impl SplitPartials<'_> {
+    /// The first of the partial sums of block `block` for its group `gi` and output `output` (C
+    /// expressions).
+    fn of_output(&self, block: &str, gi: &str, output: &str) -> String {
+        let Tile { rows, cols, products, .. } = *self.tile;
+        format!(
+            "reinterpret_cast<float*>({SPLIT_SUMS} + {}) + (({block} * {} + {gi}) * {} + {output}) * {products}",
+            self.sums.partials,
+            self.groups_per_block,
+            rows * cols
+        )
+    }
+
+    /// Floats from a block's partial sums to the next block's.
+    fn per_block(&self) -> usize {
+        let Tile { rows, cols, products, .. } = *self.tile;
+        self.groups_per_block * (rows * cols * products) as usize
+    }
+}
+
+/// After a split matvec block has left its partial sums for each of its groups, the last of the
+/// blocks taking the same groups (their count in the split-sums buffer, `last_block_of`) adds
+/// theirs up, in the order of their shares whichever finished last, and applies the epilogue, its
+/// threads taking the outputs of all its groups in turn; the sums are read past L1 (`__ldcg`),
+/// which other SMs wrote.
+fn add_split_partials(
+    em: &mut Emitter,
+    (tile, share): (&Tile, &Share),
+    m: &Matvec,
+    partials: &SplitPartials,
+    root: ValueId,
+) -> Result<(), CudaError> {
+    let (rows, cols, splits, products) = (tile.rows, tile.cols, tile.splits, tile.products);
+    let first = &share.first;
+    em.line(format!(
+        "unsigned* const count = reinterpret_cast<unsigned*>({SPLIT_SUMS} + {}) + {first};",
+        partials.sums.counts
+    ));
+    em.open(format!("if (last_block_of(count, {splits}))"));
+    let outputs = cols * rows;
+    em.open(format!(
+        "for (int o = threadIdx.x; o < {}; o += blockDim.x)",
+        partials.groups_per_block * outputs as usize
+    ));
+    em.line(format!("const int gi = o / {outputs}, g = {first} + gi * {};", share.stride));
+    em.line(format!("const int c = o % {outputs} / {rows}, r = o % {rows}, n = g * {cols} + c;"));
+    em.open(format!("if (n < {})", m.cols));
+    em.line(format!(
+        "const float* const partial = {};",
+        partials.of_output(&format!("({first} * {splits})"), "gi", &format!("(o % {outputs})"))
+    ));
+    em.line(format!("float sum[{products}];"));
+    em.open(format!("for (int j = 0; j < {products}; ++j)"));
+    em.line("sum[j] = 0.f;");
+    em.line(format!(
+        "for (int sp = 0; sp < {splits}; ++sp) sum[j] += __ldcg(partial + sp * {} + j);",
+        partials.per_block()
+    ));
+    em.close();
+    store_products(em, m, &|j| format!("sum[{j}]"), root)?;
+    em.close();
+    em.close();
+    em.close();
     Ok(())
 }
 

@@ -27,7 +27,7 @@ use reduce::{prelude, split_reduce};
 use super::elemental::{rounded, storage_type, store, unlinear, value_type, write_lines, Emitter};
 use super::shared::{SharedArrays, REGION};
 use super::CudaError;
-use g4c_ir::plan::{KernelCall, KernelKind, SharedRegion};
+use g4c_ir::plan::{KernelCall, KernelKind, SharedRegion, SplitSums, Tile};
 use g4c_ir::{DType, Function, Op, ValueId};
 use g4c_passes::{attention_of, footprint, matvec_of, reduction_of, split_footprint, Matvec};
 use std::collections::{HashMap, HashSet};
@@ -93,13 +93,7 @@ pub(crate) fn kernel_code(
             let f = footprint(&tile);
             shared.aligned("u16", "as_", f.staged_activations / 2);
             shared.aligned("u16", "ws_", f.staged_weights / 2);
-            let split = match (tile.splits > 1, call.split_sums) {
-                (false, _) => None,
-                (true, Some(sums)) => Some(sums),
-                (true, None) => {
-                    return Err(CudaError::Unsupported(format!("{}: a split GEMM without its split sums", k.name)))
-                }
-            };
+            let split = split_sums_of(call, &tile, &k.name)?;
             gemm(&mut em, (&tile, call.launch.block), &m, root, split)?;
             split_sums = split.is_some();
         }
@@ -107,7 +101,9 @@ pub(crate) fn kernel_code(
             // 16-byte aligned for the 128-bit loads of packed products; a packed matvec's partial
             // sums after the activations.
             shared.aligned("float", "act", footprint(&tile).smem_bytes / 4);
-            matvec(&mut em, (&tile, call.launch.block / 32, grid), &m, root)?;
+            let split = split_sums_of(call, &tile, &k.name)?;
+            matvec(&mut em, (&tile, call.launch.block / 32, grid), &m, root, split)?;
+            split_sums = split.is_some();
         }
         (_, Some(_), None) => return Err(CudaError::Unsupported(format!("{}: a tile but no matvec", k.name))),
         (_, None, _) => match call.launch.split {
@@ -287,6 +283,15 @@ pub(crate) fn launch_code(calls: &[KernelCall], parts: &[KernelCode], registers_
     }
     code.push_str("}\n");
     code
+}
+
+/// A split tile's parts of its entry's split-sums buffer (`None` where the tile is not split).
+fn split_sums_of(call: &KernelCall, tile: &Tile, kernel: &str) -> Result<Option<SplitSums>, CudaError> {
+    match (tile.splits > 1, call.split_sums) {
+        (false, _) => Ok(None),
+        (true, Some(sums)) => Ok(Some(sums)),
+        (true, None) => Err(CudaError::Unsupported(format!("{kernel}: a split tile without its split sums"))),
+    }
 }
 
 fn weight_dtype(k: &Function, name: &str) -> Option<DType> {
