@@ -256,7 +256,9 @@ const WORDS_IN_FLIGHT: u32 = 16;
 /// stages the activations: the weights' memory latency and the activations' overlap, where the
 /// loads waited for the staging's barrier. The trips after load in the loop. A strided block loads
 /// its next group's first trip after its last products of a group, before it combines the sums:
-/// the loads' latency and the combining overlap.
+/// the loads' latency and the combining overlap. A block of a split tile (`Tile::splits`) does all
+/// this for its share of the contraction, and leaves each group's sums in the split-sums buffer
+/// for the last of the blocks taking its groups to add up and store (`add_split_partials`).
 fn packed_matvec(
     em: &mut Emitter,
     (tile, warps, grid): (&Tile, u32, u32),
