@@ -27,9 +27,9 @@ pub use int4_storage::Int4Storage;
 pub use pass::{pass_by_name, Pass, PassError, PassTiming, Pipeline, PipelineOptions};
 pub use plan::{
     attention_arrays, attention_footprint, attention_of, chunk_axis_of, element_row_of, elements_written, footprint,
-    matvec_of, plan_module, prelude_footprint, prelude_launch, prelude_of, reads_per_element, reduction_of,
-    rows_sharing_rhs, split_footprint, split_sums_bytes, staged_row_of, Attention, AttentionArrays, Footprint, Matvec,
-    PackedWeight, PlanError, PreludeReduction, Reduction, SplitSumsBytes,
+    groups_per_block, matvec_of, plan_module, prelude_footprint, prelude_launch, prelude_of, reads_per_element,
+    reduction_of, rows_sharing_rhs, split_footprint, split_sums_bytes, staged_row_of, Attention, AttentionArrays,
+    Footprint, Matvec, PackedWeight, PlanError, PreludeReduction, Reduction, SplitSumsBytes,
 };
 pub use quantize::Quantize;
 pub use report::compile_report;

@@ -75,35 +75,30 @@ pub(crate) fn assign(
 /// start at zero, and a partial sum a launch before left is not. `kernels` are the calls'
 /// functions, in their order.
 pub(crate) fn split_sums(calls: &mut [KernelCall], kernels: &[Function], buffers: &mut Vec<u64>) {
-    let bytes: Vec<Option<SplitSumsBytes>> = calls
-        .iter()
+    // Each call with its parts' bytes.
+    let mut parts: Vec<(&mut KernelCall, Option<SplitSumsBytes>)> = calls
+        .iter_mut()
         .zip(kernels)
-        .map(|(call, k)| match split_sums_bytes(k, &call.launch) {
-            Some(bytes) => Some(bytes),
-            None => call.tail.then_some(SplitSumsBytes { counts: 4, partials: 0 }),
+        .map(|(call, k)| {
+            let bytes = split_sums_bytes(k, &call.launch);
+            let bytes = bytes.or(call.tail.then_some(SplitSumsBytes { counts: 4, partials: 0 }));
+            (call, bytes)
         })
         .collect();
-    // Each launch's calls, by their indices.
-    let mut launches: Vec<std::ops::Range<usize>> = Vec::new();
-    for (n, call) in calls.iter().enumerate() {
-        match launches.last_mut() {
-            Some(launch) if call.side_by_side => launch.end = n + 1,
-            _ => launches.push(n..n + 1),
-        }
-    }
-    let counts_of = |launch: &std::ops::Range<usize>| -> u64 {
-        bytes[launch.clone()].iter().flatten().map(|b| b.counts.next_multiple_of(16)).sum()
+    let same_launch = |_: &(&mut KernelCall, _), (next, _): &(&mut KernelCall, _)| next.side_by_side;
+    let counts_of = |launch: &[(&mut KernelCall, Option<SplitSumsBytes>)]| -> u64 {
+        launch.iter().filter_map(|(_, b)| *b).map(|b| b.counts.next_multiple_of(16)).sum()
     };
-    let counts = launches.iter().map(counts_of).max().unwrap_or(0);
+    let counts = parts.chunk_by(same_launch).map(counts_of).max().unwrap_or(0);
     let buffer = Slot::Scratch(buffers.len());
     let mut end = counts;
-    for launch in launches {
+    for launch in parts.chunk_by_mut(same_launch) {
         let (mut count, mut partial) = (0, counts);
-        for n in launch {
-            let Some(b) = bytes[n] else { continue };
-            calls[n].split_sums = Some(SplitSums { buffer, counts: count, partials: partial });
-            count += b.counts.next_multiple_of(16);
-            partial += b.partials.next_multiple_of(16);
+        for (call, bytes) in launch {
+            let Some(bytes) = bytes else { continue };
+            call.split_sums = Some(SplitSums { buffer, counts: count, partials: partial });
+            count += bytes.counts.next_multiple_of(16);
+            partial += bytes.partials.next_multiple_of(16);
         }
         end = end.max(partial);
     }

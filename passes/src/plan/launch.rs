@@ -348,9 +348,8 @@ const MIN_SPLIT_DEPTH: u32 = 1536;
 /// together stage more bytes than its weights hold, splits the contraction over blocks
 /// (`Tile::splits`): each stages a share `k` deep once, for every group of its stride, and the
 /// last to finish of the blocks taking the same groups adds their partial sums
-/// (`KernelCall::split_sums`). Of the
-/// splits that fit the opt-in and still fill the wave, the fewest whose stagings weigh no more
-/// than the weights, else the most. E2B's 12288-deep down projection for 8 sequences on an H200
+/// (`KernelCall::split_sums`). Of the splits that fit the opt-in and still fill the wave, the
+/// fewest whose stagings weigh no more than the weights, else the most. E2B's 12288-deep down projection for 8 sequences on an H200
 /// staged 8 × 12288 activations in each of 128 blocks: 50 MB through L2 for 9.4 MB of weights.
 fn split_contraction(
     m: &Matvec,
@@ -416,16 +415,26 @@ pub struct SplitSumsBytes {
 /// `SplitSumsBytes` of kernel `k` launched as `launch`, where its tile is split.
 pub fn split_sums_bytes(k: &Function, launch: &Launch) -> Option<SplitSumsBytes> {
     let tile = launch.tile.filter(|t| t.splits > 1)?;
-    let strides = launch.grid / tile.splits;
     let groups_per_block = match (tile.mma, matvec_of(k)) {
-        (None, Some(m)) => (m.cols as u32).div_ceil(tile.cols).div_ceil(strides),
+        (None, Some(m)) => groups_per_block(&m, &tile, launch.grid),
         _ => 1,
     };
-    let per_block = u64::from(tile.rows * tile.cols * tile.products * groups_per_block);
+    let per_block = u64::from(tile.rows * tile.cols * tile.products) * groups_per_block as u64;
     Some(SplitSumsBytes {
-        counts: (u64::from(strides) * 4).next_multiple_of(16),
+        counts: (u64::from(launch.grid / tile.splits) * 4).next_multiple_of(16),
         partials: u64::from(launch.grid) * per_block * 4,
     })
+}
+
+/// The most groups of `tile.cols` columns of matvec `m` a block of a grid of `grid` takes: one
+/// unless the tile strides, where the blocks taking each share of the contraction
+/// (`Tile::splits`) stride over all of them. Codegen sizes a block's arrays of per-group sums with
+/// it, and `split_sums_bytes` the partial sums.
+pub fn groups_per_block(m: &Matvec, tile: &Tile, grid: u32) -> usize {
+    match tile.strided {
+        true => m.cols.div_ceil(tile.cols as usize).div_ceil((grid / tile.splits) as usize),
+        false => 1,
+    }
 }
 
 /// Blocks of `BLOCK` threads, of `registers` each and `smem_bytes` of shared memory, that the GPU

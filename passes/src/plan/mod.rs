@@ -20,8 +20,8 @@ pub(crate) use attention::scores_product;
 pub use attention::{attention_of, chunk_axis_of, Attention};
 pub use kind::{matvec_of, reads_per_element, reduction_of, rows_sharing_rhs, Matvec, PackedWeight, Reduction};
 pub use launch::{
-    attention_arrays, attention_footprint, elements_written, footprint, split_footprint, split_sums_bytes,
-    AttentionArrays, Footprint, SplitSumsBytes,
+    attention_arrays, attention_footprint, elements_written, footprint, groups_per_block, split_footprint,
+    split_sums_bytes, AttentionArrays, Footprint, SplitSumsBytes,
 };
 pub use prelude::{element_row_of, prelude_footprint, prelude_launch, prelude_of, staged_row_of, PreludeReduction};
 

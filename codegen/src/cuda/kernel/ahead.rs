@@ -76,11 +76,11 @@ fn prefetch_rows(
     }
     // A row's bytes are proportional to the contraction (words, scales or 16-bit values): the
     // share's are those from its first value's byte to its end's, rounded out.
-    em.open("for (int ahead_c = 0; ahead_c < ahead_rows; ++ahead_c)");
     em.line(format!(
         "const unsigned long long ahead_k0 = {}, ahead_end = min({} + {}, {depth});",
         share.k0, share.k0, tile.k
     ));
+    em.open("for (int ahead_c = 0; ahead_c < ahead_rows; ++ahead_c)");
     for WeightRows { array, row_bytes } in rows {
         em.open("/* the share of a row */");
         em.line(format!(

@@ -10,7 +10,7 @@ use crate::cuda::loops::{batched_loop, batched_loop_of, loads_at_once, thread_lo
 use crate::cuda::CudaError;
 use g4c_ir::plan::{SplitSums, Tile};
 use g4c_ir::{DType, ValueId};
-use g4c_passes::{footprint, reads_per_element, Matvec, PackedWeight};
+use g4c_passes::{footprint, groups_per_block, reads_per_element, Matvec, PackedWeight};
 
 /// The tiled matvec: per `k` step the block stages `rows × k` activations (the prologue computed
 /// once per block), each warp multiplies them by its column of every weight (lanes striding `k`),
@@ -280,7 +280,7 @@ fn packed_matvec(
     }
     let trip = PackedTrip { weights, steps, cols, n_total, depth };
     let share = Share::of(tile, grid);
-    let groups_per_block = m.cols.div_ceil(cols as usize).div_ceil(share.stride as usize);
+    let groups_per_block = groups_per_block(m, tile, grid);
     let partials = split.map(|sums| SplitPartials { sums, tile, groups_per_block });
     // A block whose contraction is one step (its share of it, where split).
     let one_step = depth <= kt as usize || tile.splits > 1;
@@ -305,7 +305,7 @@ fn packed_matvec(
     let stepped = stepped(tile, m);
     if stepped {
         // Each of the block's groups' sums over the steps so far, for the thread of its output.
-        em.line(format!("float summed[{}][{products}];", m.cols.div_ceil(cols as usize).div_ceil(grid as usize)));
+        em.line(format!("float summed[{groups_per_block}][{products}];"));
     }
     open_groups(em, (tile, grid), m, warps * 32)?;
     em.line(format!("float acc[{products}][{cols}][{rows}] = {{}};"));

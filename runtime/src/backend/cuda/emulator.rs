@@ -26,11 +26,7 @@ fn max_dynamic_smem() -> u32 {
 /// `emulator.h` as the host compiler reads it: the CUDA built-ins' stand-ins, after the bounds it
 /// takes from the targets' table.
 pub fn emulator_header() -> String {
-    format!(
-        "#define G4C_MAX_DYNAMIC_SMEM {}
-{EMULATOR_H}",
-        max_dynamic_smem()
-    )
+    format!("#define G4C_MAX_DYNAMIC_SMEM {}\n{EMULATOR_H}", max_dynamic_smem())
 }
 
 pub struct Emulator {
