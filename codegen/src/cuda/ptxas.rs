@@ -1,11 +1,14 @@
 //! ptxas (PyPI `nvidia-cuda-nvcc-cu12`, or `G4C_PTXAS`): PTX to a cubin for one `sm_XY`, and what
 //! each kernel uses: registers, static shared memory and spills, to check the plan's fit proof
-//! against.
+//! against. It optimizes a module's kernels on every core where it can (`--split-compile 0`): an
+//! E2B prefill's 85 kernels took 9.9 s on one core of this 2-core machine and take 6.1 s, and the
+//! cubin is byte for byte the same.
 
 use super::CudaError;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 const VENV_PTXAS: &str = "nvidia/cuda_nvcc/bin/ptxas";
 
@@ -39,7 +42,11 @@ pub fn assemble(ptx: &str, sm: (u32, u32)) -> Result<Cubin, CudaError> {
     let dir = tempfile::tempdir().map_err(|e| fail(format!("a temporary folder: {e}")))?;
     let (input, output) = (dir.path().join("k.ptx"), dir.path().join("k.cubin"));
     std::fs::write(&input, ptx).map_err(|e| fail(format!("writing {}: {e}", input.display())))?;
-    let out = Command::new(&ptxas)
+    let mut command = Command::new(&ptxas);
+    if splits_compilation(&ptxas) {
+        command.args(["--split-compile", "0"]);
+    }
+    let out = command
         .arg(format!("-arch={arch}"))
         .arg("-v")
         .arg(&input)
@@ -54,6 +61,16 @@ pub fn assemble(ptx: &str, sm: (u32, u32)) -> Result<Cubin, CudaError> {
     }
     let bytes = std::fs::read(&output).map_err(|e| fail(format!("reading {}: {e}", output.display())))?;
     Ok(Cubin { bytes, kernels: parse_report(&report) })
+}
+
+/// Whether `ptxas` can spread its optimizations over threads (`--split-compile`, which older
+/// releases lack), asked once per process.
+fn splits_compilation(ptxas: &Path) -> bool {
+    static SPLITS: OnceLock<bool> = OnceLock::new();
+    *SPLITS.get_or_init(|| {
+        let help = Command::new(ptxas).arg("--help").output();
+        help.is_ok_and(|h| String::from_utf8_lossy(&h.stdout).contains("--split-compile"))
+    })
 }
 
 /// Reads `ptxas -v`: "Compiling entry function 'NAME'", then "N bytes spill stores, M bytes spill
