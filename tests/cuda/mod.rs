@@ -616,7 +616,9 @@ fn assert_fits(plan: &KernelPlan, (target, sm): (&str, (u32, u32)), limit: u32) 
 /// On a GPU (skipped without one, saying why): the tiny models' kernels through the CUDA driver
 /// against the goldens, reading the logits and reading the greedy tokens alone, for t4g (sm_75 PTX, which a newer GPU's driver JIT-compiles: how Turing's
 /// kernels run on an H200) and for h200 (its sm_90 cubin), where the GPU can run them; and, in
-/// f32 with 1100-slot caches, the attention kernels against the interpreter. Every case runs and
+/// f32 with 1100-slot caches, the attention kernels against the interpreter; every kernel on
+/// random inputs against the interpreter, the tiny model's and, with `G4C_E2B_DIR`, E2B's (a
+/// decode step of one sequence and of 8, a 9-token prefill's GEMMs). Every case runs and
 /// says how it went, so that one run on a lent GPU reports all that disagree, not only the first;
 /// each target and model runs on a thread of its own, since compiling the kernels takes longest.
 #[test]
@@ -669,16 +671,25 @@ fn cuda_kernels_on_a_gpu_match_the_goldens() {
                     assert_kernels_agree(t, &dir, TINY_CHECKED, &["prefill", "decode"], on_the_gpu);
                     assert_kernels_agree(t, &dir, TINY_LONG_CHECKED, &["decode"], on_the_gpu);
                     assert_kernels_agree(t, &dir, TINY_SHORT_PREFILL_CHECKED, &["prefill"], on_the_gpu);
+                    assert_kernels_agree(t, &dir, TINY_BATCHED_CHECKED, &["decode"], on_the_gpu);
                 });
             });
-            // E2B's decode kernels too, when a checkpoint is named (`scripts/device-check` does).
-            if let Some(dir) = std::env::var_os("G4C_E2B_DIR") {
-                threads.spawn(move || {
-                    check(format!("cuda {target}, every E2B decode kernel on random inputs"), &|| {
-                        let t = Target::by_name(target).unwrap();
-                        assert_kernels_agree(t, dir.as_ref(), E2B_CHECKED, &["decode"], on_the_gpu);
+            // E2B's kernels too, when a checkpoint is named (`scripts/device-check` does): a decode
+            // step of one sequence and of 8, and a prefill's tensor-core GEMMs.
+            if let Some(dir) = std::env::var_os("G4C_E2B_DIR").map(std::path::PathBuf::from) {
+                for (what, checked, entry) in [
+                    ("every E2B decode kernel", E2B_CHECKED, "decode"),
+                    ("every E2B decode kernel of 8 sequences", E2B_BATCHED_CHECKED, "decode"),
+                    ("every E2B prefill kernel of 9 tokens", E2B_PREFILL_CHECKED, "prefill"),
+                ] {
+                    let dir = dir.clone();
+                    threads.spawn(move || {
+                        check(format!("cuda {target}, {what} on random inputs"), &|| {
+                            let t = Target::by_name(target).unwrap();
+                            assert_kernels_agree(t, &dir, checked, &[entry], on_the_gpu);
+                        });
                     });
-                });
+                }
             }
             // A prefill GEMM split over blocks, against the interpreter.
             threads.spawn(move || {
@@ -745,6 +756,15 @@ const TINY_BATCHED_CHECKED: (Shapes, Option<usize>) = (Shapes { batch: 4, prefil
 /// E2B as the kernel checks plan it: a 128-token prefill, context 4096, its own quantization.
 const E2B_CHECKED: (Shapes, Option<usize>) = (Shapes { batch: 1, prefill_len: 128, context: 4096 }, None);
 
+/// E2B decoding 8 sequences a step (`g4c serve`'s default batch): matvecs of 8 rows, striding,
+/// staging their activations a step at a time or splitting their contraction where deep.
+const E2B_BATCHED_CHECKED: (Shapes, Option<usize>) = (Shapes { batch: 8, prefill_len: 2, context: 4096 }, None);
+
+/// E2B with a prefill of 9 tokens, the fewest that its products take tensor-core GEMM tiles for
+/// (more than a matvec's 8 rows).
+const E2B_PREFILL_CHECKED: (Shapes, Option<usize>) =
+    (Shapes { batch: 1, prefill_len: g4c_ir::plan::MATVEC_MAX_ROWS + 1, context: 4096 }, None);
+
 /// Every launch of `entries` of `target`'s plan of the checkpoint in `dir` (for `shapes`, quantized
 /// in groups of `quantize_group` if given), on random inputs, on `device` (made from the plan's
 /// programs) against the interpreter, kernel by kernel; fails listing every launch that disagrees,
@@ -757,9 +777,9 @@ fn assert_kernels_agree(
     device: impl FnOnce(&[DeviceProgram]) -> Box<dyn Device>,
 ) -> usize {
     let target = t.name;
-    let (model, m, plan) = planned(dir, t, shapes, quantize_group);
+    let (model, m, mut plan) = planned(dir, t, shapes, quantize_group);
+    plan.entries.retain(|e| entries.contains(&e.entry.as_str()));
     let programs = g4c_driver::cuda_programs(&plan, t, true).unwrap().programs;
-    let programs: Vec<DeviceProgram> = programs.into_iter().filter(|p| entries.contains(&p.entry.as_str())).collect();
     let mut device = device(&programs);
     let checks =
         g4c_driver::conformance::check_kernels(&m, &plan, &programs, model.checkpoint, device.as_mut(), 1).unwrap();
@@ -847,7 +867,7 @@ fn e2b_decode_kernels_on_the_host_compute_what_the_interpreter_does() {
         assert_kernels_agree(Target::by_name(target).unwrap(), &dir, E2B_CHECKED, &["decode"], on_the_host);
     }
     for (target, batch) in [("h200", 4), ("t4g", 8), ("h200", 8)] {
-        let batched = (Shapes { batch, prefill_len: 2, context: 4096 }, None);
+        let batched = (Shapes { batch, ..E2B_BATCHED_CHECKED.0 }, None);
         assert_kernels_agree(Target::by_name(target).unwrap(), &dir, batched, &["decode"], on_the_host);
     }
 }
@@ -860,9 +880,8 @@ fn e2b_decode_kernels_on_the_host_compute_what_the_interpreter_does() {
 #[ignore = "minutes over an e2b-qat checkpoint: G4C_E2B_DIR=DIR cargo test --release --test g4c -- --ignored e2b_"]
 fn e2b_prefill_kernels_on_the_host_compute_what_the_interpreter_does() {
     let dir = e2b_dir();
-    let shapes = (Shapes { batch: 1, prefill_len: g4c_ir::plan::MATVEC_MAX_ROWS + 1, context: 4096 }, None);
     for target in ["t4g", "h200"] {
-        assert_kernels_agree(Target::by_name(target).unwrap(), &dir, shapes, &["prefill"], on_the_host);
+        assert_kernels_agree(Target::by_name(target).unwrap(), &dir, E2B_PREFILL_CHECKED, &["prefill"], on_the_host);
     }
 }
 
