@@ -131,6 +131,9 @@ impl g4c_runtime::backend::cuda::Device for NotingSequences {
     fn upload(&mut self, buffer: usize, bytes: &[u8]) -> g4c_runtime::Result<()> {
         self.device.upload(buffer, bytes)
     }
+    fn upload_queued(&mut self, buffer: usize, bytes: Vec<u8>) -> g4c_runtime::Result<()> {
+        self.device.upload_queued(buffer, bytes)
+    }
     fn download(&mut self, buffer: usize, bytes: usize) -> g4c_runtime::Result<Vec<u8>> {
         self.device.download(buffer, bytes)
     }

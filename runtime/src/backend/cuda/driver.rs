@@ -99,6 +99,8 @@ pub struct CudaDevice {
     /// `G4C_CUDA_PDL`: kernels launched with programmatic dependent launch (sm_90), each
     /// scheduled while the one before it runs and waiting for it inside (`await_previous_kernel`).
     programmatic: bool,
+    /// The bytes of queued uploads (`upload_queued`), kept until the stream is next waited for.
+    queued: Vec<Vec<u8>>,
 }
 
 /// What `G4C_CUDA_PROFILE` collects: each kernel's launches and GPU time, printed to stderr when
@@ -220,6 +222,7 @@ impl CudaDevice {
             graphs: HashMap::new(),
             programmatic,
             profile,
+            queued: Vec::new(),
         })
     }
 
@@ -363,6 +366,16 @@ impl CudaDevice {
         .map_err(failed)
     }
 
+    /// Waits for everything queued on the stream (`what` names it in an error); the queued uploads'
+    /// bytes are then no longer read.
+    fn wait(&mut self, what: &str) -> Result<()> {
+        let waited = self.stream.synchronize().map_err(|e| driver_error(what, e));
+        if waited.is_ok() {
+            self.queued.clear();
+        }
+        waited
+    }
+
     /// Records `sequence`'s launches on the stream into a graph, without running them.
     fn capture(&mut self, sequence: &LaunchSequence) -> Result<Graph> {
         // Look every kernel up first: nothing but launches may happen while the stream records.
@@ -451,7 +464,21 @@ impl Device for CudaDevice {
         // SAFETY: within the allocation; `bytes` outlives the copy, which is waited for.
         unsafe { result::memcpy_htod_async(ptr, bytes, self.stream.cu_stream()) }
             .map_err(|e| driver_error("cuMemcpyHtoD", e))?;
-        self.stream.synchronize().map_err(|e| driver_error("an upload", e))
+        self.wait("an upload")
+    }
+
+    fn upload_queued(&mut self, buffer: Buffer, bytes: Vec<u8>) -> Result<()> {
+        self.bind()?;
+        let (ptr, size) = self.buffers[buffer];
+        if bytes.len() > size {
+            return invalid(format!("an upload of {} bytes into a buffer of {size}", bytes.len()));
+        }
+        // SAFETY: within the allocation; `bytes` is kept (its heap block does not move) until the
+        // stream is next waited for, after the copy.
+        unsafe { result::memcpy_htod_async(ptr, &bytes, self.stream.cu_stream()) }
+            .map_err(|e| driver_error("cuMemcpyHtoD", e))?;
+        self.queued.push(bytes);
+        Ok(())
     }
 
     fn download(&mut self, buffer: Buffer, bytes: usize) -> Result<Vec<u8>> {
@@ -461,7 +488,7 @@ impl Device for CudaDevice {
         // SAFETY: within the allocation; `out` outlives the copy, which is waited for.
         unsafe { result::memcpy_dtoh_async(&mut out, ptr, self.stream.cu_stream()) }
             .map_err(|e| driver_error("cuMemcpyDtoH", e))?;
-        self.stream.synchronize().map_err(|e| driver_error("a kernel", e))?;
+        self.wait("a kernel")?;
         Ok(out)
     }
 
