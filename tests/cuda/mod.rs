@@ -617,50 +617,30 @@ fn assert_fits(plan: &KernelPlan, (target, sm): (&str, (u32, u32)), limit: u32) 
 }
 
 /// On a GPU (skipped without one, saying why): the tiny models' kernels through the CUDA driver
-/// against the goldens, reading the logits and reading the greedy tokens alone, for t4g (sm_75 PTX, which a newer GPU's driver JIT-compiles: how Turing's
-/// kernels run on an H200) and for h200 (its sm_90 cubin), where the GPU can run them; and, in
-/// f32 with 1100-slot caches, the attention kernels against the interpreter; every kernel on
-/// random inputs against the interpreter, the tiny model's and, with `G4C_E2B_DIR`, E2B's (a
-/// decode step of one sequence and of 8, a 9-token prefill's GEMMs). Every case runs and
-/// says how it went, so that one run on a lent GPU reports all that disagree, not only the first;
-/// each target and model runs on a thread of its own, since compiling the kernels takes longest.
+/// against the goldens, reading the logits and reading the greedy tokens alone, for t4g (sm_75
+/// PTX, which a newer GPU's driver JIT-compiles: how Turing's kernels run on an H200) and for h200
+/// (its sm_90 cubin), where the GPU can run them; in f32 with 1100-slot caches, the attention
+/// kernels against the interpreter; and every kernel of the tiny model on random inputs against
+/// the interpreter. Every case runs on a thread of its own and says how it went, so that one run
+/// on a lent GPU reports all that disagree, not only the first.
 #[test]
 fn cuda_kernels_on_a_gpu_match_the_goldens() {
-    let Some(gpu) = g4c_runtime::backend::cuda::cuda_device_capability() else {
-        let why = g4c_runtime::backend::cuda::cuda_driver_problem().unwrap_or_else(|| "no usable GPU".into());
-        eprintln!("skipped: {why}");
-        return;
-    };
-    let failed = std::sync::Mutex::new(Vec::new());
-    let check = |what: String, case: &dyn Fn()| match std::panic::catch_unwind(std::panic::AssertUnwindSafe(case)) {
-        Ok(()) => eprintln!("gpu case passed: {what}"),
-        Err(_) => {
-            eprintln!("gpu case FAILED: {what}");
-            failed.lock().unwrap().push(what);
-        }
-    };
-    let targets = ["t4g", "h200"].into_iter().filter(|target| {
-        let cc = Target::by_name(target).unwrap().gpu.as_ref().unwrap().compute_capability;
-        if cc > gpu {
-            eprintln!("skipped {target}: sm_{}{} code does not run on this sm_{}{} GPU", cc.0, cc.1, gpu.0, gpu.1);
-        }
-        cc <= gpu
-    });
+    let Some(gpu) = GpuCases::open() else { return };
     std::thread::scope(|threads| {
-        for target in targets {
-            let check = &check;
+        for target in gpu.targets() {
+            let gpu = &gpu;
             for model in ["tiny", "tiny-qat", "gqa"] {
                 threads.spawn(move || {
                     for case in golden_cases(model) {
                         let dir = golden_dir(model).join("hf");
                         let n = case.generated_ids.len();
                         let what = format!("cuda {target} {model}/{}", case.name);
-                        check(what.clone(), &|| {
+                        gpu.check(what.clone(), &|| {
                             let got = target_generate(Backend::Cuda, target, &dir, &case.prompt_ids, n, None, &|_| {});
                             assert_matches_golden(&what, &got, &case);
                         });
                         // As `g4c run` generates: each step copies back the greedy token alone.
-                        check(format!("{what}, greedy tokens alone"), &|| {
+                        gpu.check(format!("{what}, greedy tokens alone"), &|| {
                             let greedy = greedy_generate(Backend::Cuda, Some(target), &dir, &case.prompt_ids, n);
                             assert_eq!(greedy.generated_ids, case.generated_ids, "{what}, greedy tokens alone");
                         });
@@ -669,7 +649,7 @@ fn cuda_kernels_on_a_gpu_match_the_goldens() {
             }
             // Every launch on random inputs against the interpreter, kernel by kernel.
             threads.spawn(move || {
-                check(format!("cuda {target}, every kernel on random inputs"), &|| {
+                gpu.check(format!("cuda {target}, every kernel on random inputs"), &|| {
                     let (dir, t) = (golden_dir("tiny").join("published"), Target::by_name(target).unwrap());
                     assert_kernels_agree(t, &dir, TINY_CHECKED, &["prefill", "decode"], on_the_gpu);
                     assert_kernels_agree(t, &dir, TINY_LONG_CHECKED, &["decode"], on_the_gpu);
@@ -677,26 +657,9 @@ fn cuda_kernels_on_a_gpu_match_the_goldens() {
                     assert_kernels_agree(t, &dir, TINY_BATCHED_CHECKED, &["decode"], on_the_gpu);
                 });
             });
-            // E2B's kernels too, when a checkpoint is named (`scripts/device-check` does): a decode
-            // step of one sequence and of 8, and a prefill's tensor-core GEMMs.
-            if let Some(dir) = std::env::var_os("G4C_E2B_DIR").map(std::path::PathBuf::from) {
-                for (what, checked, entry) in [
-                    ("every E2B decode kernel", E2B_CHECKED, "decode"),
-                    ("every E2B decode kernel of 8 sequences", E2B_BATCHED_CHECKED, "decode"),
-                    ("every E2B prefill kernel of 9 tokens", E2B_PREFILL_CHECKED, "prefill"),
-                ] {
-                    let dir = dir.clone();
-                    threads.spawn(move || {
-                        check(format!("cuda {target}, {what} on random inputs"), &|| {
-                            let t = Target::by_name(target).unwrap();
-                            assert_kernels_agree(t, &dir, checked, &[entry], on_the_gpu);
-                        });
-                    });
-                }
-            }
             // A prefill GEMM split over blocks, against the interpreter.
             threads.spawn(move || {
-                check(format!("cuda {target}, a split GEMM"), &|| {
+                gpu.check(format!("cuda {target}, a split GEMM"), &|| {
                     let t = if target == "t4g" { "f16" } else { "bf16" };
                     assert_split_gemm_agrees(target, t, |programs| CudaDevice::new(programs).unwrap());
                 });
@@ -706,7 +669,7 @@ fn cuda_kernels_on_a_gpu_match_the_goldens() {
             // of four SMs, against the interpreter.
             if target == "t4g" {
                 threads.spawn(move || {
-                    check(format!("cuda {target}, strided matvecs"), &|| {
+                    gpu.check(format!("cuda {target}, strided matvecs"), &|| {
                         assert_strided_matvecs_agree(|programs| CudaDevice::new(programs).unwrap());
                         assert_split_matvecs_agree(|programs| CudaDevice::new(programs).unwrap());
                     });
@@ -715,7 +678,7 @@ fn cuda_kernels_on_a_gpu_match_the_goldens() {
             // The attention kernels (1100-slot caches, split into chunks), in f32 against the interpreter.
             threads.spawn(move || {
                 let what = format!("cuda {target}, 1100-slot caches");
-                check(what.clone(), &|| {
+                gpu.check(what.clone(), &|| {
                     let case = golden_cases("tiny").into_iter().find(|c| c.name == "short").unwrap();
                     let (dir, n) = (golden_dir("tiny").join("hf"), case.generated_ids.len());
                     let passes = f32_pipeline(Target::by_name(target).unwrap());
@@ -736,8 +699,85 @@ fn cuda_kernels_on_a_gpu_match_the_goldens() {
             });
         }
     });
-    let failed = failed.into_inner().unwrap();
-    assert!(failed.is_empty(), "on the GPU, {} cases failed: {failed:?}", failed.len());
+    gpu.finish();
+}
+
+/// On a GPU, with `G4C_E2B_DIR` naming an `e2b-qat` checkpoint (skipped without either, saying
+/// why; `scripts/device-check` runs it after E2B's benchmark): every E2B kernel on random inputs
+/// against the interpreter, for t4g and h200, as the GPU runs them: a decode step of one sequence
+/// and of 8, and a 9-token prefill's tensor-core GEMMs.
+#[test]
+fn e2b_kernels_on_a_gpu_compute_what_the_interpreter_does() {
+    let Some(dir) = std::env::var_os("G4C_E2B_DIR").map(std::path::PathBuf::from) else {
+        eprintln!("skipped: G4C_E2B_DIR names no E2B checkpoint");
+        return;
+    };
+    let Some(gpu) = GpuCases::open() else { return };
+    std::thread::scope(|threads| {
+        for target in gpu.targets() {
+            for (what, checked, entry) in [
+                ("every E2B decode kernel", E2B_CHECKED, "decode"),
+                ("every E2B decode kernel of 8 sequences", E2B_BATCHED_CHECKED, "decode"),
+                ("every E2B prefill kernel of 9 tokens", E2B_PREFILL_CHECKED, "prefill"),
+            ] {
+                let (gpu, dir) = (&gpu, &dir);
+                threads.spawn(move || {
+                    gpu.check(format!("cuda {target}, {what} on random inputs"), &|| {
+                        assert_kernels_agree(Target::by_name(target).unwrap(), dir, checked, &[entry], on_the_gpu);
+                    });
+                });
+            }
+        }
+    });
+    gpu.finish();
+}
+
+/// The cases of a GPU test: each runs and says how it went, and the test fails at the end listing
+/// every one that failed.
+struct GpuCases {
+    /// The GPU's compute capability.
+    capability: (u32, u32),
+    failed: std::sync::Mutex<Vec<String>>,
+}
+
+impl GpuCases {
+    /// `None`, saying why, where no GPU can be used.
+    fn open() -> Option<GpuCases> {
+        let Some(capability) = g4c_runtime::backend::cuda::cuda_device_capability() else {
+            let why = g4c_runtime::backend::cuda::cuda_driver_problem().unwrap_or_else(|| "no usable GPU".into());
+            eprintln!("skipped: {why}");
+            return None;
+        };
+        Some(GpuCases { capability, failed: Default::default() })
+    }
+
+    /// t4g and h200, those whose code this GPU runs.
+    fn targets(&self) -> Vec<&'static str> {
+        let gpu = self.capability;
+        let runs = |target: &&str| {
+            let cc = Target::by_name(target).unwrap().gpu.as_ref().unwrap().compute_capability;
+            if cc > gpu {
+                eprintln!("skipped {target}: sm_{}{} code does not run on this sm_{}{} GPU", cc.0, cc.1, gpu.0, gpu.1);
+            }
+            cc <= gpu
+        };
+        ["t4g", "h200"].into_iter().filter(runs).collect()
+    }
+
+    fn check(&self, what: String, case: &dyn Fn()) {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(case)) {
+            Ok(()) => eprintln!("gpu case passed: {what}"),
+            Err(_) => {
+                eprintln!("gpu case FAILED: {what}");
+                self.failed.lock().unwrap().push(what);
+            }
+        }
+    }
+
+    fn finish(self) {
+        let failed = self.failed.into_inner().unwrap();
+        assert!(failed.is_empty(), "on the GPU, {} cases failed: {failed:?}", failed.len());
+    }
 }
 
 /// The tiny model as the kernel checks plan it: a 16-token prefill, context 24, quantized to 4 bits
