@@ -131,7 +131,7 @@ impl g4c_runtime::backend::cuda::Device for NotingSequences {
     fn upload(&mut self, buffer: usize, bytes: &[u8]) -> g4c_runtime::Result<()> {
         self.device.upload(buffer, bytes)
     }
-    fn upload_queued(&mut self, buffer: usize, bytes: Vec<u8>) -> g4c_runtime::Result<()> {
+    fn upload_queued(&mut self, buffer: usize, bytes: &[u8]) -> g4c_runtime::Result<()> {
         self.device.upload_queued(buffer, bytes)
     }
     fn download(&mut self, buffer: usize, bytes: usize) -> g4c_runtime::Result<Vec<u8>> {
@@ -741,10 +741,12 @@ struct GpuCases {
 }
 
 impl GpuCases {
-    /// `None`, saying why, where no GPU can be used.
+    /// `None`, saying why, where no GPU can be used; a failure instead with `G4C_REQUIRE_GPU` set
+    /// (`scripts/device-check` sets it: there a skipped test would read as a passed one).
     fn open() -> Option<GpuCases> {
         let Some(capability) = g4c_runtime::backend::cuda::cuda_device_capability() else {
             let why = g4c_runtime::backend::cuda::cuda_driver_problem().unwrap_or_else(|| "no usable GPU".into());
+            assert!(std::env::var_os("G4C_REQUIRE_GPU").is_none(), "G4C_REQUIRE_GPU is set, and {why}");
             eprintln!("skipped: {why}");
             return None;
         };
@@ -774,9 +776,16 @@ impl GpuCases {
         }
     }
 
+    /// Fails listing the cases that failed. A kernel's fault is sticky for GPU 0's context, which
+    /// every case shares: once one faults, those still running fail too, so the first failure
+    /// printed is the one to read first.
     fn finish(self) {
         let failed = self.failed.into_inner().unwrap();
-        assert!(failed.is_empty(), "on the GPU, {} cases failed: {failed:?}", failed.len());
+        assert!(
+            failed.is_empty(),
+            "on the GPU, {} cases failed (the first may have made later ones fail: a kernel's fault is sticky for the context they share): {failed:?}",
+            failed.len()
+        );
     }
 }
 

@@ -410,7 +410,8 @@ fn module_outputs<D: Device + 'static>(
     g4c_ir::verify_module(&module).unwrap();
     let store: Arc<dyn g4c_runtime::WeightStore> = Arc::new(WeightTable(weights));
     let plan = Arc::new(plan_module(&module, target).unwrap());
-    let programs = g4c_driver::cuda_programs(&plan, target, false).unwrap().programs;
+    // PTX and a cubin too: a GPU runs those, where the host emulator compiles the CUDA C.
+    let programs = g4c_driver::cuda_programs(&plan, target, true).unwrap().programs;
     let device = device(&programs);
     let mut device = DeviceExecutor::new(module.clone(), plan.clone(), &programs, store.clone(), device).unwrap();
     let mut interp = g4c_runtime::InterpExecutor::new(g4c_runtime::Interpreter::new(module, store));

@@ -117,10 +117,10 @@ pub trait Device: Send {
     /// Copies `bytes` into `buffer` and waits for the copy.
     fn upload(&mut self, buffer: Buffer, bytes: &[u8]) -> Result<()>;
     /// Copies `bytes` into `buffer` after the operations before it and before those after it,
-    /// without waiting: the device keeps `bytes` until the copy is done. A step's inputs go so,
-    /// queued ahead of its launches rather than each waited for on its own.
-    fn upload_queued(&mut self, buffer: Buffer, bytes: Vec<u8>) -> Result<()> {
-        self.upload(buffer, &bytes)
+    /// without waiting for the copy (the device copies them first). A step's inputs go so, queued
+    /// ahead of its launches rather than each waited for on its own.
+    fn upload_queued(&mut self, buffer: Buffer, bytes: &[u8]) -> Result<()> {
+        self.upload(buffer, bytes)
     }
     /// Waits for the launches before it.
     fn download(&mut self, buffer: Buffer, bytes: usize) -> Result<Vec<u8>>;

@@ -5,6 +5,7 @@
 //! one by one, E2B's 797 decode launches would cost more host time than an H200 takes to run them.
 
 use super::device::{Buffer, Device, DeviceProgram, Launch, LaunchSequence};
+use super::staging::PinnedStaging;
 use crate::error::{invalid, Result, RuntimeError};
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
@@ -99,8 +100,8 @@ pub struct CudaDevice {
     /// `G4C_CUDA_PDL`: kernels launched with programmatic dependent launch (sm_90), each
     /// scheduled while the one before it runs and waiting for it inside (`await_previous_kernel`).
     programmatic: bool,
-    /// The bytes of queued uploads (`upload_queued`), kept until the stream is next waited for.
-    queued: Vec<Vec<u8>>,
+    /// What queued uploads (`upload_queued`) copy from, until the stream is next waited for.
+    staging: PinnedStaging,
 }
 
 /// What `G4C_CUDA_PROFILE` collects: each kernel's launches and GPU time, printed to stderr when
@@ -172,6 +173,12 @@ impl CudaDevice {
         }
         let fail = |what: &str, e: cudarc::driver::DriverError| RuntimeError::Invalid(format!("CUDA: {what}: {e:?}"));
         let context = CudaContext::new(0).map_err(|e| fail("opening GPU 0", e))?;
+        // SAFETY: no cudarc slice is made here (buffers are raw allocations used on this device's
+        // one stream), so cudarc's event tracking has nothing to order. Left on, the first stream
+        // made on this context object synchronizes the whole context, which invalidates any graph
+        // another thread is capturing on GPU 0's primary context (the GPU test opens a device per
+        // thread).
+        unsafe { context.disable_event_tracking() };
         let sm = context.compute_capability().map_err(|e| fail("its compute capability", e))?;
         let sm = (sm.0 as u32, sm.1 as u32);
         let mut driver = 0;
@@ -181,27 +188,7 @@ impl CudaDevice {
         let stream = context.new_stream().map_err(|e| fail("creating a stream", e))?;
         let mut modules = HashMap::new();
         for p in programs {
-            let image = match (&p.cubin, &p.ptx) {
-                (Some((built, cubin)), _) if *built == sm => Ptx::from_binary(cubin.clone()),
-                (_, Some(ptx)) => {
-                    let isa = ptx_isa_version(ptx);
-                    if !isa.is_some_and(|isa| ptx_isa_supported(isa, driver)) {
-                        return invalid(format!(
-                            "@{}: its PTX is ISA {}, which this driver ({}.{}) cannot JIT-compile, and it has no cubin for sm_{}{}; recompile with an older NVRTC or on a newer driver",
-                            p.entry,
-                            isa.map(|(a, b)| format!("{a}.{b}")).unwrap_or_else(|| "?".into()),
-                            driver / 1000,
-                            driver % 1000 / 10,
-                            sm.0,
-                            sm.1
-                        ));
-                    }
-                    Ptx::from_src(ptx.clone())
-                }
-                _ => return invalid(format!("@{}: neither a cubin for sm_{}{} nor PTX", p.entry, sm.0, sm.1)),
-            };
-            let module = context.load_module(image).map_err(|e| fail(&format!("loading @{}", p.entry), e))?;
-            modules.insert(p.entry.clone(), module);
+            modules.insert(p.entry.clone(), load_program(&context, p, sm, driver)?);
         }
         let profile = g4c_util::env::flag_var("G4C_CUDA_PROFILE").then(|| Profile {
             kernels: BTreeMap::new(),
@@ -214,6 +201,7 @@ impl CudaDevice {
             return invalid(problem);
         }
         Ok(CudaDevice {
+            staging: PinnedStaging::new(context.clone()),
             context,
             stream,
             modules,
@@ -222,7 +210,6 @@ impl CudaDevice {
             graphs: HashMap::new(),
             programmatic,
             profile,
-            queued: Vec::new(),
         })
     }
 
@@ -243,6 +230,42 @@ impl CudaDevice {
         self.functions.insert(key, f.clone());
         Ok(f)
     }
+}
+
+/// The module of program `p` on a GPU of compute capability `sm` under a driver of version
+/// `driver`: its cubin where it was built for `sm`, else its PTX, JIT-compiled by the driver where
+/// it knows the PTX's ISA. A cubin the driver refuses (made by a newer ptxas than it knows) gives
+/// way to the PTX, saying so.
+fn load_program(context: &Arc<CudaContext>, p: &DeviceProgram, sm: (u32, u32), driver: i32) -> Result<Arc<CudaModule>> {
+    let fail = |e| driver_error(&format!("loading @{}", p.entry), e);
+    if let Some((_, cubin)) = p.cubin.as_ref().filter(|(built, _)| *built == sm) {
+        match context.load_module(Ptx::from_binary(cubin.clone())) {
+            Ok(module) => return Ok(module),
+            Err(e) if p.ptx.is_some() => {
+                eprintln!(
+                    "g4c: @{}: the driver refused its sm_{}{} cubin ({e:?}); JIT-compiling its PTX",
+                    p.entry, sm.0, sm.1
+                )
+            }
+            Err(e) => return Err(fail(e)),
+        }
+    }
+    let Some(ptx) = &p.ptx else {
+        return invalid(format!("@{}: neither a cubin for sm_{}{} nor PTX", p.entry, sm.0, sm.1));
+    };
+    let isa = ptx_isa_version(ptx);
+    if !isa.is_some_and(|isa| ptx_isa_supported(isa, driver)) {
+        return invalid(format!(
+            "@{}: its PTX is ISA {}, which this driver ({}.{}) cannot JIT-compile, and it has no cubin for sm_{}{} that loads; recompile with an older NVRTC or on a newer driver",
+            p.entry,
+            isa.map(|(a, b)| format!("{a}.{b}")).unwrap_or_else(|| "?".into()),
+            driver / 1000,
+            driver % 1000 / 10,
+            sm.0,
+            sm.1
+        ));
+    }
+    context.load_module(Ptx::from_src(ptx.clone())).map_err(fail)
 }
 
 /// Why `programs` cannot be launched with programmatic dependent launch on a GPU of compute
@@ -366,14 +389,12 @@ impl CudaDevice {
         .map_err(failed)
     }
 
-    /// Waits for everything queued on the stream (`what` names it in an error); the queued uploads'
-    /// bytes are then no longer read.
+    /// Waits for everything queued on the stream (`what` names it in an error): the staging
+    /// region's bytes have then been copied.
     fn wait(&mut self, what: &str) -> Result<()> {
-        let waited = self.stream.synchronize().map_err(|e| driver_error(what, e));
-        if waited.is_ok() {
-            self.queued.clear();
-        }
-        waited
+        self.stream.synchronize().map_err(|e| driver_error(what, e))?;
+        self.staging.reuse();
+        Ok(())
     }
 
     /// Records `sequence`'s launches on the stream into a graph, without running them.
@@ -467,18 +488,22 @@ impl Device for CudaDevice {
         self.wait("an upload")
     }
 
-    fn upload_queued(&mut self, buffer: Buffer, bytes: Vec<u8>) -> Result<()> {
+    fn upload_queued(&mut self, buffer: Buffer, bytes: &[u8]) -> Result<()> {
         self.bind()?;
         let (ptr, size) = self.buffers[buffer];
         if bytes.len() > size {
             return invalid(format!("an upload of {} bytes into a buffer of {size}", bytes.len()));
         }
-        // SAFETY: within the allocation; `bytes` is kept (its heap block does not move) until the
-        // stream is next waited for, after the copy.
-        unsafe { result::memcpy_htod_async(ptr, &bytes, self.stream.cu_stream()) }
-            .map_err(|e| driver_error("cuMemcpyHtoD", e))?;
-        self.queued.push(bytes);
-        Ok(())
+        if !self.staging.has_room(bytes.len()) {
+            // The copies queued from the staging region must be done before it is written again.
+            self.wait("an upload")?;
+            self.staging.grow(bytes.len()).map_err(|e| driver_error("cuMemHostAlloc", e))?;
+        }
+        let staged = self.staging.stage(bytes);
+        // SAFETY: within the allocation; the staged bytes stay as they are until the stream is
+        // next waited for, after the copy.
+        unsafe { result::memcpy_htod_async(ptr, staged, self.stream.cu_stream()) }
+            .map_err(|e| driver_error("cuMemcpyHtoD", e))
     }
 
     fn download(&mut self, buffer: Buffer, bytes: usize) -> Result<Vec<u8>> {

@@ -178,7 +178,7 @@ impl<D: Device> Executor for DeviceExecutor<D> {
                 Arg::Rows(_, bytes) => bytes,
             };
             let b = self.input_buffer(entry, i, bytes.len())?;
-            self.device.upload_queued(b, bytes)?;
+            self.device.upload_queued(b, &bytes)?;
             params.push(b);
         }
         let sequence = self.sequence(entry, ep, &params)?;

@@ -11,6 +11,7 @@ mod driver;
 mod emulator;
 mod executor;
 mod guarded;
+mod staging;
 
 pub use device::{launch_bindings, launch_of, Buffer, Device, DeviceProgram, KernelBinding, Launch, LaunchSequence};
 pub use driver::{

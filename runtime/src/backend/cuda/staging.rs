@@ -1,0 +1,85 @@
+//! Page-locked host memory that a step's inputs are copied through. A copy from pageable memory
+//! first waits for everything queued on the stream before it, then for the driver to stage the
+//! bytes ("API synchronization behavior" in the driver API's documentation): a step's few small
+//! uploads (token ids, positions, per-layer-embedding rows) were as many round trips to the GPU
+//! before its launches. A copy from page-locked memory is queued, and the host goes on.
+
+use cudarc::driver::{result, CudaContext, DriverError};
+use std::sync::Arc;
+
+/// A page-locked region filled front to back by queued copies, free again once the stream they
+/// were queued on has been waited for (`reuse`).
+pub(super) struct PinnedStaging {
+    /// Held so that the region is freed while its context lives.
+    context: Arc<CudaContext>,
+    ptr: *mut u8,
+    capacity: usize,
+    used: usize,
+}
+
+// SAFETY: the region is this staging's alone, reached only through `&mut self`.
+unsafe impl Send for PinnedStaging {}
+
+impl PinnedStaging {
+    /// No region yet: the first `grow` allocates one.
+    pub(super) fn new(context: Arc<CudaContext>) -> PinnedStaging {
+        PinnedStaging { context, ptr: std::ptr::null_mut(), capacity: 0, used: 0 }
+    }
+
+    /// Whether `bytes` more fit behind what is staged.
+    pub(super) fn has_room(&self, bytes: usize) -> bool {
+        self.used + bytes <= self.capacity
+    }
+
+    /// Makes room for `bytes` from the start, reallocating where the region is smaller (to twice
+    /// what is asked, so that a step's inputs come to fit after a few steps at most). Everything
+    /// staged must have been copied: the stream was waited for.
+    pub(super) fn grow(&mut self, bytes: usize) -> Result<(), DriverError> {
+        self.used = 0;
+        if bytes <= self.capacity {
+            return Ok(());
+        }
+        self.free()?;
+        let capacity = (2 * bytes).max(64 * 1024);
+        // SAFETY: a new allocation, which only this staging refers to.
+        self.ptr = unsafe { result::malloc_host(capacity, 0) }? as *mut u8;
+        self.capacity = capacity;
+        Ok(())
+    }
+
+    /// Copies `bytes` behind what is staged (`has_room` said they fit) and returns them there.
+    pub(super) fn stage(&mut self, bytes: &[u8]) -> &[u8] {
+        assert!(self.has_room(bytes.len()), "staging {} bytes without room", bytes.len());
+        // SAFETY: within the region (`has_room`), past every staged byte a queued copy may still
+        // read; the region is valid for `capacity` bytes.
+        let staged = unsafe {
+            let at = self.ptr.add(self.used);
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), at, bytes.len());
+            std::slice::from_raw_parts(at, bytes.len())
+        };
+        self.used += bytes.len();
+        staged
+    }
+
+    /// Everything staged has been copied (the stream was waited for): the region is free again.
+    pub(super) fn reuse(&mut self) {
+        self.used = 0;
+    }
+
+    fn free(&mut self) -> Result<(), DriverError> {
+        if self.ptr.is_null() {
+            return Ok(());
+        }
+        self.context.bind_to_thread()?;
+        // SAFETY: allocated by `malloc_host`, freed once; no queued copy reads it any more.
+        unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) }?;
+        (self.ptr, self.capacity, self.used) = (std::ptr::null_mut(), 0, 0);
+        Ok(())
+    }
+}
+
+impl Drop for PinnedStaging {
+    fn drop(&mut self) {
+        let _ = self.free();
+    }
+}
