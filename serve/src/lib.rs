@@ -57,13 +57,13 @@ pub fn bind(host: &str, port: u16) -> Result<std::net::TcpListener, String> {
 pub fn serve(engine: BatchEngine, model: ModelInfo, options: ServeOptions) -> Result<(), String> {
     let batch = engine.shape().batch;
     let metrics = Arc::new(metrics::Metrics::new(batch));
-    let queue = worker::Queue::start(engine, options.max_queue, metrics.clone())
+    let (queue, engine_thread) = worker::Queue::start(engine, options.max_queue, metrics.clone())
         .map_err(|e| format!("cannot start the engine's thread: {e}"))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    runtime.block_on(async move {
+    let served = runtime.block_on(async move {
         let bound = options.listener.local_addr().map_err(|e| format!("cannot listen: {e}"))?;
         let listener = tokio::net::TcpListener::from_std(options.listener)
             .map_err(|e| format!("cannot listen on {bound}: {e}"))?;
@@ -93,9 +93,16 @@ pub fn serve(engine: BatchEngine, model: ModelInfo, options: ServeOptions) -> Re
                 tokio::time::sleep(grace).await;
             } => eprintln!("g4c serve: requests still in flight after {} s are cancelled", grace.as_secs()),
         }
-        eprintln!("g4c serve: stopped");
         Ok(())
-    })
+    });
+    // Dropping the runtime drops the handlers still running, which hold the queue: the engine's
+    // thread then sees it closed, lets its rows go and drops the engine before it ends.
+    drop(runtime);
+    if engine_thread.join().is_err() {
+        eprintln!("g4c serve: the engine's thread panicked");
+    }
+    eprintln!("g4c serve: stopped");
+    served
 }
 
 /// `SIGTERM` (or Ctrl-C).

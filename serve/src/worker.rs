@@ -40,16 +40,23 @@ pub struct Queue {
 }
 
 impl Queue {
-    /// Starts the engine's thread with a queue of `capacity` waiting requests.
-    pub fn start(engine: BatchEngine, capacity: usize, metrics: Arc<Metrics>) -> std::io::Result<Queue> {
+    /// Starts the engine's thread with a queue of `capacity` waiting requests. The thread ends
+    /// once every `Queue` is dropped and no row holds a sequence; it drops the engine (a CUDA
+    /// device waits for its stream and frees its buffers), which the server waits for before it
+    /// returns (`std::thread::JoinHandle::join`), rather than letting the process exit under it.
+    pub fn start(
+        engine: BatchEngine,
+        capacity: usize,
+        metrics: Arc<Metrics>,
+    ) -> std::io::Result<(Queue, std::thread::JoinHandle<()>)> {
         let (jobs, waiting) = sync_channel(capacity);
         let alive = Arc::new(AtomicBool::new(true));
         let stopped = Stopped { alive: alive.clone(), metrics: metrics.clone() };
-        std::thread::Builder::new().name("g4c-engine".into()).spawn(move || {
+        let thread = std::thread::Builder::new().name("g4c-engine".into()).spawn(move || {
             run(engine, waiting, &stopped.metrics);
             drop(stopped);
         })?;
-        Ok(Queue { jobs, metrics, alive })
+        Ok((Queue { jobs, metrics, alive }, thread))
     }
 
     pub fn is_alive(&self) -> bool {

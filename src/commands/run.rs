@@ -136,14 +136,13 @@ pub fn run(args: RunArgs) -> Result<()> {
     let generation = generate(ready.executor.as_mut(), &prompt, &opts, &mut |t| printer.push(t))?;
     printer.finish();
     if args.stats {
-        if let Some(compiled) = &ready.compiled {
-            eprintln!(
-                "stats: compile: {}; weights {:.2} s; ready to run after {:.2} s",
-                compiled.describe(),
-                ready.weights_seconds,
-                ready.total_seconds
-            );
-        }
+        let compiled = ready.compiled.as_ref().map(|c| format!("compile: {}; ", c.describe()));
+        eprintln!(
+            "stats: {}weights {:.2} s; ready to run after {:.2} s",
+            compiled.unwrap_or_default(),
+            ready.weights_seconds,
+            ready.total_seconds
+        );
         print_stats(session.backend, source.target, &ModelShape::of(&module)?, &generation);
     }
 

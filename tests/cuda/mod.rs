@@ -108,10 +108,12 @@ fn cuda_kernels_on_the_host_match_the_goldens() {
     }
 }
 
-/// The host emulator, noting which launch sequence each call runs.
+/// The host emulator, noting which launch sequence each call runs, and which it was asked to ready
+/// ahead (`Device::prepare`, by entry point and id).
 struct NotingSequences {
     device: g4c_runtime::backend::cuda::Emulator,
     runs: std::sync::Arc<std::sync::Mutex<Vec<SequenceRun>>>,
+    prepared: std::sync::Arc<std::sync::Mutex<Vec<(String, u64)>>>,
 }
 
 /// A run `NotingSequences` noted: the entry point, the sequence's id, its launches, the bytes they
@@ -149,12 +151,17 @@ impl g4c_runtime::backend::cuda::Device for NotingSequences {
         });
         self.device.run(sequence)
     }
+    fn prepare(&mut self, sequence: &g4c_runtime::backend::cuda::LaunchSequence) -> g4c_runtime::Result<()> {
+        self.prepared.lock().unwrap().push((sequence.program.clone(), sequence.id));
+        self.device.prepare(sequence)
+    }
 }
 
 /// What lets a GPU replay a CUDA graph instead of launching kernel by kernel: every call of an entry
-/// point runs the very same launch sequence (same buffers), holding all of the plan's launches. The
-/// bytes its launches must move (what `G4C_CUDA_PROFILE` divides by their time) add up to the
-/// plan's traffic.
+/// point runs the very same launch sequence (same buffers), holding all of the plan's launches,
+/// and it is the one `DeviceExecutor::prepare` readied before the first call (a GPU records its
+/// graph then, not in the first call's time). The bytes its launches must move (what
+/// `G4C_CUDA_PROFILE` divides by their time) add up to the plan's traffic.
 #[test]
 fn each_entry_point_runs_one_fixed_launch_sequence() {
     use g4c_runtime::backend::cuda::{DeviceExecutor, Emulator};
@@ -165,18 +172,22 @@ fn each_entry_point_runs_one_fixed_launch_sequence() {
     Pipeline::for_target(target).run_all(&mut m).unwrap();
     let plan = std::sync::Arc::new(g4c_driver::kernel_plan(&m, target).unwrap());
     let programs = g4c_driver::cuda_programs(&plan, target, false).unwrap().programs;
-    let runs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let device = NotingSequences { device: Emulator::new(&programs).unwrap(), runs: runs.clone() };
+    let (runs, prepared) = (Default::default(), Default::default());
+    let device = NotingSequences { device: Emulator::new(&programs).unwrap(), runs, prepared };
+    let (runs, prepared) = (device.runs.clone(), device.prepared.clone());
     let m = std::sync::Arc::new(m);
     let mut exec = DeviceExecutor::new(m.clone(), plan.clone(), &programs, model.checkpoint.clone(), device).unwrap();
+    exec.prepare().unwrap();
     let opts = g4c_runtime::GenerateOptions { max_new_tokens: 4, ignore_eos: true, ..Default::default() };
     g4c_runtime::generate(&mut exec, &prompt, &opts, &mut |_| {}).unwrap();
-    let runs = runs.lock().unwrap();
+    let (runs, prepared) = (runs.lock().unwrap(), prepared.lock().unwrap());
     for entry in ["prefill", "decode"] {
         let calls: Vec<&SequenceRun> = runs.iter().filter(|r| r.entry == entry).collect();
         let launches = plan.entry(entry).unwrap().launches().count();
         assert!(!calls.is_empty(), "@{entry} never ran");
         assert!(calls.iter().all(|r| r.id == calls[0].id && r.launches == launches), "@{entry}: {calls:?}, {launches}");
+        let readied: Vec<u64> = prepared.iter().filter(|(e, _)| e == entry).map(|&(_, id)| id).collect();
+        assert_eq!(readied, [calls[0].id], "@{entry}: the sequence readied ahead is the one its calls run");
     }
     let decode = runs.iter().find(|r| r.entry == "decode").unwrap();
     let traffic = g4c_runtime::bench::PlanTraffic::of(&plan, &m, None).unwrap();

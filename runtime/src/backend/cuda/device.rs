@@ -128,4 +128,9 @@ pub trait Device: Send {
     /// Runs a sequence's launches in order, after every operation before it and before every one
     /// after it.
     fn run(&mut self, sequence: &LaunchSequence) -> Result<()>;
+    /// Readies `sequence` for `run` without running it (a CUDA device records its graph); a
+    /// device that records nothing has nothing to do.
+    fn prepare(&mut self, _sequence: &LaunchSequence) -> Result<()> {
+        Ok(())
+    }
 }

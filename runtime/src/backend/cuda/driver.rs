@@ -61,14 +61,14 @@ fn gpu_zero() -> Option<Arc<CudaContext>> {
 /// An ISA not in the table is refused.
 pub fn ptx_isa_supported(isa: (u32, u32), driver: i32) -> bool {
     let introduced = match isa {
-        (7, 0) => 9000,
-        (7, 1) => 10000,
-        (7, 2) => 10010,
-        (7, 3) => 10020,
-        (7, 4) => 11000,
-        (7, 5) => 11010,
-        (7, 6) => 11020,
-        (7, 7) => 11040,
+        (7, 0) => 11000,
+        (7, 1) => 11010,
+        (7, 2) => 11020,
+        (7, 3) => 11030,
+        (7, 4) => 11040,
+        (7, 5) => 11050,
+        (7, 6) => 11060,
+        (7, 7) => 11070,
         (7, 8) => 11080,
         (8, 0) => 12000,
         (8, 1) => 12010,
@@ -253,6 +253,12 @@ fn load_program(context: &Arc<CudaContext>, p: &DeviceProgram, sm: (u32, u32), d
     let Some(ptx) = &p.ptx else {
         return invalid(format!("@{}: neither a cubin for sm_{}{} nor PTX", p.entry, sm.0, sm.1));
     };
+    if let Some(needs) = ptx_target(ptx).filter(|&needs| needs > sm) {
+        return invalid(format!(
+            "@{}: its kernels are for compute capability {}.{} and later, and this GPU's is {}.{}; compile for this GPU's target",
+            p.entry, needs.0, needs.1, sm.0, sm.1
+        ));
+    }
     let isa = ptx_isa_version(ptx);
     if !isa.is_some_and(|isa| ptx_isa_supported(isa, driver)) {
         return invalid(format!(
@@ -296,6 +302,15 @@ fn programmatic_launch_problem(programs: &[DeviceProgram], sm: (u32, u32)) -> Op
 pub fn ptx_kernels_waiting(ptx: &str) -> (usize, usize) {
     let kernels: Vec<&str> = ptx.split(".entry").skip(1).filter(|k| k.starts_with(char::is_whitespace)).collect();
     (kernels.len(), kernels.iter().filter(|k| k.contains("griddepcontrol.wait")).count())
+}
+
+/// The compute capability a PTX text is for (`.target sm_90` → `(9, 0)`): no older GPU runs it.
+fn ptx_target(ptx: &str) -> Option<(u32, u32)> {
+    let line = ptx.lines().find(|l| l.trim_start().starts_with(".target"))?;
+    let sm = line.split_whitespace().nth(1)?.trim_end_matches(',').strip_prefix("sm_")?;
+    let digits: String = sm.chars().take_while(char::is_ascii_digit).collect();
+    let (major, minor) = digits.split_at(digits.len().checked_sub(1)?);
+    Some((major.parse().ok()?, minor.parse().ok()?))
 }
 
 /// The PTX ISA version a PTX text declares (`.version 8.8` → `(8, 8)`): a driver JITs it only if
@@ -527,16 +542,24 @@ impl Device for CudaDevice {
     }
 
     fn run(&mut self, sequence: &LaunchSequence) -> Result<()> {
-        self.bind()?;
         if self.profile.is_some() {
+            self.bind()?;
             return self.run_profiled(sequence);
         }
-        if self.graphs.get(&sequence.program).is_none_or(|(id, _)| *id != sequence.id) {
+        self.prepare(sequence)?;
+        let (_, Graph(graph)) = &self.graphs[&sequence.program];
+        graph.launch().map_err(|e| driver_error(&format!("launching @{}'s graph", sequence.program), e))
+    }
+
+    /// Captures `sequence`'s graph unless its program's current graph is that sequence's. Profiled
+    /// runs launch kernel by kernel and record nothing.
+    fn prepare(&mut self, sequence: &LaunchSequence) -> Result<()> {
+        self.bind()?;
+        if self.profile.is_none() && self.graphs.get(&sequence.program).is_none_or(|(id, _)| *id != sequence.id) {
             let graph = self.capture(sequence)?;
             self.graphs.insert(sequence.program.clone(), (sequence.id, graph));
         }
-        let (_, Graph(graph)) = &self.graphs[&sequence.program];
-        graph.launch().map_err(|e| driver_error(&format!("launching @{}'s graph", sequence.program), e))
+        Ok(())
     }
 }
 
@@ -557,7 +580,7 @@ impl Drop for CudaDevice {
 
 #[cfg(test)]
 mod tests {
-    use super::{programmatic_launch_problem, ptx_isa_supported, DeviceProgram, KernelTime, Profile};
+    use super::{programmatic_launch_problem, ptx_isa_supported, ptx_target, DeviceProgram, KernelTime, Profile};
     use crate::backend::cuda::KernelBinding;
 
     #[test]
@@ -588,7 +611,18 @@ mod tests {
     }
 
     #[test]
+    fn ptx_names_the_compute_capability_it_is_for() {
+        assert_eq!(ptx_target(".version 8.8\n.target sm_90\n.address_size 64\n"), Some((9, 0)));
+        assert_eq!(ptx_target(".target sm_75, debug\n"), Some((7, 5)));
+        assert_eq!(ptx_target(".target sm_90a\n"), Some((9, 0)));
+        assert_eq!(ptx_target(".target sm_100\n"), Some((10, 0)));
+        assert_eq!(ptx_target(".version 8.8\n"), None);
+    }
+
+    #[test]
     fn ptx_isa_needs_the_cuda_release_that_introduced_it() {
+        assert!(ptx_isa_supported((7, 0), 11000) && !ptx_isa_supported((7, 0), 10020));
+        assert!(ptx_isa_supported((7, 7), 11070) && !ptx_isa_supported((7, 7), 11060));
         assert!(ptx_isa_supported((8, 8), 12090));
         assert!(!ptx_isa_supported((8, 8), 12080));
         assert!(ptx_isa_supported((8, 6), 12070) && !ptx_isa_supported((8, 6), 12060));

@@ -142,6 +142,33 @@ impl<D: Device> DeviceExecutor<D> {
     }
 }
 
+impl<D: Device> DeviceExecutor<D> {
+    /// Builds every entry point's launch sequence over the buffers its calls will use and has the
+    /// device record it (`Device::prepare`: a CUDA device captures and instantiates its graph), so
+    /// that the first call of each takes its own time, not the recording's.
+    pub fn prepare(&mut self) -> Result<()> {
+        if self.state_buffers.is_empty() {
+            self.reset()?;
+        }
+        let (module, plan) = (self.module.clone(), self.plan.clone());
+        for ep in &plan.entries {
+            let f = module.function(&ep.entry).ok_or_else(|| RuntimeError::Invalid(format!("no @{}", ep.entry)))?;
+            let mut params = Vec::with_capacity(f.params.len());
+            for (i, p) in f.params.iter().enumerate() {
+                // As `step` binds them: a state's own buffer, else the input's, sized by its type.
+                let name = f.param_name(p);
+                params.push(match self.state_buffers.get(name) {
+                    Some(&b) if p.role.is_state() => b,
+                    _ => self.input_buffer(&ep.entry, i, f.ty(p.value).byte_size() as usize)?,
+                });
+            }
+            let sequence = self.sequence(&ep.entry, ep, &params)?;
+            self.device.prepare(&sequence)?;
+        }
+        Ok(())
+    }
+}
+
 impl<D: Device> Executor for DeviceExecutor<D> {
     fn module(&self) -> &Module {
         &self.module
