@@ -117,8 +117,8 @@ pub trait Device: Send {
     /// Copies `bytes` into `buffer` and waits for the copy.
     fn upload(&mut self, buffer: Buffer, bytes: &[u8]) -> Result<()>;
     /// Copies `bytes` into `buffer` after the operations before it and before those after it,
-    /// without waiting for the copy (the device copies them first). A step's inputs go so, queued
-    /// ahead of its launches rather than each waited for on its own.
+    /// without waiting for the copy: the device keeps the bytes until it is done. A step's inputs
+    /// go so, queued ahead of its launches rather than each waited for on its own.
     fn upload_queued(&mut self, buffer: Buffer, bytes: &[u8]) -> Result<()> {
         self.upload(buffer, bytes)
     }

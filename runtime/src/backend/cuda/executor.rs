@@ -140,9 +140,7 @@ impl<D: Device> DeviceExecutor<D> {
         self.entry_buffers(entry)?.sequence = Some((params.to_vec(), sequence.clone()));
         Ok(sequence)
     }
-}
 
-impl<D: Device> DeviceExecutor<D> {
     /// Builds every entry point's launch sequence over the buffers its calls will use and has the
     /// device record it (`Device::prepare`: a CUDA device captures and instantiates its graph), so
     /// that the first call of each takes its own time, not the recording's.
