@@ -8,8 +8,9 @@
 // barriers each warp runs on its own, in turn, so that shared memory one warp writes and another
 // reads without a block barrier between them shows as it could on a GPU, where warps run in any
 // order: the last warp first in even blocks (a warp writing what an earlier one has yet to read),
-// the first first in odd ones (a warp reading what a later one has yet to write). The other kernels
-// run their threads in a plain loop.
+// the first first in odd ones (a warp reading what a later one has yet to write), and the other way
+// round in every other launch, so that a launch of one block, run step after step, meets both. The
+// other kernels run their threads in a plain loop.
 #pragma once
 #define G4C_HOST_EMULATION 1
 #include <ucontext.h>
@@ -247,9 +248,12 @@ static inline void mma_bf16_k16(float* d, const unsigned* a, const unsigned* b) 
 // buffers of `arg_bytes`) with `dynamic_smem` bytes of dynamic shared memory: 0, or 1 for a launch
 // it cannot run, 2 for one that prefetched bytes outside its arguments, 3 for one whose kernel
 // declared a dynamic region larger than the launch passed.
+// Launches emulated so far, whose parity flips the warps' order (see the top).
+static unsigned g4c_launches;
 extern "C" int g4c_emulate(void* kernel, void** args, const unsigned long long* arg_bytes, int nargs, unsigned grid,
                            unsigned block, int synchronizes, unsigned dynamic_smem) {
   if (nargs > G4C_MAX_ARGS || block > 1024 || dynamic_smem > G4C_MAX_DYNAMIC_SMEM) return 1;
+  ++g4c_launches;
   g4c_dynamic_smem_bytes = dynamic_smem;
   g4c_dynamic_smem_short = false;
   g4c_region_used = G4C_MAX_DYNAMIC_SMEM;
@@ -280,14 +284,14 @@ extern "C" int g4c_emulate(void* kernel, void** args, const unsigned long long* 
       g4c_prepare(t);
     }
     // Round by round, each round up to the block's next barrier: warp by warp (the last first in
-    // even blocks), each warp's lanes round-robin through its own barriers until every lane waits
-    // at the block's barrier or has returned.
+    // even blocks of odd launches and odd blocks of even ones), each warp's lanes round-robin
+    // through its own barriers until every lane waits at the block's barrier or has returned.
     std::vector<char> at_block_barrier(block, 0);
     const unsigned warps = (block + 31) / 32;
     unsigned remaining = block;
     while (remaining > 0) {
       for (unsigned turn = 0; turn < warps; ++turn) {
-        const unsigned warp = b % 2 == 0 ? warps - 1 - turn : turn;
+        const unsigned warp = (b + g4c_launches) % 2 == 1 ? warps - 1 - turn : turn;
         for (bool at_warp_barrier = true; at_warp_barrier;) {
           at_warp_barrier = false;
           for (unsigned t = warp * 32; t < std::min(block, warp * 32 + 32); ++t) {

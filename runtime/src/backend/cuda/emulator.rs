@@ -50,7 +50,9 @@ impl Emulator {
             std::fs::write(&source, format!("#include \"emulator.h\"\n{}", p.source))
                 .map_err(|e| fail(e.to_string()))?;
             let out = Command::new("c++")
-                .args(["-std=c++20", "-O1", "-fPIC", "-shared", "-pthread", "-w", "-o"])
+                // No fused multiply-adds the source does not ask for, as NVRTC compiles it
+                // (`fmad=false`): clang on AArch64 would contract `a * b + c` otherwise.
+                .args(["-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread", "-w", "-o"])
                 .arg(&library)
                 .arg(&source)
                 .output()
