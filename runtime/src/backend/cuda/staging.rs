@@ -31,16 +31,15 @@ impl PinnedStaging {
         self.used + bytes <= self.capacity
     }
 
-    /// Makes room for `bytes` from the start, reallocating where the region is smaller (to twice
-    /// what is asked, so that a step's inputs come to fit after a few steps at most). Everything
-    /// staged must have been copied: the stream was waited for.
+    /// Makes room for `bytes` more, where `has_room` said there was none: from the start of a
+    /// region twice what was staged and asked together, so that the region comes to hold a whole
+    /// step's inputs after a few steps and a step then waits for none of them. Everything staged
+    /// must have been copied: the stream was waited for.
     pub(super) fn grow(&mut self, bytes: usize) -> Result<(), DriverError> {
+        let wanted = self.used + bytes;
         self.used = 0;
-        if bytes <= self.capacity {
-            return Ok(());
-        }
         self.free()?;
-        let capacity = (2 * bytes).max(64 * 1024);
+        let capacity = (2 * wanted).max(64 * 1024);
         // SAFETY: a new allocation, which only this staging refers to.
         self.ptr = unsafe { result::malloc_host(capacity, 0) }? as *mut u8;
         self.capacity = capacity;
