@@ -1,16 +1,32 @@
 // Host emulation of the CUDA C that g4c emits, so the kernels NVRTC compiles for a GPU also run on
-// the CPU: the same source, compiled by the host C++ compiler with these definitions. A launch runs
-// its blocks one after another. Kernels that synchronize (`__syncthreads`, warp shuffles) run each
-// block's threads as coroutines on one host thread (a stack switch): a barrier switches to the next
-// thread, and since every thread meets the same barriers in the same order (g4c's kernels keep
-// control flow uniform around them), running the threads round-robin from barrier to barrier is
-// exactly a barrier. A warp's exchange waits for its warp alone: between two of the block's
-// barriers each warp runs on its own, in turn, so that shared memory one warp writes and another
-// reads without a block barrier between them shows as it could on a GPU, where warps run in any
-// order: the last warp first in even blocks (a warp writing what an earlier one has yet to read),
-// the first first in odd ones (a warp reading what a later one has yet to write), and the other way
-// round in every other launch, so that a launch of one block, run step after step, meets both. The
-// other kernels run their threads in a plain loop.
+// the CPU: the same source, compiled by the host C++ compiler with these definitions.
+//
+// A launch runs its blocks one after another, each to its end: the even ones upward, then the odd
+// ones downward, so that for any distance some block runs before the one that far above it and
+// some after, and a block reading global memory another block of the launch writes (which a GPU
+// may run in either order) reads it unwritten or stale somewhere.
+//
+// Kernels that synchronize (`__syncthreads`, warp shuffles) run each block's threads as coroutines
+// on one host thread (a stack switch): a barrier switches to the next thread, and since every
+// thread meets the same barriers in the same order, running the threads round-robin from barrier
+// to barrier is exactly a barrier. A warp's exchange waits for its warp alone: between two of the
+// block's barriers each warp runs on its own, in turn, so that shared memory one warp writes and
+// another reads without a block barrier between them shows as it could on a GPU, where warps run
+// in any order: the last warp first in even blocks (a warp writing what an earlier one has yet to
+// read), the first first in odd ones (a warp reading what a later one has yet to write), and the
+// other way round in every other launch, so that a launch of one block, run step after step,
+// meets both. Within a warp the lanes run in turn from warp barrier to warp barrier, lane 0 first
+// or lane 31 first (flipping every other pair of blocks and of launches, apart from the warps'
+// order), so that a lane reading shared memory another lane wrote without a barrier between them
+// (which a GPU's independently scheduled lanes may run in either order) reads it unwritten in one
+// of the orders.
+//
+// Barriers must be met uniformly, as a GPU needs and the round-robin assumes: every lane of a warp
+// at each of its exchanges, every thread of a block at each of its barriers. A launch in which a
+// warp's lanes part ways (some at an exchange, others at a block barrier or returned) or a block's
+// threads do (some returned while others wait at a barrier) is refused.
+//
+// The other kernels run their threads in a plain loop, the first or the last first as lanes do.
 #pragma once
 #define G4C_HOST_EMULATION 1
 #include <ucontext.h>
@@ -149,7 +165,8 @@ static inline int __syncthreads_or(int predicate) {
   return g4c_vote;
 }
 
-// Blocks run one after another, each to its end: a block's writes are seen by every later one.
+// Blocks run one after another, each to its end (see the top): a block's writes are seen by every
+// later one.
 static inline void __threadfence() {}
 static inline unsigned atomicAdd(unsigned* address, unsigned value) {
   const unsigned old = *address;
@@ -247,9 +264,12 @@ static inline void mma_bf16_k16(float* d, const unsigned* a, const unsigned* b) 
 // Runs `grid` blocks of `block` threads of `kernel` on `args` (at most G4C_MAX_ARGS pointers, to
 // buffers of `arg_bytes`) with `dynamic_smem` bytes of dynamic shared memory: 0, or 1 for a launch
 // it cannot run, 2 for one that prefetched bytes outside its arguments, 3 for one whose kernel
-// declared a dynamic region larger than the launch passed.
+// declared a dynamic region larger than the launch passed, 4 for one whose threads met barriers
+// apart (see the top).
 // Launches emulated so far, whose parity flips the warps' order (see the top).
 static unsigned g4c_launches;
+// Whether the launch's threads met barriers apart.
+static bool g4c_barriers_apart;
 extern "C" int g4c_emulate(void* kernel, void** args, const unsigned long long* arg_bytes, int nargs, unsigned grid,
                            unsigned block, int synchronizes, unsigned dynamic_smem) {
   if (nargs > G4C_MAX_ARGS || block > 1024 || dynamic_smem > G4C_MAX_DYNAMIC_SMEM) return 1;
@@ -263,16 +283,20 @@ extern "C" int g4c_emulate(void* kernel, void** args, const unsigned long long* 
   }
   g4c_nargs = nargs;
   g4c_prefetch_outside = false;
+  g4c_barriers_apart = false;
   g4c_running = (g4c_kernel)kernel;
   blockDim = {block, 1, 1};
   gridDim = {grid, 1, 1};
-  for (unsigned b = 0; b < grid; ++b) {
+  for (unsigned turn = 0; turn < grid; ++turn) {
+    const unsigned evens = (grid + 1) / 2;
+    const unsigned b = turn < evens ? 2 * turn : 2 * (grid - 1 - turn) + 1;
     blockIdx = {b, 0, 0};
     std::fill_n(g4c_region, (g4c_region_used + 3) / 4, 0x7fffffffu);
-    if (b == 0) g4c_region_used = 0;
+    if (turn == 0) g4c_region_used = 0;
+    const bool last_lane_first = (b / 2 + g4c_launches / 2) % 2 == 1;
     if (!synchronizes) {
-      for (unsigned t = 0; t < block; ++t) {
-        threadIdx = {t, 0, 0};
+      for (unsigned i = 0; i < block; ++i) {
+        threadIdx = {last_lane_first ? block - 1 - i : i, 0, 0};
         g4c_call();
       }
       continue;
@@ -292,9 +316,13 @@ extern "C" int g4c_emulate(void* kernel, void** args, const unsigned long long* 
     while (remaining > 0) {
       for (unsigned turn = 0; turn < warps; ++turn) {
         const unsigned warp = (b + g4c_launches) % 2 == 1 ? warps - 1 - turn : turn;
+        const unsigned lanes = std::min(block - warp * 32, 32u);
         for (bool at_warp_barrier = true; at_warp_barrier;) {
-          at_warp_barrier = false;
-          for (unsigned t = warp * 32; t < std::min(block, warp * 32 + 32); ++t) {
+          // Where each lane resumed in this pass stopped: at the warp's barrier, the block's, or
+          // returned. A pass that stops them in more than one is a warp parting ways.
+          bool stopped[3] = {false, false, false};
+          for (unsigned lane = 0; lane < lanes; ++lane) {
+            const unsigned t = warp * 32 + (last_lane_first ? lanes - 1 - lane : lane);
             if (done[t] || at_block_barrier[t]) continue;
             g4c_current = t;
             threadIdx = {t, 0, 0};
@@ -303,16 +331,22 @@ extern "C" int g4c_emulate(void* kernel, void** args, const unsigned long long* 
             if (g4c_thread_returned) {
               done[t] = 1;
               --remaining;
+              stopped[2] = true;
             } else if (g4c_at_block_barrier) {
               at_block_barrier[t] = 1;
+              stopped[1] = true;
             } else {
-              at_warp_barrier = true;
+              stopped[0] = true;
             }
           }
+          at_warp_barrier = stopped[0];
+          if (stopped[0] + stopped[1] + stopped[2] > 1) g4c_barriers_apart = true;
         }
       }
+      // Every thread now waits at the block's barrier or has returned: not some of each.
+      if (remaining > 0 && remaining < block) g4c_barriers_apart = true;
       std::fill(at_block_barrier.begin(), at_block_barrier.end(), 0);
     }
   }
-  return g4c_dynamic_smem_short ? 3 : g4c_prefetch_outside ? 2 : 0;
+  return g4c_barriers_apart ? 4 : g4c_dynamic_smem_short ? 3 : g4c_prefetch_outside ? 2 : 0;
 }

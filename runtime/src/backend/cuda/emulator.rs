@@ -136,6 +136,12 @@ fn emulate_launch(
             launch.dynamic_smem_bytes,
         )
     };
+    if rc == 4 {
+        return invalid(format!(
+            "kernel {}: its threads met barriers apart (a warp's lanes at different exchanges, or some of a block's threads returned while others waited at a barrier), which a GPU does not allow",
+            launch.symbol
+        ));
+    }
     if rc == 3 {
         return invalid(format!(
             "kernel {}: its dynamic shared-memory region is larger than the {} bytes the launch passed",
@@ -159,4 +165,113 @@ fn emulate_launch(
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Device, DeviceProgram, Emulator, Launch, LaunchSequence};
+
+    const PRELUDE: &str = include_str!("../../../../codegen/src/cuda/prelude.cu");
+
+    /// One launch shape of a test kernel.
+    struct Shape {
+        grid: u32,
+        block: u32,
+        synchronizes: bool,
+    }
+
+    /// Runs `kernel` (CUDA C after g4c's prelude, defining kernel `k(float* out)`) `times` times
+    /// over one buffer of 64 floats, NaNs before each run: the outputs, or the first error.
+    fn run(kernel: &str, shape: Shape, times: usize) -> Result<Vec<Vec<f32>>, String> {
+        let source = format!("{PRELUDE}\n{kernel}");
+        let program = DeviceProgram { entry: "test".into(), source, ptx: None, cubin: None, kernels: vec![] };
+        let mut emulator = Emulator::new(&[program]).map_err(|e| e.to_string())?;
+        let out = emulator.alloc(64 * 4).unwrap();
+        let Shape { grid, block, synchronizes } = shape;
+        let launch =
+            Launch { symbol: "k".into(), grid, block, synchronizes, dynamic_smem_bytes: 0, args: vec![out], bytes: 0 };
+        let sequence = LaunchSequence::new("test", vec![launch]);
+        let nans: Vec<u8> = (0..64).flat_map(|_| f32::NAN.to_le_bytes()).collect();
+        let mut outputs = Vec::new();
+        for _ in 0..times {
+            emulator.upload(out, &nans).unwrap();
+            emulator.run(&sequence).map_err(|e| e.to_string())?;
+            let bytes = emulator.download(out, 64 * 4).unwrap();
+            outputs.push(bytes.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect());
+        }
+        Ok(outputs)
+    }
+
+    /// A block of 64 threads that synchronizes.
+    const BLOCK: Shape = Shape { grid: 1, block: 64, synchronizes: true };
+
+    /// Each thread writes its index to shared memory, then reads its neighbour's (`t ^ 1`), with
+    /// `between` in between.
+    fn neighbours(between: &str) -> String {
+        format!(
+            "extern \"C\" __global__ void k(float* out) {{\n\
+             STATIC_REGION(region, 256);\n\
+             float* const s = (float*)region;\n\
+             s[threadIdx.x] = threadIdx.x;\n\
+             {between}\n\
+             out[threadIdx.x] = s[threadIdx.x ^ 1];\n\
+             }}\n"
+        )
+    }
+
+    #[test]
+    fn lanes_reading_what_another_lane_wrote_without_a_barrier_read_it_unwritten_in_some_order() {
+        // Lane t reads lane t ^ 1's word: in one order the lower lane reads first, in another the
+        // higher one, so each lane reads it unwritten in some launch.
+        let raced = run(&neighbours(""), BLOCK, 4).unwrap();
+        assert!((0..64).all(|t| raced.iter().any(|o| o[t].is_nan())), "{raced:?}");
+        for o in run(&neighbours("__syncthreads();"), BLOCK, 4).unwrap() {
+            assert!(o.iter().enumerate().all(|(t, &v)| v == (t ^ 1) as f32), "{o:?}");
+        }
+    }
+
+    #[test]
+    fn blocks_reading_what_another_block_writes_read_it_unwritten_in_one_launch() {
+        // Block b writes word b, then reads the words `d` above and below it (1 where there is
+        // none) into words 16 + b and 32 + b.
+        let grid = 8;
+        for d in 1..=3 {
+            let kernel = format!(
+                "extern \"C\" __global__ void k(float* out) {{\n\
+                 const unsigned b = blockIdx.x, d = {d};\n\
+                 out[b] = 1.f;\n\
+                 out[16 + b] = b + d < gridDim.x ? out[b + d] : 1.f;\n\
+                 out[32 + b] = b >= d ? out[b - d] : 1.f;\n\
+                 }}\n"
+            );
+            let o = &run(&kernel, Shape { grid, block: 1, synchronizes: false }, 1).unwrap()[0];
+            let unwritten = |from: usize| (from..from + grid as usize).any(|i| o[i].is_nan());
+            assert!(unwritten(16) && unwritten(32), "distance {d}: {o:?}");
+        }
+    }
+
+    #[test]
+    fn threads_that_meet_barriers_apart_are_refused() {
+        // Half of the block returns before the barrier the other half waits at.
+        let early_return = "extern \"C\" __global__ void k(float* out) {\n\
+                            if (threadIdx.x >= 32) return;\n\
+                            __syncthreads();\n\
+                            out[threadIdx.x] = 1.f;\n\
+                            }\n";
+        let e = run(early_return, BLOCK, 1).unwrap_err();
+        assert!(e.contains("met barriers apart"), "{e}");
+        // Half of a warp's lanes take a butterfly the other half skip.
+        let half_warp = "extern \"C\" __global__ void k(float* out) {\n\
+                         float v = threadIdx.x;\n\
+                         if (threadIdx.x % 32 < 16) v = warp_sum(v);\n\
+                         __syncthreads();\n\
+                         out[threadIdx.x] = v;\n\
+                         }\n";
+        let e = run(half_warp, BLOCK, 1).unwrap_err();
+        assert!(e.contains("met barriers apart"), "{e}");
+        // Every lane at the butterfly is no divergence.
+        let whole_warp = half_warp.replace("if (threadIdx.x % 32 < 16) ", "");
+        let sums = run(&whole_warp, BLOCK, 1).unwrap();
+        assert_eq!(sums[0][0], (0..32).sum::<u32>() as f32);
+    }
 }
