@@ -181,6 +181,24 @@ fn temporaries_do_not_pile_up() {
     assert!(!stale_entry.exists(), "cache verify removes temporaries of dead writers");
 }
 
+/// A CUDA target's weights are written while its kernels compile: a compile that fails after them
+/// (here NVRTC cannot be loaded) leaves neither the artifact nor its temporary directory.
+#[test]
+fn a_compile_that_fails_beside_its_weights_leaves_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let not_nvrtc = tmp.path().join("libnvrtc.so.12");
+    std::fs::write(&not_nvrtc, "not a library").unwrap();
+    let env = [("G4C_CACHE_DIR", tmp.path().join("cache").into_os_string()), ("G4C_NVRTC", not_nvrtc.into_os_string())];
+    let env: Vec<(&str, &std::ffi::OsStr)> = env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
+    let args = ["compile", &tiny(), "--target", "t4g", "-o", "artifact", "--prefill-len", "8", "--context", "32"];
+    let out = g4c_in(tmp.path(), tmp.path(), &env, &args);
+    assert_one_line_error(&out, &["NVRTC", "libnvrtc.so.12"]);
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+    let written =
+        |n: &std::ffi::OsString| n == "artifact" || n.to_string_lossy().starts_with(g4c_util::atomic::TEMP_PREFIX);
+    assert!(!left.iter().any(written), "a failed compile left {left:?}");
+}
+
 /// What cannot be removed is not reported as removed. (A directory where an entry belongs cannot
 /// be removed as a file, even by root, for whom permissions would not stop it.)
 #[test]

@@ -1,7 +1,7 @@
 //! How long steps (weight upload and conversion, compilation, writing artifacts) report how far they
 //! have come. The CLI draws progress bars on a terminal; libraries and tests pass `&Silent`.
 
-pub trait Progress {
+pub trait Progress: Sync {
     /// Starts a step of `total` units named `what`.
     fn begin(&self, what: &str, total: u64, unit: Unit);
     /// `done` more units are finished.

@@ -19,7 +19,7 @@ mod write;
 pub use cuda::{CudaEntry, CudaInfo, CudaKernels};
 pub use manifest::{EntryInfo, Manifest, ModelInfo, ShapeInfo, WeightsInfo, FORMAT_VERSION};
 pub use open::Artifact;
-pub use write::{check_output_dir, write_artifact, ArtifactSource};
+pub use write::{check_output_dir, ArtifactDraft, ArtifactSource};
 
 /// Where a backend's programs go in an artifact, and what they are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -15,12 +15,8 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// What goes into an artifact.
+/// What goes into an artifact beside its module and weights (`ArtifactDraft`).
 pub struct ArtifactSource<'a> {
-    /// The module after the target's passes.
-    pub module: &'a Module,
-    /// Where its weights come from (the checkpoint); written in the dtype and layout the IR declares.
-    pub store: &'a dyn WeightStore,
     /// The checkpoint directory (the files of `files::COPIED` it has are copied).
     pub model_dir: &'a Path,
     /// Every entry point's program, and where the backend keeps them.
@@ -55,77 +51,103 @@ pub fn check_output_dir(out: &Path) -> Result<()> {
     Ok(())
 }
 
-pub fn write_artifact(out: &Path, src: &ArtifactSource, progress: &dyn Progress) -> Result<Manifest> {
-    check_output_dir(out)?;
-    let dir = AtomicDir::create(out).map_err(io(out))?;
-    let root = dir.path().to_path_buf();
+/// An artifact being written, in its temporary directory: the module, rebound to the artifact's
+/// weights file, and the weights, the bulk of it. Neither needs what compiling for the target
+/// makes, so the two may be written while that runs; `finish` adds the rest. Dropped unfinished,
+/// the directory is removed.
+pub struct ArtifactDraft {
+    out: PathBuf,
+    dir: AtomicDir,
+    module: Module,
+    weights: WeightsInfo,
+}
 
-    // The module, rebound to the artifact's weights file: each weight under its own name, already in
-    // the declared dtype and layout (i4 values as compressed-tensors packs them: safetensors has no
-    // 4-bit type).
-    let mut module = src.module.clone();
-    let used = used_weights(&module);
-    module.weights.retain(|w| used.contains(w.name.as_str()));
-    let originals = module.weights.clone();
-    for w in &mut module.weights {
-        w.source = w.name.clone();
-        w.layout = if w.ty.dtype == DType::I4 { SourceLayout::PackedInt4 } else { SourceLayout::Stored };
+impl ArtifactDraft {
+    /// Starts artifact `out` from `module` (after the target's passes), with its weights from
+    /// `store` (the checkpoint) in the dtype and layout the IR declares.
+    pub fn begin(
+        out: &Path,
+        module: &Module,
+        store: &dyn WeightStore,
+        progress: &dyn Progress,
+    ) -> Result<ArtifactDraft> {
+        check_output_dir(out)?;
+        let dir = AtomicDir::create(out).map_err(io(out))?;
+        let root = dir.path().to_path_buf();
+
+        // Each weight under its own name, already in the declared dtype and layout (i4 values as
+        // compressed-tensors packs them: safetensors has no 4-bit type).
+        let mut module = module.clone();
+        let used = used_weights(&module);
+        module.weights.retain(|w| used.contains(w.name.as_str()));
+        let originals = module.weights.clone();
+        for w in &mut module.weights {
+            w.source = w.name.clone();
+            w.layout = if w.ty.dtype == DType::I4 { SourceLayout::PackedInt4 } else { SourceLayout::Stored };
+        }
+        write_file(&root.join(files::MODULE), g4c_ir::print_module(&module).as_bytes())?;
+        let weights = write_weights(&root.join(files::WEIGHTS), &originals, &module.weights, store, progress)?;
+        Ok(ArtifactDraft { out: out.to_path_buf(), dir, module, weights })
     }
-    write_file(&root.join(files::MODULE), g4c_ir::print_module(&module).as_bytes())?;
 
-    std::fs::create_dir_all(root.join(src.format.dir)).map_err(io(&root))?;
-    std::fs::create_dir_all(root.join(files::EXECUTABLES)).map_err(io(&root))?;
-    let mut entries = vec![];
-    for p in src.programs {
-        let program = src.format.file(&p.entry);
-        write_file(&root.join(&program), p.text.as_bytes())?;
-        let executable = match src.executables.iter().find(|(e, _)| *e == p.entry) {
-            Some((_, cache_file)) => {
-                let name = cache_file.file_name().expect("cache files have names").to_string_lossy();
-                let rel = format!("{}/{name}", files::EXECUTABLES);
-                std::fs::copy(cache_file, root.join(&rel)).map_err(io(cache_file))?;
-                Some(rel)
+    /// Writes the rest of the artifact (programs, executables, the checkpoint's other files, the
+    /// kernels, the manifest) and renames it into place.
+    pub fn finish(self, src: &ArtifactSource) -> Result<Manifest> {
+        let ArtifactDraft { out, dir, module, weights } = self;
+        let root = dir.path().to_path_buf();
+        std::fs::create_dir_all(root.join(src.format.dir)).map_err(io(&root))?;
+        std::fs::create_dir_all(root.join(files::EXECUTABLES)).map_err(io(&root))?;
+        let mut entries = vec![];
+        for p in src.programs {
+            let program = src.format.file(&p.entry);
+            write_file(&root.join(&program), p.text.as_bytes())?;
+            let executable = match src.executables.iter().find(|(e, _)| *e == p.entry) {
+                Some((_, cache_file)) => {
+                    let name = cache_file.file_name().expect("cache files have names").to_string_lossy();
+                    let rel = format!("{}/{name}", files::EXECUTABLES);
+                    std::fs::copy(cache_file, root.join(&rel)).map_err(io(cache_file))?;
+                    Some(rel)
+                }
+                None => None,
+            };
+            entries.push(entry_info(&module, &p.entry, program, executable));
+        }
+
+        for name in files::COPIED {
+            let from = src.model_dir.join(name);
+            if from.exists() {
+                std::fs::copy(&from, root.join(name)).map_err(io(&from))?;
             }
+        }
+        let config: Value = std::fs::read_to_string(src.model_dir.join(files::CONFIG))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(Value::Null);
+
+        let cuda = match &src.cuda {
+            Some(kernels) => Some(super::cuda::write(&root, kernels)?),
             None => None,
         };
-        entries.push(entry_info(&module, &p.entry, program, executable));
+        let manifest = Manifest {
+            format_version: FORMAT_VERSION,
+            g4c_version: crate::cache::G4C_VERSION.into(),
+            created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+            target: src.target.clone(),
+            backend: src.format.backend.into(),
+            model: ModelInfo { source: src.model_dir.display().to_string(), config, weights },
+            shapes: src.shapes.clone(),
+            passes: src.passes.clone(),
+            options: src.options.clone(),
+            entries,
+            executables_environment: src.executables_environment.clone(),
+            report: src.report.clone(),
+            cuda,
+        };
+        let text = serde_json::to_string_pretty(&manifest).expect("manifests serialize") + "\n";
+        write_file(&root.join(files::MANIFEST), text.as_bytes())?;
+        dir.commit().map_err(io(&out))?;
+        Ok(manifest)
     }
-
-    for name in files::COPIED {
-        let from = src.model_dir.join(name);
-        if from.exists() {
-            std::fs::copy(&from, root.join(name)).map_err(io(&from))?;
-        }
-    }
-    let config: Value = std::fs::read_to_string(src.model_dir.join(files::CONFIG))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(Value::Null);
-
-    let cuda = match &src.cuda {
-        Some(kernels) => Some(super::cuda::write(&root, kernels)?),
-        None => None,
-    };
-    let weights = write_weights(&root.join(files::WEIGHTS), &originals, &module.weights, src.store, progress)?;
-    let manifest = Manifest {
-        format_version: FORMAT_VERSION,
-        g4c_version: crate::cache::G4C_VERSION.into(),
-        created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
-        target: src.target.clone(),
-        backend: src.format.backend.into(),
-        model: ModelInfo { source: src.model_dir.display().to_string(), config, weights },
-        shapes: src.shapes.clone(),
-        passes: src.passes.clone(),
-        options: src.options.clone(),
-        entries,
-        executables_environment: src.executables_environment.clone(),
-        report: src.report.clone(),
-        cuda,
-    };
-    let text = serde_json::to_string_pretty(&manifest).expect("manifests serialize") + "\n";
-    write_file(&root.join(files::MANIFEST), text.as_bytes())?;
-    dir.commit().map_err(io(out))?;
-    Ok(manifest)
 }
 
 /// Weights that some function reads or gathers rows of.
