@@ -32,7 +32,7 @@ pub fn emulator_header() -> String {
 pub struct Emulator {
     /// Per program (entry point): its library. Kept loaded while kernels may run.
     libraries: HashMap<String, libloading::Library>,
-    /// Each ending at a page no kernel may touch (`GuardedBuffer`).
+    /// Each ending at a page no kernel may touch, after words that show a write (`GuardedBuffer`).
     buffers: Vec<GuardedBuffer>,
     _dir: tempfile::TempDir,
 }
@@ -136,6 +136,9 @@ fn emulate_launch(
             launch.dynamic_smem_bytes,
         )
     };
+    if let Some(i) = launch.args.iter().position(|&b| !buffers[b].front_intact()) {
+        return invalid(format!("kernel {}: it wrote before the start of its argument {i}", launch.symbol));
+    }
     if rc == 4 {
         return invalid(format!(
             "kernel {}: its threads met barriers apart (a warp's lanes at different exchanges, or some of a block's threads returned while others waited at a barrier), which a GPU does not allow",
@@ -248,6 +251,16 @@ mod tests {
             let unwritten = |from: usize| (from..from + grid as usize).any(|i| o[i].is_nan());
             assert!(unwritten(16) && unwritten(32), "distance {d}: {o:?}");
         }
+    }
+
+    #[test]
+    fn a_kernel_reading_or_writing_before_its_buffer_is_caught() {
+        let one_block = || Shape { grid: 1, block: 1, synchronizes: false };
+        let read = "extern \"C\" __global__ void k(float* out) { out[0] = out[-1] + 1.f; }\n";
+        assert!(run(read, one_block(), 1).unwrap()[0][0].is_nan());
+        let write = "extern \"C\" __global__ void k(float* out) { out[-1] = 0.f; }\n";
+        let e = run(write, one_block(), 1).unwrap_err();
+        assert!(e.contains("wrote before the start of its argument 0"), "{e}");
     }
 
     #[test]

@@ -1,6 +1,9 @@
 //! The host emulator's buffers: each one's bytes end where an inaccessible page begins, so a
 //! kernel reading or writing past a buffer's end faults at once, where a GPU would go on with
-//! whatever lies there (the next allocation) and only the numbers might show it.
+//! whatever lies there (the next allocation) and only the numbers might show it. Before its bytes
+//! lie words of NaN (as shared memory is filled: `emulator.h`), which a kernel reading before the
+//! buffer's start computes with and one writing there changes (`front_intact`), and before those
+//! another inaccessible page.
 
 use crate::error::{Result, RuntimeError};
 use std::ffi::c_void;
@@ -10,8 +13,12 @@ use std::ffi::c_void;
 /// elements) does not fault here either.
 const ALIGN: usize = 256;
 
+/// What each 32-bit word before a buffer's bytes holds: a NaN as a float, as either half an f16 or
+/// bf16 NaN, and as an int the largest.
+const FRONT_FILL: u32 = 0x7fff_ffff;
+
 /// Zeroed host memory of `bytes` (rounded up to `ALIGN`) followed by a page that cannot be read or
-/// written.
+/// written, after `FRONT_FILL` words and a page that cannot be read or written either.
 pub(super) struct GuardedBuffer {
     mapping: *mut c_void,
     mapped: usize,
@@ -30,7 +37,7 @@ impl GuardedBuffer {
         let page = page_size();
         let len = bytes.max(1).next_multiple_of(ALIGN);
         let pages = len.next_multiple_of(page);
-        let mapped = pages + page;
+        let mapped = page + pages + page;
         let fail = |what: &str| {
             RuntimeError::Invalid(format!(
                 "the CUDA host emulator: {what} for a buffer of {bytes} bytes: {}",
@@ -51,12 +58,29 @@ impl GuardedBuffer {
         if mapping == libc::MAP_FAILED {
             return Err(fail("mapping memory"));
         }
-        let buffer = GuardedBuffer { mapping, mapped, start: pages - len, len, bytes };
-        // SAFETY: the last page of the mapping just made.
-        if unsafe { libc::mprotect(mapping.cast::<u8>().add(pages).cast(), page, libc::PROT_NONE) } != 0 {
-            return Err(fail("protecting the guard page"));
+        let mut buffer = GuardedBuffer { mapping, mapped, start: page + pages - len, len, bytes };
+        for guard in [0, page + pages] {
+            // SAFETY: the first or the last page of the mapping just made.
+            if unsafe { libc::mprotect(mapping.cast::<u8>().add(guard).cast(), page, libc::PROT_NONE) } != 0 {
+                return Err(fail("protecting a guard page"));
+            }
         }
+        buffer.front_mut().chunks_exact_mut(4).for_each(|w| w.copy_from_slice(&FRONT_FILL.to_ne_bytes()));
         Ok(buffer)
+    }
+
+    /// The words between the first guard page and the bytes.
+    fn front_mut(&mut self) -> &mut [u8] {
+        let page = page_size();
+        // SAFETY: `start - page` readable and writable bytes after the first page, borrowed through
+        // `&mut self`.
+        unsafe { std::slice::from_raw_parts_mut(self.mapping.cast::<u8>().add(page), self.start - page) }
+    }
+
+    /// Whether the words before the bytes still hold what `new` put there: no kernel wrote before
+    /// the buffer's start.
+    pub(super) fn front_intact(&mut self) -> bool {
+        self.front_mut().chunks_exact(4).all(|w| w == FRONT_FILL.to_ne_bytes())
     }
 
     /// The first byte, as a kernel argument.
@@ -110,5 +134,17 @@ mod tests {
         });
         let perms = guard.and_then(|line| line.split(' ').nth(1));
         assert_eq!(perms, Some("---p"), "{guard:?}");
+    }
+
+    #[test]
+    fn a_buffer_starts_after_nan_words_that_show_a_write() {
+        let mut b = GuardedBuffer::new(1000).unwrap();
+        let first = b.as_mut_ptr().cast::<f32>();
+        // SAFETY: the word before the bytes lies within the mapping (the front words).
+        let before = unsafe { first.sub(1) };
+        assert!(unsafe { before.read() }.is_nan());
+        assert!(b.front_intact());
+        unsafe { before.write(1.0) };
+        assert!(!b.front_intact());
     }
 }
