@@ -1,30 +1,35 @@
 // Host emulation of the CUDA C that g4c emits, so the kernels NVRTC compiles for a GPU also run on
 // the CPU: the same source, compiled by the host C++ compiler with these definitions.
 //
+// A GPU runs a launch's blocks, a block's warps and a warp's lanes in any order; the emulator runs
+// them one after another, in orders that change so that a kernel relying on one order (reading
+// what another block, warp or lane writes, with no barrier between) reads it unwritten in another.
+// Which orders a launch takes comes from the bits of its count times 2^32 / golden ratio
+// (`g4c_orders`), whose top bits take every value along any arithmetic run of counts: a sequence of
+// N launches, run step after step, gives each of them every order.
+//
 // A launch runs its blocks one after another, each to its end: the even ones upward, then the odd
 // ones downward, so that for any distance some block runs before the one that far above it and
-// some after, and a block reading global memory another block of the launch writes (which a GPU
-// may run in either order) reads it unwritten or stale somewhere.
+// some after (given blocks enough: the first and the last, mirrored in every other order).
 //
 // Kernels that synchronize (`__syncthreads`, warp shuffles) run each block's threads as coroutines
 // on one host thread (a stack switch): a barrier switches to the next thread, and since every
 // thread meets the same barriers in the same order, running the threads round-robin from barrier
 // to barrier is exactly a barrier. A warp's exchange waits for its warp alone: between two of the
 // block's barriers each warp runs on its own, in turn, so that shared memory one warp writes and
-// another reads without a block barrier between them shows as it could on a GPU, where warps run
-// in any order: the last warp first in even blocks (a warp writing what an earlier one has yet to
-// read), the first first in odd ones (a warp reading what a later one has yet to write), and the
-// other way round in every other launch, so that a launch of one block, run step after step,
-// meets both. Within a warp the lanes run in turn from warp barrier to warp barrier, lane 0 first
-// or lane 31 first (flipping every other pair of blocks and of launches, apart from the warps'
-// order), so that a lane reading shared memory another lane wrote without a barrier between them
+// another reads without a block barrier between them shows as it could on a GPU: the last warp
+// first (a warp writing what an earlier one has yet to read) or the first first (a warp reading
+// what a later one has yet to write), flipping from block to block. Within a warp the lanes run in
+// turn from warp barrier to warp barrier, lane 0 first or lane 31 first, flipping every other
+// block, so that a lane reading shared memory another lane wrote without a barrier between them
 // (which a GPU's independently scheduled lanes may run in either order) reads it unwritten in one
 // of the orders.
 //
 // Barriers must be met uniformly, as a GPU needs and the round-robin assumes: every lane of a warp
 // at each of its exchanges, every thread of a block at each of its barriers. A launch in which a
 // warp's lanes part ways (some at an exchange, others at a block barrier or returned) or a block's
-// threads do (some returned while others wait at a barrier) is refused.
+// threads do (some returned while others wait at a barrier) is refused. (Lanes at two different
+// exchanges, a shuffle and another, are not told apart.)
 //
 // The other kernels run their threads in a plain loop, the first or the last first as lanes do.
 #pragma once
@@ -261,15 +266,19 @@ static inline void mma_f16_k8(float* d, const unsigned* a, const unsigned* b) { 
 static inline void mma_f16_k16(float* d, const unsigned* a, const unsigned* b) { g4c_mma<16, h2f>(d, a, b); }
 static inline void mma_bf16_k16(float* d, const unsigned* a, const unsigned* b) { g4c_mma<16, g4c_widen_bf16>(d, a, b); }
 
+// Launches emulated so far.
+static unsigned g4c_launches;
+// The orders of the launch counted `launch` (see the top): its top three bits mirror the blocks'
+// order, flip the warps' order, and flip the lanes' order.
+static inline unsigned g4c_orders(unsigned launch) { return launch * 0x9e3779b9u; }
+// Whether the launch's threads met barriers apart.
+static bool g4c_barriers_apart;
+
 // Runs `grid` blocks of `block` threads of `kernel` on `args` (at most G4C_MAX_ARGS pointers, to
 // buffers of `arg_bytes`) with `dynamic_smem` bytes of dynamic shared memory: 0, or 1 for a launch
 // it cannot run, 2 for one that prefetched bytes outside its arguments, 3 for one whose kernel
 // declared a dynamic region larger than the launch passed, 4 for one whose threads met barriers
 // apart (see the top).
-// Launches emulated so far, whose parity flips the warps' order (see the top).
-static unsigned g4c_launches;
-// Whether the launch's threads met barriers apart.
-static bool g4c_barriers_apart;
 extern "C" int g4c_emulate(void* kernel, void** args, const unsigned long long* arg_bytes, int nargs, unsigned grid,
                            unsigned block, int synchronizes, unsigned dynamic_smem) {
   if (nargs > G4C_MAX_ARGS || block > 1024 || dynamic_smem > G4C_MAX_DYNAMIC_SMEM) return 1;
@@ -287,13 +296,14 @@ extern "C" int g4c_emulate(void* kernel, void** args, const unsigned long long* 
   g4c_running = (g4c_kernel)kernel;
   blockDim = {block, 1, 1};
   gridDim = {grid, 1, 1};
-  for (unsigned turn = 0; turn < grid; ++turn) {
-    const unsigned evens = (grid + 1) / 2;
-    const unsigned b = turn < evens ? 2 * turn : 2 * (grid - 1 - turn) + 1;
+  const unsigned orders = g4c_orders(g4c_launches), evens = (grid + 1) / 2;
+  for (unsigned block_turn = 0; block_turn < grid; ++block_turn) {
+    const unsigned up_down = block_turn < evens ? 2 * block_turn : 2 * (grid - 1 - block_turn) + 1;
+    const unsigned b = (orders >> 31) ? grid - 1 - up_down : up_down;
     blockIdx = {b, 0, 0};
     std::fill_n(g4c_region, (g4c_region_used + 3) / 4, 0x7fffffffu);
-    if (turn == 0) g4c_region_used = 0;
-    const bool last_lane_first = (b / 2 + g4c_launches / 2) % 2 == 1;
+    if (block_turn == 0) g4c_region_used = 0;
+    const bool last_warp_first = ((orders >> 30) ^ b) & 1, last_lane_first = ((orders >> 29) ^ (b >> 1)) & 1;
     if (!synchronizes) {
       for (unsigned i = 0; i < block; ++i) {
         threadIdx = {last_lane_first ? block - 1 - i : i, 0, 0};
@@ -307,15 +317,15 @@ extern "C" int g4c_emulate(void* kernel, void** args, const unsigned long long* 
       g4c_stacks[t].resize(256 * 1024);
       g4c_prepare(t);
     }
-    // Round by round, each round up to the block's next barrier: warp by warp (the last first in
-    // even blocks of odd launches and odd blocks of even ones), each warp's lanes round-robin
-    // through its own barriers until every lane waits at the block's barrier or has returned.
+    // Round by round, each round up to the block's next barrier: warp by warp, each warp's lanes
+    // round-robin through its own barriers until every lane waits at the block's barrier or has
+    // returned.
     std::vector<char> at_block_barrier(block, 0);
     const unsigned warps = (block + 31) / 32;
     unsigned remaining = block;
     while (remaining > 0) {
       for (unsigned turn = 0; turn < warps; ++turn) {
-        const unsigned warp = (b + g4c_launches) % 2 == 1 ? warps - 1 - turn : turn;
+        const unsigned warp = last_warp_first ? warps - 1 - turn : turn;
         const unsigned lanes = std::min(block - warp * 32, 32u);
         for (bool at_warp_barrier = true; at_warp_barrier;) {
           // Where each lane resumed in this pass stopped: at the warp's barrier, the block's, or

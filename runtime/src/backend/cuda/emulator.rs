@@ -136,12 +136,19 @@ fn emulate_launch(
             launch.dynamic_smem_bytes,
         )
     };
-    if let Some(i) = launch.args.iter().position(|&b| !buffers[b].front_intact()) {
+    // Every argument's front is checked and restored, so that no later launch is blamed.
+    let mut damaged = None;
+    for (i, &b) in launch.args.iter().enumerate() {
+        if !buffers[b].front_restored() {
+            damaged = damaged.or(Some(i));
+        }
+    }
+    if let Some(i) = damaged {
         return invalid(format!("kernel {}: it wrote before the start of its argument {i}", launch.symbol));
     }
     if rc == 4 {
         return invalid(format!(
-            "kernel {}: its threads met barriers apart (a warp's lanes at different exchanges, or some of a block's threads returned while others waited at a barrier), which a GPU does not allow",
+            "kernel {}: its threads met barriers apart (some of a warp's lanes at an exchange while others were at a block barrier or had returned, or some of a block's threads returned while others waited at a barrier), which a GPU does not allow",
             launch.symbol
         ));
     }
@@ -208,37 +215,40 @@ mod tests {
     /// A block of 64 threads that synchronizes.
     const BLOCK: Shape = Shape { grid: 1, block: 64, synchronizes: true };
 
-    /// Each thread writes its index to shared memory, then reads its neighbour's (`t ^ 1`), with
-    /// `between` in between.
-    fn neighbours(between: &str) -> String {
+    /// Each thread writes its index to shared memory, then reads its neighbour's (`t ^ apart`),
+    /// with `between` in between.
+    fn neighbours(apart: usize, between: &str) -> String {
         format!(
             "extern \"C\" __global__ void k(float* out) {{\n\
              STATIC_REGION(region, 256);\n\
              float* const s = (float*)region;\n\
              s[threadIdx.x] = threadIdx.x;\n\
              {between}\n\
-             out[threadIdx.x] = s[threadIdx.x ^ 1];\n\
+             out[threadIdx.x] = s[threadIdx.x ^ {apart}];\n\
              }}\n"
         )
     }
 
     #[test]
-    fn lanes_reading_what_another_lane_wrote_without_a_barrier_read_it_unwritten_in_some_order() {
-        // Lane t reads lane t ^ 1's word: in one order the lower lane reads first, in another the
-        // higher one, so each lane reads it unwritten in some launch.
-        let raced = run(&neighbours(""), BLOCK, 4).unwrap();
-        assert!((0..64).all(|t| raced.iter().any(|o| o[t].is_nan())), "{raced:?}");
-        for o in run(&neighbours("__syncthreads();"), BLOCK, 4).unwrap() {
-            assert!(o.iter().enumerate().all(|(t, &v)| v == (t ^ 1) as f32), "{o:?}");
+    fn threads_reading_what_another_wrote_without_a_barrier_read_it_unwritten_in_some_order() {
+        // Thread t reads the word of t ^ 1 (a lane of its warp) or of t ^ 32 (of the other warp):
+        // in one order the lower thread reads first, in another the higher one, so each reads it
+        // unwritten in some launch.
+        for apart in [1, 32] {
+            let raced = run(&neighbours(apart, ""), BLOCK, 4).unwrap();
+            assert!((0..64).all(|t| raced.iter().any(|o| o[t].is_nan())), "{apart}: {raced:?}");
+            for o in run(&neighbours(apart, "__syncthreads();"), BLOCK, 4).unwrap() {
+                assert!(o.iter().enumerate().all(|(t, &v)| v == (t ^ apart) as f32), "{o:?}");
+            }
         }
     }
 
     #[test]
-    fn blocks_reading_what_another_block_writes_read_it_unwritten_in_one_launch() {
+    fn blocks_reading_what_another_block_writes_read_it_unwritten() {
         // Block b writes word b, then reads the words `d` above and below it (1 where there is
-        // none) into words 16 + b and 32 + b.
-        let grid = 8;
-        for d in 1..=3 {
+        // none) into words 16 + b and 32 + b: in one launch of 8 blocks, and in two of 2 (whose
+        // blocks only ever run one way within a launch).
+        for (grid, d, launches) in [(8, 1, 1), (8, 2, 1), (8, 3, 1), (2, 1, 2)] {
             let kernel = format!(
                 "extern \"C\" __global__ void k(float* out) {{\n\
                  const unsigned b = blockIdx.x, d = {d};\n\
@@ -247,9 +257,9 @@ mod tests {
                  out[32 + b] = b >= d ? out[b - d] : 1.f;\n\
                  }}\n"
             );
-            let o = &run(&kernel, Shape { grid, block: 1, synchronizes: false }, 1).unwrap()[0];
-            let unwritten = |from: usize| (from..from + grid as usize).any(|i| o[i].is_nan());
-            assert!(unwritten(16) && unwritten(32), "distance {d}: {o:?}");
+            let outputs = run(&kernel, Shape { grid, block: 1, synchronizes: false }, launches).unwrap();
+            let unwritten = |from: usize| outputs.iter().any(|o| (from..from + grid as usize).any(|i| o[i].is_nan()));
+            assert!(unwritten(16) && unwritten(32), "{grid} blocks, distance {d}: {outputs:?}");
         }
     }
 

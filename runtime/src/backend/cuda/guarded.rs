@@ -36,7 +36,8 @@ impl GuardedBuffer {
     pub(super) fn new(bytes: usize) -> Result<GuardedBuffer> {
         let page = page_size();
         let len = bytes.max(1).next_multiple_of(ALIGN);
-        let pages = len.next_multiple_of(page);
+        // At least ALIGN bytes of front words.
+        let pages = (len + ALIGN).next_multiple_of(page);
         let mapped = page + pages + page;
         let fail = |what: &str| {
             RuntimeError::Invalid(format!(
@@ -65,7 +66,7 @@ impl GuardedBuffer {
                 return Err(fail("protecting a guard page"));
             }
         }
-        buffer.front_mut().chunks_exact_mut(4).for_each(|w| w.copy_from_slice(&FRONT_FILL.to_ne_bytes()));
+        buffer.front_restored();
         Ok(buffer)
     }
 
@@ -77,10 +78,14 @@ impl GuardedBuffer {
         unsafe { std::slice::from_raw_parts_mut(self.mapping.cast::<u8>().add(page), self.start - page) }
     }
 
-    /// Whether the words before the bytes still hold what `new` put there: no kernel wrote before
-    /// the buffer's start.
-    pub(super) fn front_intact(&mut self) -> bool {
-        self.front_mut().chunks_exact(4).all(|w| w == FRONT_FILL.to_ne_bytes())
+    /// Whether the words before the bytes held `FRONT_FILL` (no kernel wrote before the buffer's
+    /// start); they do again.
+    pub(super) fn front_restored(&mut self) -> bool {
+        let fill = FRONT_FILL.to_ne_bytes();
+        let front = self.front_mut();
+        let intact = front.chunks_exact(4).all(|w| w == fill);
+        front.chunks_exact_mut(4).for_each(|w| w.copy_from_slice(&fill));
+        intact
     }
 
     /// The first byte, as a kernel argument.
@@ -143,8 +148,12 @@ mod tests {
         // SAFETY: the word before the bytes lies within the mapping (the front words).
         let before = unsafe { first.sub(1) };
         assert!(unsafe { before.read() }.is_nan());
-        assert!(b.front_intact());
+        assert!(b.front_restored());
         unsafe { before.write(1.0) };
-        assert!(!b.front_intact());
+        assert!(!b.front_restored());
+        assert!(b.front_restored() && unsafe { before.read() }.is_nan());
+        // A buffer of whole pages has front words too.
+        let mut pages = GuardedBuffer::new(2 * page_size()).unwrap();
+        assert!(unsafe { pages.as_mut_ptr().cast::<f32>().sub(ALIGN / 4).read() }.is_nan());
     }
 }
