@@ -6,8 +6,10 @@ use g4c_driver::Feedback;
 use g4c_runtime::backend::pjrt::{CompileEvent, Provenance};
 use g4c_runtime::cache::Miss;
 use g4c_runtime::{Progress, Unit};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
+use std::thread::ThreadId;
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Ui {
@@ -45,7 +47,8 @@ impl Ui {
     }
 
     pub fn progress(&self) -> Bars {
-        Bars { hidden: self.quiet, bar: Mutex::new(None) }
+        let target = if self.quiet { ProgressDrawTarget::hidden() } else { ProgressDrawTarget::stderr() };
+        Bars { bars: MultiProgress::with_draw_target(target), running: Mutex::new(HashMap::new()) }
     }
 
     /// Tells the user what happened to an entry point's executable: corrupt cache entries and
@@ -75,37 +78,57 @@ impl Ui {
 /// Runs `f` with the driver's feedback drawn by this UI: progress bars and compile events.
 pub fn with_feedback<T>(f: impl FnOnce(&Feedback) -> T) -> T {
     let bars = ui().progress();
-    let on_compile = |e: &CompileEvent| ui().compile_event(e);
+    let on_compile = |e: &CompileEvent| bars.suspend(|| ui().compile_event(e));
     f(&Feedback { progress: &bars, on_compile: &on_compile })
 }
 
-/// Progress bars on stderr (indicatif hides them when stderr is not a terminal).
+/// Progress bars on stderr (indicatif hides them when stderr is not a terminal): one for each
+/// thread with a step under way (`g4c compile` writes an artifact's weights while it compiles),
+/// one above the other.
 pub struct Bars {
-    hidden: bool,
-    bar: Mutex<Option<ProgressBar>>,
+    bars: MultiProgress,
+    running: Mutex<HashMap<ThreadId, ProgressBar>>,
 }
 
 impl Progress for Bars {
     fn begin(&self, what: &str, total: u64, unit: Unit) {
-        let target = if self.hidden { ProgressDrawTarget::hidden() } else { ProgressDrawTarget::stderr() };
         let template = match unit {
             Unit::Bytes => "{msg:>18} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta})",
             Unit::Items => "{msg:>18} [{bar:30}] {pos}/{len} ({elapsed})",
         };
         let style = ProgressStyle::with_template(template).expect("valid template").progress_chars("=> ");
-        let bar = ProgressBar::with_draw_target(Some(total), target).with_style(style).with_message(what.to_string());
+        let bar = self.bars.add(ProgressBar::new(total).with_style(style).with_message(what.to_string()));
         bar.enable_steady_tick(std::time::Duration::from_millis(200));
-        *self.bar.lock().unwrap() = Some(bar);
+        if let Some(before) = self.running.lock().unwrap().insert(std::thread::current().id(), bar) {
+            before.finish_and_clear();
+        }
     }
 
     fn advance(&self, done: u64) {
-        if let Some(bar) = &*self.bar.lock().unwrap() {
+        let bar = self.running.lock().unwrap().get(&std::thread::current().id()).cloned();
+        if let Some(bar) = bar {
             bar.inc(done);
         }
     }
 
     fn end(&self) {
-        if let Some(bar) = self.bar.lock().unwrap().take() {
+        if let Some(bar) = self.running.lock().unwrap().remove(&std::thread::current().id()) {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+impl Bars {
+    /// Runs `f` (which writes to stderr) with the bars cleared, drawing them again after.
+    pub fn suspend<T>(&self, f: impl FnOnce() -> T) -> T {
+        self.bars.suspend(f)
+    }
+}
+
+/// A step that failed before its end leaves no bar drawn.
+impl Drop for Bars {
+    fn drop(&mut self) {
+        for (_, bar) in self.running.get_mut().unwrap().drain() {
             bar.finish_and_clear();
         }
     }

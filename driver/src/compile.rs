@@ -2,9 +2,10 @@
 //! lowered, compiled where the target's plugin is present, and written as an artifact.
 
 use crate::pjrt::{check_platform, executables, open_client, Caches, CompileSummary};
-use crate::{cuda_programs, kernel_plan, kernel_report, stablehlo_programs, Feedback};
+use crate::{cuda_programs, kernel_plan, kernel_report, stablehlo_programs, CudaBuild, Feedback};
 use anyhow::{bail, Context, Result};
 use g4c_frontend::{emit_module_with_prefills, Model, Shapes};
+use g4c_ir::plan::KernelPlan;
 use g4c_ir::{Module, Platform, Target};
 use g4c_passes::{compile_report, PassTiming, Pipeline, PipelineOptions};
 use g4c_runtime::artifact::{check_output_dir, ArtifactDraft, ArtifactSource, CudaKernels, Manifest, ShapeInfo};
@@ -12,6 +13,7 @@ use g4c_runtime::backend::pjrt::{find_cpu_plugin, PROGRAM_FORMAT};
 use g4c_runtime::cache::ExecutableCache;
 use g4c_runtime::Program;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The checkpoint's module for `shapes` (the longest prefill) with one more prefill entry point per
 /// length in `shorter`, verified.
@@ -80,76 +82,28 @@ pub fn compile(req: &CompileRequest, feedback: &Feedback) -> Result<Compiled> {
     let mut module = emit(&model, &shapes, shorter)?;
     let (pipeline, _) = run_passes(&mut module, target, &req.options, None, &mut |_, _| {})?;
     let programs = stablehlo_programs(&module)?;
-    // What the CPU plugin compiled for the check is cached like a run's executables (keyed by target
-    // and plugin), so a second check of the same programs is a lookup; without a user cache, nothing is.
-    let cpu_check = match req.check_on_cpu && target.platform != Platform::Cpu {
-        true => {
-            let client = open_client(None)?;
-            let caches = match ExecutableCache::user() {
-                Ok(_) => Caches::User { artifact: None },
-                Err(_) => Caches::None,
-            };
-            let checked = executables(&client, &programs, target, "check", &caches, feedback);
-            Some(checked.context("the CPU plugin rejected the programs")?.1)
-        }
-        false => None,
-    };
-    let label = req.model_dir.display().to_string();
-    let plugin = req.plugin.clone().or_else(|| (target.platform == Platform::Cpu).then(find_cpu_plugin).flatten());
-    // Executables for an artifact are staged apart from the user's cache (which may be read-only)
-    // and every one must be there; without -o they only warm the user's cache.
-    let staging = match req.out {
-        Some(out) => Some(tempfile::Builder::new().prefix("g4c-executables-").tempdir().map_err(|e| {
-            anyhow::anyhow!(
-                "artifact {}: staging its executables in {}: {e}",
-                out.display(),
-                std::env::temp_dir().display()
-            )
-        })?),
-        None => None,
-    };
-    let caches = match &staging {
-        Some(dir) => Caches::Staging { staging: dir.path().to_path_buf() },
-        None => Caches::User { artifact: None },
-    };
-    let executables = match plugin {
-        Some(path) => {
-            let client = open_client(Some(path))?;
-            check_platform(&client, target, "compiling for")?;
-            Some(executables(&client, &programs, target, &label, &caches, feedback)?.1)
-        }
-        None => None,
-    };
-    if let (Some(out), Some(summary)) = (req.out, &executables) {
-        if let Some(e) = summary.events.iter().find(|e| e.cache_file().is_none()) {
-            bail!(
-                "artifact {}: the executable of @{} could not be staged: {}",
-                out.display(),
-                e.entry,
-                e.not_stored.as_deref().unwrap_or("no file was written")
-            );
-        }
-    }
-    // CUDA targets: the kernel plan (where a kernel that cannot fit is refused), its kernels
-    // compiled to PTX (and cubins), and their footprints. The artifact's module and weights need
-    // none of it: they are written while NVRTC and ptxas run (E2B for h200 on 2 cores: 32 s to
-    // 27 s). (A CPU target's executables still come first: the two would share one progress bar.)
+    // A CUDA target's plan first, where a kernel that cannot fit is refused, before anything is
+    // written.
     let plan = target.gpu.as_ref().map(|_| kernel_plan(&module, target)).transpose()?;
-    let store = model.checkpoint.as_ref();
-    let (build, draft) = std::thread::scope(|threads| {
+    // The artifact's module and weights need nothing the target's compile makes: they are written
+    // while it runs (E2B for h200 on 2 cores: 32 s to 27 s).
+    // A compile that fails stops the weights at the next tensor rather than waiting for them all.
+    let (store, abandoned) = (model.checkpoint.as_ref(), AtomicBool::new(false));
+    let (built, draft) = std::thread::scope(|threads| {
         let draft = req.out.map(|out| {
-            let (module, progress) = (&module, feedback.progress);
+            let (module, progress, abandoned) = (&module, feedback.progress, &abandoned);
             threads.spawn(move || {
-                let draft = ArtifactDraft::begin(out, module, store, progress);
+                let draft = ArtifactDraft::begin(out, module, store, progress, abandoned);
                 draft.with_context(|| format!("artifact {}", out.display()))
             })
         });
-        let build = plan.as_ref().map(|plan| cuda_programs(plan, target, true)).transpose();
-        let draft = draft.map(|t| t.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
-        (build, draft)
+        let built = build_for_target(req, &programs, plan.as_ref(), feedback);
+        abandoned.store(built.is_err(), Ordering::Relaxed);
+        (built, draft.map(|t| t.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))))
     });
-    let (build, draft) = (build?, draft.transpose()?);
-    let cuda = plan.zip(build).map(|(plan, build)| (kernel_report(&plan, &build, target), build));
+    // `_staging` holds the executables until the artifact has copied them.
+    let (TargetBuild { cpu_check, executables, staging: _staging, cuda }, draft) = (built?, draft.transpose()?);
+    let cuda = plan.zip(cuda).map(|(plan, build)| (kernel_report(&plan, &build, target), build));
     let mut report = compile_report(&module, target, &pipeline.names());
     if let Some((kernels, _)) = &cuda {
         report["kernels"] = kernels.clone();
@@ -190,4 +144,79 @@ pub fn compile(req: &CompileRequest, feedback: &Feedback) -> Result<Compiled> {
         _ => None,
     };
     Ok(Compiled { programs, report, executables, cpu_check, artifact })
+}
+
+/// What compiling the lowered module for its target made.
+struct TargetBuild {
+    /// `--check-on-cpu` for another platform's target: how the CPU plugin's executables were had.
+    cpu_check: Option<CompileSummary>,
+    /// How the executables were obtained; `None` when no plugin for the target's platform was here.
+    executables: Option<CompileSummary>,
+    /// Where an artifact's executables wait to be copied into it.
+    staging: Option<tempfile::TempDir>,
+    /// A CUDA target's kernels.
+    cuda: Option<CudaBuild>,
+}
+
+/// Compiles `programs` with the target's PJRT plugin where there is one (and the CPU plugin's
+/// check when asked), and a CUDA target's `plan` to PTX (and cubins).
+fn build_for_target(
+    req: &CompileRequest,
+    programs: &[Program],
+    plan: Option<&KernelPlan>,
+    feedback: &Feedback,
+) -> Result<TargetBuild> {
+    let target = req.target;
+    // What the CPU plugin compiled for the check is cached like a run's executables (keyed by target
+    // and plugin), so a second check of the same programs is a lookup; without a user cache, nothing is.
+    let cpu_check = match req.check_on_cpu && target.platform != Platform::Cpu {
+        true => {
+            let client = open_client(None)?;
+            let caches = match ExecutableCache::user() {
+                Ok(_) => Caches::User { artifact: None },
+                Err(_) => Caches::None,
+            };
+            let checked = executables(&client, programs, target, "check", &caches, feedback);
+            Some(checked.context("the CPU plugin rejected the programs")?.1)
+        }
+        false => None,
+    };
+    let label = req.model_dir.display().to_string();
+    let plugin = req.plugin.clone().or_else(|| (target.platform == Platform::Cpu).then(find_cpu_plugin).flatten());
+    // Executables for an artifact are staged apart from the user's cache (which may be read-only)
+    // and every one must be there; without -o they only warm the user's cache.
+    let staging = match req.out {
+        Some(out) => Some(tempfile::Builder::new().prefix("g4c-executables-").tempdir().map_err(|e| {
+            anyhow::anyhow!(
+                "artifact {}: staging its executables in {}: {e}",
+                out.display(),
+                std::env::temp_dir().display()
+            )
+        })?),
+        None => None,
+    };
+    let caches = match &staging {
+        Some(dir) => Caches::Staging { staging: dir.path().to_path_buf() },
+        None => Caches::User { artifact: None },
+    };
+    let executables = match plugin {
+        Some(path) => {
+            let client = open_client(Some(path))?;
+            check_platform(&client, target, "compiling for")?;
+            Some(executables(&client, programs, target, &label, &caches, feedback)?.1)
+        }
+        None => None,
+    };
+    if let (Some(out), Some(summary)) = (req.out, &executables) {
+        if let Some(e) = summary.events.iter().find(|e| e.cache_file().is_none()) {
+            bail!(
+                "artifact {}: the executable of @{} could not be staged: {}",
+                out.display(),
+                e.entry,
+                e.not_stored.as_deref().unwrap_or("no file was written")
+            );
+        }
+    }
+    let cuda = plan.map(|plan| cuda_programs(plan, target, true)).transpose()?;
+    Ok(TargetBuild { cpu_check, executables, staging, cuda })
 }

@@ -14,6 +14,7 @@ use serde_json::Value;
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// What goes into an artifact beside its module and weights (`ArtifactDraft`).
 pub struct ArtifactSource<'a> {
@@ -64,12 +65,14 @@ pub struct ArtifactDraft {
 
 impl ArtifactDraft {
     /// Starts artifact `out` from `module` (after the target's passes), with its weights from
-    /// `store` (the checkpoint) in the dtype and layout the IR declares.
+    /// `store` (the checkpoint) in the dtype and layout the IR declares. Once `abandoned` is set
+    /// (the compile beside it failed), it stops at the next weight with an error.
     pub fn begin(
         out: &Path,
         module: &Module,
         store: &dyn WeightStore,
         progress: &dyn Progress,
+        abandoned: &AtomicBool,
     ) -> Result<ArtifactDraft> {
         check_output_dir(out)?;
         let dir = AtomicDir::create(out).map_err(io(out))?;
@@ -86,7 +89,8 @@ impl ArtifactDraft {
             w.layout = if w.ty.dtype == DType::I4 { SourceLayout::PackedInt4 } else { SourceLayout::Stored };
         }
         write_file(&root.join(files::MODULE), g4c_ir::print_module(&module).as_bytes())?;
-        let weights = write_weights(&root.join(files::WEIGHTS), &originals, &module.weights, store, progress)?;
+        let weights =
+            write_weights(&root.join(files::WEIGHTS), &originals, &module.weights, store, progress, abandoned)?;
         Ok(ArtifactDraft { out: out.to_path_buf(), dir, module, weights })
     }
 
@@ -187,6 +191,7 @@ fn write_weights(
     stored: &[WeightDecl],
     store: &dyn WeightStore,
     progress: &dyn Progress,
+    abandoned: &AtomicBool,
 ) -> Result<WeightsInfo> {
     let mut specs = vec![];
     for (decl, rebound) in decls.iter().zip(stored) {
@@ -210,6 +215,9 @@ fn write_weights(
         let total = decl.ty.byte_size() as usize;
         let fill = move |start: usize, buf: &mut [u8]| -> std::io::Result<()> {
             if bytes.is_none() {
+                if abandoned.load(Ordering::Relaxed) {
+                    return Err(std::io::Error::other("abandoned"));
+                }
                 let b = store.bytes(decl).map_err(|e| std::io::Error::other(e.to_string()))?;
                 bytes = Some(b);
             }
