@@ -60,8 +60,10 @@ fn compared(
 /// differs: E2B's LM head rounds its products to bf16 and soft-caps them in f32 (one logit in
 /// 262144 was off by a bf16 place, far more than 2 of f32's), and a gate·up projection's product of
 /// two rounded sums, through GELU, was off by 3 bf16 places in 3 of 55296 elements. Each such sum
-/// is raised in turn (`sum_raised`), and how far that moves each element, summed over the sums
-/// (with half as much again for curvature), is what an element may differ by beyond `tolerance`.
+/// is raised and lowered in turn (`sum_moved`), and how far that moves each element, the farther
+/// of the two ways and summed over the sums (with half as much again for curvature), is what an
+/// element may differ by beyond `tolerance`. Both ways, since a sum may have rounded to either side
+/// and what follows it need not move alike: GELU's cube in bf16 rounds again at every step.
 /// A wrong index or a lost term moves an element by far more; a small error in every element (a
 /// wrong scale, a sum kept in 16 bits) is not rare: at most one element in `ROUNDED_OTHERWISE`
 /// may pass this way.
@@ -78,10 +80,15 @@ fn within_rounded_sums(
             && raise_by(k.ty(i.result).dtype).is_some()
     });
     let mut moved = vec![0f32; w.len()];
-    for (i, _) in sums {
-        let raised = interp.run(&sum_raised(k, i), args.clone())?.remove(0);
-        let r = raised.as_f32().expect("the same type as the kernel's output");
-        moved.iter_mut().zip(w.iter().zip(r)).for_each(|(m, (a, b))| *m += (a - b).abs());
+    for (i, instr) in sums {
+        let mut farther = vec![0f32; w.len()];
+        let by = raise_by(k.ty(instr.result).dtype).expect("a 16-bit float sum");
+        for factor in [by, 2.0 - by] {
+            let other = interp.run(&sum_moved(k, i, factor), args.clone())?.remove(0);
+            let o = other.as_f32().expect("the same type as the kernel's output");
+            farther.iter_mut().zip(w.iter().zip(o)).for_each(|(f, (a, b))| *f = f.max((a - b).abs()));
+        }
+        moved.iter_mut().zip(farther).for_each(|(m, f)| *m += f);
     }
     let beyond: Vec<usize> = (0..w.len()).filter(|&j| !close(want.ty.dtype, w[j], g[j], tolerance, false)).collect();
     // A sum raised past its type's largest value moves an element infinitely: no leeway there.
@@ -103,13 +110,13 @@ fn raise_by(dtype: DType) -> Option<f64> {
     }
 }
 
-/// `k` with the sum that its instruction `i` rounds to a 16-bit float raised by 1 or 2 places
-/// (`raise_by`) wherever it is read.
-fn sum_raised(k: &Function, i: usize) -> Function {
+/// `k` with the sum that its instruction `i` rounds to a 16-bit float times `factor` (`raise_by`
+/// raises it by 1 or 2 places, 2 minus that lowers it as far) wherever it is read.
+fn sum_moved(k: &Function, i: usize, factor: f64) -> Function {
     let mut f = k.clone();
     let sum = f.body[i].result;
     let ty = f.ty(sum).clone();
-    let splat = Literal::Splat(raise_by(ty.dtype).expect("a 16-bit float sum"));
+    let splat = Literal::Splat(factor);
     let (factor, raised) = (f.new_value(ty.clone(), None), f.new_value(ty, None));
     for later in &mut f.body[i + 1..] {
         later.op.map_operands(|v| if v == sum { raised } else { v });
@@ -337,7 +344,7 @@ mod tests {
         let args = vec![x, bf16(vec![2, 4], &[2.5, 1.25, 1.75, 3.5, -0.5, 2.0, 3.25, 1.0])];
         let want = interp.call("k", args.clone()).unwrap().remove(0);
         let w = want.as_f32().unwrap().to_vec();
-        let raised = interp.run(&sum_raised(&k, 0), args.clone()).unwrap().remove(0);
+        let raised = interp.run(&sum_moved(&k, 0, raise_by(DType::BF16).unwrap()), args.clone()).unwrap().remove(0);
         let logits = |v: Vec<f32>| Tensor::f32(vec![1, 2], v);
         let other_way = logits(vec![raised.as_f32().unwrap()[0], w[1]]);
         assert!(outputs(&[vec![want.clone()]], std::slice::from_ref(&other_way), tolerance(&want), false).is_err());
