@@ -181,7 +181,7 @@ fn temporaries_do_not_pile_up() {
     assert!(!stale_entry.exists(), "cache verify removes temporaries of dead writers");
 }
 
-/// A CUDA target's weights are written while its kernels compile: a compile that fails after them
+/// A CUDA target's weights are written while its kernels compile: a compile that fails beside them
 /// (here NVRTC cannot be loaded) leaves neither the artifact nor its temporary directory.
 #[test]
 fn a_compile_that_fails_beside_its_weights_leaves_nothing() {

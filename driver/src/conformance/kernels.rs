@@ -75,14 +75,11 @@ fn within_rounded_sums(
     tolerance: Tolerance,
 ) -> Result<bool> {
     let (Some(w), Some(g)) = (want.as_f32(), got.as_f32()) else { return Ok(false) };
-    let sums = k.body.iter().enumerate().filter(|(_, i)| {
-        matches!(i.op, Op::DotGeneral { .. } | Op::Reduce { kind: ReduceKind::Sum, .. })
-            && raise_by(k.ty(i.result).dtype).is_some()
-    });
+    let is_sum = |op: &Op| matches!(op, Op::DotGeneral { .. } | Op::Reduce { kind: ReduceKind::Sum, .. });
+    let sums = k.body.iter().enumerate().filter(|(_, i)| is_sum(&i.op));
     let mut moved = vec![0f32; w.len()];
-    for (i, instr) in sums {
+    for (i, by) in sums.filter_map(|(i, instr)| Some((i, raise_by(k.ty(instr.result).dtype)?))) {
         let mut farther = vec![0f32; w.len()];
-        let by = raise_by(k.ty(instr.result).dtype).expect("a 16-bit float sum");
         for factor in [by, 2.0 - by] {
             let other = interp.run(&sum_moved(k, i, factor), args.clone())?.remove(0);
             let o = other.as_f32().expect("the same type as the kernel's output");

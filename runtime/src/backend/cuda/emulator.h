@@ -10,7 +10,8 @@
 //
 // A launch runs its blocks one after another, each to its end: the even ones upward, then the odd
 // ones downward, so that for any distance some block runs before the one that far above it and
-// some after (given blocks enough: the first and the last, mirrored in every other order).
+// some after (given blocks enough: the first and the last, and the two of a 2-block launch, take
+// both orders across launches, the whole order mirrored in some of them).
 //
 // Kernels that synchronize (`__syncthreads`, warp shuffles) run each block's threads as coroutines
 // on one host thread (a stack switch): a barrier switches to the next thread, and since every

@@ -2,7 +2,7 @@
 //! kernel reading or writing past a buffer's end faults at once, where a GPU would go on with
 //! whatever lies there (the next allocation) and only the numbers might show it. Before its bytes
 //! lie words of NaN (as shared memory is filled: `emulator.h`), which a kernel reading before the
-//! buffer's start computes with and one writing there changes (`front_intact`), and before those
+//! buffer's start computes with and one writing there changes (`front_restored`), and before those
 //! another inaccessible page.
 
 use crate::error::{Result, RuntimeError};
