@@ -306,6 +306,22 @@ mod tests {
     use super::*;
     use g4c_runtime::weights::NoWeights;
 
+    /// A sum cubed in bf16, rounding at each product, as E2B's GELU computes its gate's cube.
+    const CUBED: &str = r#"module @m {
+  func @k(
+    %x: bf16[1,1],
+    %w: bf16[1,1]
+  ) -> (
+    out: f32[1,1]
+  ) {
+    %p = dot_general %x, %w {lhs_batch = [], rhs_batch = [], lhs_contract = [1], rhs_contract = [1]} : bf16[1,1]
+    %q = mul %p, %p : bf16[1,1]
+    %c = mul %q, %p : bf16[1,1]
+    %out = convert %c : f32[1,1]
+    return %out
+  }
+}"#;
+
     /// Two logits soft-capped in f32 from products rounded to bf16, as E2B's LM head computes them.
     const CAPPED: &str = r#"module @m {
   func @k(
@@ -349,5 +365,32 @@ mod tests {
         assert!(check(&other_way));
         assert!(!check(&logits(vec![w[0] * 1.1, w[1]])));
         assert!(!check(&logits(vec![w[0] * 1.01, w[1] * 1.01])));
+    }
+
+    /// A device whose sum rounded to the bf16 value below the interpreter's passes where lowering
+    /// the sum moves the output twice as far as raising it: 1.4453125 cubes to 3.03125 in bf16, its
+    /// place above to 3.0625 and its place below to 2.96875. Raising alone would not account for it.
+    #[test]
+    fn a_sum_rounded_down_passes_where_lowering_moves_the_output_farther() {
+        let module = g4c_ir::parse_module(CUBED).unwrap();
+        let k = module.function("k").unwrap().clone();
+        let mut interp = Interpreter::new(Arc::new(module), Arc::new(NoWeights));
+        let bf16 = |v: f32| {
+            Tensor::from_bytes(TensorType::new(DType::BF16, vec![1, 1]), &half::bf16::from_f32(v).to_le_bytes())
+                .unwrap()
+        };
+        let args = vec![bf16(1.4453125), bf16(1.0)];
+        let out = |f: &Function, interp: &mut Interpreter| {
+            interp.run(f, args.clone()).unwrap().remove(0).as_f32().unwrap()[0]
+        };
+        let by = raise_by(DType::BF16).unwrap();
+        let (want, raised, lowered) = (
+            out(&k, &mut interp),
+            out(&sum_moved(&k, 0, by), &mut interp),
+            out(&sum_moved(&k, 0, 2.0 - by), &mut interp),
+        );
+        assert_eq!((want, raised, lowered), (3.03125, 3.0625, 2.96875));
+        let got = Tensor::f32(vec![1, 1], vec![lowered]);
+        assert!(compared(&mut interp, &k, args.clone(), &Tensor::f32(vec![1, 1], vec![want]), &got).unwrap().is_ok());
     }
 }
