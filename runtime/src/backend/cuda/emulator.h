@@ -29,8 +29,10 @@
 // Barriers must be met uniformly, as a GPU needs and the round-robin assumes: every lane of a warp
 // at each of its exchanges, every thread of a block at each of its barriers. A launch in which a
 // warp's lanes part ways (some at an exchange, others at a block barrier or returned) or a block's
-// threads do (some returned while others wait at a barrier) is refused. (Lanes at two different
-// exchanges, a shuffle and another, are not told apart.)
+// threads do (some returned while others wait at a barrier), or in which a warp's lanes meet at two
+// different exchanges (a butterfly summing and one taking the maximum, or a butterfly and a
+// tensor-core product), is refused. (Two places in a kernel taking the same exchange are not told
+// apart: on sm_70 and later, shuffles of the same kind at two places do meet.)
 //
 // The other kernels run their threads in a plain loop, the first or the last first as lanes do.
 #pragma once
@@ -153,8 +155,11 @@ static inline void __syncthreads() {
   g4c_yield();
 }
 // A warp's barrier: its lanes' exchanges (shuffles, tensor-core fragments) wait for its lanes only.
-static inline void g4c_warp_barrier() {
+// `site` names the exchange and its step, so that lanes at different ones are told apart.
+static const void* g4c_warp_site;
+static inline void g4c_warp_barrier(const void* site) {
   g4c_at_block_barrier = false;
+  g4c_warp_site = site;
   g4c_yield();
 }
 
@@ -221,11 +226,12 @@ static inline unsigned char* g4c_block_region(unsigned bytes, bool dynamic) {
 // barriers); the warp's barrier again before the exchange is reused.
 template <typename T, typename F> static inline T warp_butterfly(T v, F combine) {
   static_assert(sizeof(T) == 4, "lanes exchange 32-bit values");
+  static const char site[2] = {};  // one per type and combining function
   std::memcpy(&g4c_exchange[threadIdx.x], &v, 4);
-  g4c_warp_barrier();
+  g4c_warp_barrier(&site[0]);
   T lanes[32];
   std::memcpy(lanes, &g4c_exchange[threadIdx.x & ~31u], sizeof lanes);
-  g4c_warp_barrier();
+  g4c_warp_barrier(&site[1]);
   for (int o = 16; o > 0; o >>= 1) {
     T next[32];
     for (int l = 0; l < 32; ++l) next[l] = combine(lanes[l], lanes[l ^ o]);
@@ -244,8 +250,9 @@ static unsigned g4c_mma_a[1024][4], g4c_mma_b[1024][2];
 template <int K, float (*Widen)(unsigned short)>
 static inline void g4c_mma(float* d, const unsigned* a, const unsigned* b) {
   for (int i = 0; i < K / 4; ++i) g4c_mma_a[threadIdx.x][i] = a[i];
+  static const char site[2] = {};  // one per shape and type
   for (int i = 0; i < K / 8; ++i) g4c_mma_b[threadIdx.x][i] = b[i];
-  g4c_warp_barrier();
+  g4c_warp_barrier(&site[0]);
   const unsigned lane = threadIdx.x & 31, warp0 = threadIdx.x - lane, g = lane >> 2, t = lane & 3;
   auto half = [](unsigned word, int k) { return (unsigned short)(word >> (16 * (k & 1))); };
   float out[4];
@@ -259,7 +266,7 @@ static inline void g4c_mma(float* d, const unsigned* a, const unsigned* b) {
     }
     out[r] = sum;
   }
-  g4c_warp_barrier();
+  g4c_warp_barrier(&site[1]);
   for (int r = 0; r < 4; ++r) d[r] = out[r];
 }
 static inline float g4c_widen_bf16(unsigned short b) { return __uint_as_float(((unsigned)b) << 16); }
@@ -330,8 +337,10 @@ extern "C" int g4c_emulate(void* kernel, void** args, const unsigned long long* 
         const unsigned lanes = std::min(block - warp * 32, 32u);
         for (bool at_warp_barrier = true; at_warp_barrier;) {
           // Where each lane resumed in this pass stopped: at the warp's barrier, the block's, or
-          // returned. A pass that stops them in more than one is a warp parting ways.
+          // returned. A pass that stops them in more than one, or at more than one exchange, is a
+          // warp parting ways.
           bool stopped[3] = {false, false, false};
+          const void* exchange = nullptr;
           for (unsigned lane = 0; lane < lanes; ++lane) {
             const unsigned t = warp * 32 + (last_lane_first ? lanes - 1 - lane : lane);
             if (done[t] || at_block_barrier[t]) continue;
@@ -347,6 +356,8 @@ extern "C" int g4c_emulate(void* kernel, void** args, const unsigned long long* 
               at_block_barrier[t] = 1;
               stopped[1] = true;
             } else {
+              if (exchange != nullptr && exchange != g4c_warp_site) g4c_barriers_apart = true;
+              exchange = g4c_warp_site;
               stopped[0] = true;
             }
           }

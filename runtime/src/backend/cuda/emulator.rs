@@ -148,7 +148,7 @@ fn emulate_launch(
     }
     if rc == 4 {
         return invalid(format!(
-            "kernel {}: its threads met barriers apart (some of a warp's lanes at an exchange while others were at a block barrier or had returned, or some of a block's threads returned while others waited at a barrier), which a GPU does not allow",
+            "kernel {}: its threads met barriers apart (some of a warp's lanes at an exchange while others were at another exchange, at a block barrier or had returned, or some of a block's threads returned while others waited at a barrier), which a GPU does not allow",
             launch.symbol
         ));
     }
@@ -291,6 +291,10 @@ mod tests {
                          out[threadIdx.x] = v;\n\
                          }\n";
         let e = run(half_warp, BLOCK, 1).unwrap_err();
+        assert!(e.contains("met barriers apart"), "{e}");
+        // Half of a warp's lanes sum while the other half take the maximum.
+        let two_butterflies = half_warp.replace("v = warp_sum(v);", "v = warp_sum(v); else v = warp_max(v);");
+        let e = run(&two_butterflies, BLOCK, 1).unwrap_err();
         assert!(e.contains("met barriers apart"), "{e}");
         // Every lane at the butterfly is no divergence.
         let whole_warp = half_warp.replace("if (threadIdx.x % 32 < 16) ", "");
