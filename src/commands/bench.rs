@@ -274,18 +274,13 @@ impl Report<'_> {
         }
         let rate = self.decode_rate();
         let max = self.roofline_rate();
-        // What a start is made of, and what the time `weights` covers.
-        let (startup, device_part) = match self.backend {
-            BackendKind::Pjrt => {
-                ("cold = compile with no cache + weights, warm = load from the cache + weights", "weights")
-            }
-            _ => (
-                "the kernel plan and its programs (an artifact's compiled ahead, a checkpoint's by NVRTC: cold and warm alike) + the device's modules (PTX for another GPU JIT-compiled by the driver) and weights",
-                "modules and weights",
-            ),
+        // What a start is made of.
+        let startup = match self.backend {
+            BackendKind::Pjrt => "cold = compile with no cache + weights, warm = load from the cache + weights",
+            _ => "the kernel plan, its programs (an artifact's compiled ahead, a checkpoint's by NVRTC: cold and warm alike) and the device's modules (PTX for another GPU JIT-compiled by the driver) + weights",
         };
         s += &format!(
-            "\nstartup: {startup} ({} for {device_part})\n",
+            "\nstartup: {startup} ({} for weights)\n",
             self.rows.first().map_or("?".into(), |(_, _, st)| format!("{:.2} s", st.weights))
         );
         let parts: Vec<String> =

@@ -410,8 +410,9 @@ fn module_outputs<D: Device + 'static>(
     g4c_ir::verify_module(&module).unwrap();
     let store: Arc<dyn g4c_runtime::WeightStore> = Arc::new(WeightTable(weights));
     let plan = Arc::new(plan_module(&module, target).unwrap());
-    // PTX and a cubin too: a GPU runs those, where the host emulator compiles the CUDA C.
-    let programs = g4c_driver::cuda_programs(&plan, target, true).unwrap().programs;
+    // PTX and a cubin for a GPU, which runs those; the host emulator compiles the CUDA C itself.
+    let for_a_gpu = std::any::TypeId::of::<D>() != std::any::TypeId::of::<Emulator>();
+    let programs = g4c_driver::cuda_programs(&plan, target, for_a_gpu).unwrap().programs;
     let device = device(&programs);
     let mut device = DeviceExecutor::new(module.clone(), plan.clone(), &programs, store.clone(), device).unwrap();
     let mut interp = g4c_runtime::InterpExecutor::new(g4c_runtime::Interpreter::new(module, store));
