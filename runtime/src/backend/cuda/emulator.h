@@ -249,8 +249,8 @@ template <typename T, typename F> static inline T warp_butterfly(T v, F combine)
 static unsigned g4c_mma_a[1024][4], g4c_mma_b[1024][2];
 template <int K, float (*Widen)(unsigned short)>
 static inline void g4c_mma(float* d, const unsigned* a, const unsigned* b) {
-  for (int i = 0; i < K / 4; ++i) g4c_mma_a[threadIdx.x][i] = a[i];
   static const char site[2] = {};  // one per shape and type
+  for (int i = 0; i < K / 4; ++i) g4c_mma_a[threadIdx.x][i] = a[i];
   for (int i = 0; i < K / 8; ++i) g4c_mma_b[threadIdx.x][i] = b[i];
   g4c_warp_barrier(&site[0]);
   const unsigned lane = threadIdx.x & 31, warp0 = threadIdx.x - lane, g = lane >> 2, t = lane & 3;
