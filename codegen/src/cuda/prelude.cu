@@ -3,6 +3,13 @@
 // nothing here needs cuda_fp16.h, and Turing (no bf16 arithmetic) only ever shifts bf16 bits.
 typedef unsigned short u16;
 typedef unsigned char u8;
+// `p`, the address of a load `bytes` wide, which a GPU needs `bytes`-aligned (else it faults); the
+// host emulator, whose loads do not care, checks it.
+#ifdef G4C_HOST_EMULATION
+#define ALIGNED(p, bytes) g4c_aligned(p, bytes)
+#else
+#define ALIGNED(p, bytes) (p)
+#endif
 
 #ifndef G4C_HOST_EMULATION
 __device__ __forceinline__ float h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
@@ -24,7 +31,7 @@ __device__ __forceinline__ int ld_i4(const u8* p, int i) {
 }
 // Word `w` of a packed 4-bit array (4-byte aligned): values 8w .. 8w + 7, value 8w + i in bits
 // 4i .. 4i + 3, as ld_i4 reads them one by one.
-__device__ __forceinline__ unsigned ld_word(const u8* p, int w) { return ((const unsigned*)p)[w]; }
+__device__ __forceinline__ unsigned ld_word(const u8* p, int w) { return ((const unsigned*)ALIGNED(p, 4))[w]; }
 // Value i of a word, sign-extended.
 __device__ __forceinline__ int nib(unsigned word, int i) { return ((int)(word << (28 - 4 * i))) >> 28; }
 // Fused multiply-adds of two bf16 or f16 pairs, each half rounded once to nearest even: sm_80's
@@ -97,7 +104,7 @@ __device__ __forceinline__ void ld8(const float* p, float* v) {
   v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w; v[4] = y.x; v[5] = y.y; v[6] = y.z; v[7] = y.w;
 }
 #else
-inline void ld8(const float* p, float* v) { for (int i = 0; i < 8; ++i) v[i] = p[i]; }
+inline void ld8(const float* p, float* v) { for (int i = 0; i < 8; ++i) v[i] = ALIGNED(p, 16)[i]; }
 #endif
 // Eight consecutive 16-bit elements of 16-byte-aligned memory in one 128-bit load, as four pairs
 // (the first element in the low half of v[0]).
@@ -107,11 +114,11 @@ __device__ __forceinline__ void ld8_pairs(const u16* p, unsigned* v) {
   v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
 }
 #else
-inline void ld8_pairs(const u16* p, unsigned* v) { std::memcpy(v, p, 16); }
+inline void ld8_pairs(const u16* p, unsigned* v) { std::memcpy(v, ALIGNED(p, 16), 16); }
 #endif
 // Two consecutive 16-bit elements (4-byte aligned) as one MMA operand register, the first in the
 // low half.
-__device__ __forceinline__ unsigned ld_pair(const u16* p) { return *(const unsigned*)p; }
+__device__ __forceinline__ unsigned ld_pair(const u16* p) { return *(const unsigned*)ALIGNED(p, 4); }
 // mma.sync with f32 accumulators, D += A · B, fragments as the PTX ISA lays them out (row-major A,
 // column-major B). m16n8k8 f16 is Turing's; m16n8k16 (f16, bf16) needs sm_80.
 #ifndef G4C_HOST_EMULATION

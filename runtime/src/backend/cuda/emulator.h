@@ -84,6 +84,14 @@ static void* g4c_args[G4C_MAX_ARGS];
 static unsigned long long g4c_arg_bytes[G4C_MAX_ARGS];
 static int g4c_nargs;
 static bool g4c_prefetch_outside;
+// Whether a load or an atomic read an address its width does not divide, where a GPU faults
+// ("misaligned address"); the host's loads do not. g4c's prelude passes each wide load's address
+// through `g4c_aligned` (its `ALIGNED`).
+static bool g4c_misaligned;
+template <typename T> static inline T* g4c_aligned(T* p, unsigned bytes) {
+  if (reinterpret_cast<uintptr_t>(p) % bytes != 0) g4c_misaligned = true;
+  return p;
+}
 
 static void g4c_call() {
   void** a = g4c_args;
@@ -180,11 +188,11 @@ static inline int __syncthreads_or(int predicate) {
 // later one.
 static inline void __threadfence() {}
 static inline unsigned atomicAdd(unsigned* address, unsigned value) {
-  const unsigned old = *address;
+  const unsigned old = *g4c_aligned(address, 4);
   *address = old + value;
   return old;
 }
-static inline float __ldcg(const float* p) { return *p; }
+static inline float __ldcg(const float* p) { return *g4c_aligned(p, 4); }
 // An L2 prefetch (`prefetch_l2_lines` and `prefetch_l2` in g4c's prelude) fetches nothing here; it
 // checks instead that the bytes asked for lie within one of the launch's arguments, as the GPU's
 // must.
@@ -286,7 +294,7 @@ static bool g4c_barriers_apart;
 // buffers of `arg_bytes`) with `dynamic_smem` bytes of dynamic shared memory: 0, or 1 for a launch
 // it cannot run, 2 for one that prefetched bytes outside its arguments, 3 for one whose kernel
 // declared a dynamic region larger than the launch passed, 4 for one whose threads met barriers
-// apart (see the top).
+// apart (see the top), 5 for one that read an address its load's width does not divide.
 extern "C" int g4c_emulate(void* kernel, void** args, const unsigned long long* arg_bytes, int nargs, unsigned grid,
                            unsigned block, int synchronizes, unsigned dynamic_smem) {
   if (nargs > G4C_MAX_ARGS || block > 1024 || dynamic_smem > G4C_MAX_DYNAMIC_SMEM) return 1;
@@ -300,6 +308,7 @@ extern "C" int g4c_emulate(void* kernel, void** args, const unsigned long long* 
   }
   g4c_nargs = nargs;
   g4c_prefetch_outside = false;
+  g4c_misaligned = false;
   g4c_barriers_apart = false;
   g4c_running = (g4c_kernel)kernel;
   blockDim = {block, 1, 1};
@@ -370,5 +379,5 @@ extern "C" int g4c_emulate(void* kernel, void** args, const unsigned long long* 
       std::fill(at_block_barrier.begin(), at_block_barrier.end(), 0);
     }
   }
-  return g4c_barriers_apart ? 4 : g4c_dynamic_smem_short ? 3 : g4c_prefetch_outside ? 2 : 0;
+  return g4c_misaligned ? 5 : g4c_barriers_apart ? 4 : g4c_dynamic_smem_short ? 3 : g4c_prefetch_outside ? 2 : 0;
 }

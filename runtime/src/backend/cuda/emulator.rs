@@ -146,6 +146,12 @@ fn emulate_launch(
     if let Some(i) = damaged {
         return invalid(format!("kernel {}: it wrote before the start of its argument {i}", launch.symbol));
     }
+    if rc == 5 {
+        return invalid(format!(
+            "kernel {}: it read an address that its load's width does not divide (a 16-byte `ld8`/`ld8_pairs`, a 4-byte `ld_word`/`ld_pair`/`__ldcg`/`atomicAdd`), where a GPU faults with a misaligned address",
+            launch.symbol
+        ));
+    }
     if rc == 4 {
         return invalid(format!(
             "kernel {}: its threads met barriers apart (some of a warp's lanes at an exchange while others were at another exchange, at a block barrier or had returned, or some of a block's threads returned while others waited at a barrier), which a GPU does not allow",
@@ -271,6 +277,22 @@ mod tests {
         let write = "extern \"C\" __global__ void k(float* out) { out[-1] = 0.f; }\n";
         let e = run(write, one_block(), 1).unwrap_err();
         assert!(e.contains("wrote before the start of its argument 0"), "{e}");
+    }
+
+    #[test]
+    fn a_load_from_an_address_its_width_does_not_divide_is_refused() {
+        let one_thread = || Shape { grid: 1, block: 1, synchronizes: false };
+        let ld8 = |offset: usize| {
+            format!(
+                "extern \"C\" __global__ void k(float* out) {{ float v[8]; ld8(out + {offset}, v); out[0] = v[1]; }}\n"
+            )
+        };
+        assert!(run(&ld8(8), one_thread(), 1).is_ok());
+        let e = run(&ld8(2), one_thread(), 1).unwrap_err();
+        assert!(e.contains("misaligned address"), "{e}");
+        let pair = "extern \"C\" __global__ void k(float* out) { out[0] = ld_pair((const u16*)out + 1); }\n";
+        let e = run(pair, one_thread(), 1).unwrap_err();
+        assert!(e.contains("misaligned address"), "{e}");
     }
 
     #[test]
