@@ -213,19 +213,32 @@ static inline void prefetch_l2(const void* p, unsigned bytes) { prefetch_l2_line
 // index far out of range), so that a kernel reading what its block did not write (uninitialized on
 // a GPU; left by the block before here) computes NaN or reads far away. A dynamic region larger
 // than the bytes its launch passed marks the launch, where a GPU would read and write past the
-// block's shared memory.
+// block's shared memory; so does a block that changed any of the words just past the bytes it
+// asked for (`g4c_check_region_end`), which on a GPU are another block's or none.
 #ifndef G4C_MAX_DYNAMIC_SMEM
 #error "G4C_MAX_DYNAMIC_SMEM: the most dynamic shared memory a block may take, from the targets' table"
 #endif
 alignas(16) static uint32_t g4c_region[(G4C_MAX_DYNAMIC_SMEM + 3) / 4];
 // The most bytes a block of the launch asked for: what the next block's filling covers.
 static unsigned g4c_region_used;
+// The bytes the running block asked for.
+static unsigned g4c_block_bytes;
 static unsigned g4c_dynamic_smem_bytes;
 static bool g4c_dynamic_smem_short;
+static bool g4c_region_overrun;
 static inline unsigned char* g4c_block_region(unsigned bytes, bool dynamic) {
   if (dynamic && bytes > g4c_dynamic_smem_bytes) g4c_dynamic_smem_short = true;
-  g4c_region_used = std::max(g4c_region_used, std::min(bytes, (unsigned)G4C_MAX_DYNAMIC_SMEM));
+  g4c_block_bytes = std::max(g4c_block_bytes, std::min(bytes, (unsigned)G4C_MAX_DYNAMIC_SMEM));
+  g4c_region_used = std::max(g4c_region_used, g4c_block_bytes);
   return reinterpret_cast<unsigned char*>(g4c_region);
+}
+// After a block: whether it left the words of its region's next KiB as they were filled (every
+// block's filling covers at least them: the first of a launch fills the whole region).
+static void g4c_check_region_end() {
+  const unsigned from = (g4c_block_bytes + 3) / 4, end = (G4C_MAX_DYNAMIC_SMEM + 3) / 4;
+  for (unsigned i = from; i < std::min(from + 256, end); ++i) {
+    if (g4c_region[i] != 0x7fffffffu) g4c_region_overrun = true;
+  }
 }
 
 // A warp's butterfly (`warp_butterfly` in g4c's prelude) in one exchange: each lane leaves its
@@ -294,13 +307,15 @@ static bool g4c_barriers_apart;
 // buffers of `arg_bytes`) with `dynamic_smem` bytes of dynamic shared memory: 0, or 1 for a launch
 // it cannot run, 2 for one that prefetched bytes outside its arguments, 3 for one whose kernel
 // declared a dynamic region larger than the launch passed, 4 for one whose threads met barriers
-// apart (see the top), 5 for one that read an address its load's width does not divide.
+// apart (see the top), 5 for one that read an address its load's width does not divide, 6 for one
+// that wrote past its blocks' shared-memory region.
 extern "C" int g4c_emulate(void* kernel, void** args, const unsigned long long* arg_bytes, int nargs, unsigned grid,
                            unsigned block, int synchronizes, unsigned dynamic_smem) {
   if (nargs > G4C_MAX_ARGS || block > 1024 || dynamic_smem > G4C_MAX_DYNAMIC_SMEM) return 1;
   ++g4c_launches;
   g4c_dynamic_smem_bytes = dynamic_smem;
   g4c_dynamic_smem_short = false;
+  g4c_region_overrun = false;
   g4c_region_used = G4C_MAX_DYNAMIC_SMEM;
   for (int i = 0; i < G4C_MAX_ARGS; ++i) {
     g4c_args[i] = i < nargs ? args[i] : nullptr;
@@ -320,12 +335,14 @@ extern "C" int g4c_emulate(void* kernel, void** args, const unsigned long long* 
     blockIdx = {b, 0, 0};
     std::fill_n(g4c_region, (g4c_region_used + 3) / 4, 0x7fffffffu);
     if (block_turn == 0) g4c_region_used = 0;
+    g4c_block_bytes = 0;
     const bool last_warp_first = ((orders >> 30) ^ b) & 1, last_lane_first = ((orders >> 29) ^ (b >> 1)) & 1;
     if (!synchronizes) {
       for (unsigned i = 0; i < block; ++i) {
         threadIdx = {last_lane_first ? block - 1 - i : i, 0, 0};
         g4c_call();
       }
+      g4c_check_region_end();
       continue;
     }
     g4c_stacks.resize(block);
@@ -378,6 +395,7 @@ extern "C" int g4c_emulate(void* kernel, void** args, const unsigned long long* 
       if (remaining > 0 && remaining < block) g4c_barriers_apart = true;
       std::fill(at_block_barrier.begin(), at_block_barrier.end(), 0);
     }
+    g4c_check_region_end();
   }
-  return g4c_misaligned ? 5 : g4c_barriers_apart ? 4 : g4c_dynamic_smem_short ? 3 : g4c_prefetch_outside ? 2 : 0;
+  return g4c_region_overrun ? 6 : g4c_misaligned ? 5 : g4c_barriers_apart ? 4 : g4c_dynamic_smem_short ? 3 : g4c_prefetch_outside ? 2 : 0;
 }

@@ -146,6 +146,12 @@ fn emulate_launch(
     if let Some(i) = damaged {
         return invalid(format!("kernel {}: it wrote before the start of its argument {i}", launch.symbol));
     }
+    if rc == 6 {
+        return invalid(format!(
+            "kernel {}: a block wrote past the shared-memory region its launch declares, which on a GPU is another block's or out of range",
+            launch.symbol
+        ));
+    }
     if rc == 5 {
         return invalid(format!(
             "kernel {}: it read an address that its load's width does not divide (a 16-byte `ld8`/`ld8_pairs`, a 4-byte `ld_word`/`ld_pair`/`__ldcg`/`atomicAdd`), where a GPU faults with a misaligned address",
@@ -293,6 +299,23 @@ mod tests {
         let pair = "extern \"C\" __global__ void k(float* out) { out[0] = ld_pair((const u16*)out + 1); }\n";
         let e = run(pair, one_thread(), 1).unwrap_err();
         assert!(e.contains("misaligned address"), "{e}");
+    }
+
+    #[test]
+    fn a_block_writing_past_its_shared_memory_region_is_refused() {
+        let write_at = |word: usize| {
+            format!(
+                "extern \"C\" __global__ void k(float* out) {{\n\
+                 STATIC_REGION(region, 64);\n\
+                 ((float*)region)[{word}] = 1.f;\n\
+                 out[threadIdx.x] = ((float*)region)[{word}];\n\
+                 }}\n"
+            )
+        };
+        let two_blocks = || Shape { grid: 2, block: 1, synchronizes: false };
+        assert!(run(&write_at(15), two_blocks(), 1).is_ok());
+        let e = run(&write_at(16), two_blocks(), 1).unwrap_err();
+        assert!(e.contains("wrote past the shared-memory region"), "{e}");
     }
 
     #[test]
