@@ -311,7 +311,7 @@ static bool g4c_barriers_apart;
 // that wrote past its blocks' shared-memory region.
 extern "C" int g4c_emulate(void* kernel, void** args, const unsigned long long* arg_bytes, int nargs, unsigned grid,
                            unsigned block, int synchronizes, unsigned dynamic_smem) {
-  if (nargs > G4C_MAX_ARGS || block > 1024 || dynamic_smem > G4C_MAX_DYNAMIC_SMEM) return 1;
+  if (nargs > G4C_MAX_ARGS || grid == 0 || block == 0 || block > 1024 || dynamic_smem > G4C_MAX_DYNAMIC_SMEM) return 1;
   ++g4c_launches;
   g4c_dynamic_smem_bytes = dynamic_smem;
   g4c_dynamic_smem_short = false;

@@ -178,10 +178,11 @@ fn emulate_launch(
     }
     if rc != 0 {
         return invalid(format!(
-            "kernel {}: the emulator refused a launch of {} arguments, {} threads and {} bytes of dynamic shared memory (at most {MAX_LAUNCH_ARGS}, 1024 and {})",
+            "kernel {}: the emulator refused a launch of {} blocks of {} threads, {} arguments and {} bytes of dynamic shared memory (at least 1 block of 1 thread; at most 1024 threads, {MAX_LAUNCH_ARGS} arguments and {} bytes)",
             launch.symbol,
-            launch.args.len(),
+            launch.grid,
             launch.block,
+            launch.args.len(),
             launch.dynamic_smem_bytes,
             max_dynamic_smem()
         ));
