@@ -146,48 +146,27 @@ fn emulate_launch(
     if let Some(i) = damaged {
         return invalid(format!("kernel {}: it wrote before the start of its argument {i}", launch.symbol));
     }
-    if rc == 6 {
-        return invalid(format!(
-            "kernel {}: a block wrote past the shared-memory region its launch declares, which on a GPU is another block's or out of range",
-            launch.symbol
-        ));
-    }
-    if rc == 5 {
-        return invalid(format!(
-            "kernel {}: it read an address that its load's width does not divide (a 16-byte `ld8`/`ld8_pairs`, a 4-byte `ld_word`/`ld_pair`/`__ldcg`/`atomicAdd`), where a GPU faults with a misaligned address",
-            launch.symbol
-        ));
-    }
-    if rc == 4 {
-        return invalid(format!(
-            "kernel {}: its threads met barriers apart (some of a warp's lanes at an exchange while others were at another exchange, at a block barrier or had returned, or some of a block's threads returned while others waited at a barrier), which a GPU does not allow",
-            launch.symbol
-        ));
-    }
-    if rc == 3 {
-        return invalid(format!(
-            "kernel {}: its dynamic shared-memory region is larger than the {} bytes the launch passed",
-            launch.symbol, launch.dynamic_smem_bytes
-        ));
-    }
-    if rc == 2 {
-        return invalid(format!(
-            "kernel {}: a block prefetched bytes outside every buffer the launch was given",
-            launch.symbol
-        ));
-    }
-    if rc != 0 {
-        return invalid(format!(
-            "kernel {}: the emulator refused a launch of {} blocks of {} threads, {} arguments and {} bytes of dynamic shared memory (at least 1 block of 1 thread; at most 1024 threads, {MAX_LAUNCH_ARGS} arguments and {} bytes)",
-            launch.symbol,
+    // `g4c_emulate`'s codes, as its comment lists them.
+    let refused = match rc {
+        0 => return Ok(()),
+        2 => "a block prefetched bytes outside every buffer the launch was given".to_string(),
+        3 => format!(
+            "its dynamic shared-memory region is larger than the {} bytes the launch passed",
+            launch.dynamic_smem_bytes
+        ),
+        4 => "its threads met barriers apart (some of a warp's lanes at an exchange while others were at another exchange, at a block barrier or had returned, or some of a block's threads returned while others waited at a barrier), which a GPU does not allow".into(),
+        5 => "it read an address that its load's width does not divide (a 16-byte `ld8`/`ld8_pairs`, a 4-byte `ld_word`/`ld_pair`/`__ldcg`/`atomicAdd`), where a GPU faults with a misaligned address".into(),
+        6 => "a block wrote past the shared-memory region its launch declares, which on a GPU is another block's or out of range".into(),
+        _ => format!(
+            "the emulator refused a launch of {} blocks of {} threads, {} arguments and {} bytes of dynamic shared memory (at least 1 block of 1 thread; at most 1024 threads, {MAX_LAUNCH_ARGS} arguments and {} bytes)",
             launch.grid,
             launch.block,
             launch.args.len(),
             launch.dynamic_smem_bytes,
             max_dynamic_smem()
-        ));
-    }
-    Ok(())
+        ),
+    };
+    invalid(format!("kernel {}: {refused}", launch.symbol))
 }
 
 #[cfg(test)]
