@@ -266,6 +266,16 @@ mod tests {
     }
 
     #[test]
+    fn a_launch_of_no_blocks_or_no_threads_is_refused() {
+        let kernel = "extern \"C\" __global__ void k(float* out) { out[0] = 1.f; }\n";
+        assert!(run(kernel, Shape { grid: 1, block: 1, synchronizes: false }, 1).is_ok());
+        for (grid, block) in [(0, 1), (1, 0)] {
+            let e = run(kernel, Shape { grid, block, synchronizes: false }, 1).unwrap_err();
+            assert!(e.contains("at least 1 block of 1 thread"), "{e}");
+        }
+    }
+
+    #[test]
     fn a_load_from_an_address_its_width_does_not_divide_is_refused() {
         let one_thread = || Shape { grid: 1, block: 1, synchronizes: false };
         let ld8 = |offset: usize| {
