@@ -104,7 +104,7 @@ __device__ __forceinline__ void ld8(const float* p, float* v) {
   v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w; v[4] = y.x; v[5] = y.y; v[6] = y.z; v[7] = y.w;
 }
 #else
-inline void ld8(const float* p, float* v) { for (int i = 0; i < 8; ++i) v[i] = ALIGNED(p, 16)[i]; }
+inline void ld8(const float* p, float* v) { std::memcpy(v, ALIGNED(p, 16), 32); }
 #endif
 // Eight consecutive 16-bit elements of 16-byte-aligned memory in one 128-bit load, as four pairs
 // (the first element in the low half of v[0]).

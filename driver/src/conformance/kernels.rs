@@ -306,6 +306,12 @@ mod tests {
     use super::*;
     use g4c_runtime::weights::NoWeights;
 
+    /// A bf16 tensor of `shape` holding `v`, rounded.
+    fn bf16(shape: Vec<usize>, v: &[f32]) -> Tensor {
+        let bytes: Vec<u8> = v.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect();
+        Tensor::from_bytes(TensorType::new(DType::BF16, shape), &bytes).unwrap()
+    }
+
     /// A sum cubed in bf16, rounding at each product, as E2B's GELU computes its gate's cube.
     const CUBED: &str = r#"module @m {
   func @k(
@@ -349,10 +355,6 @@ mod tests {
         let module = g4c_ir::parse_module(CAPPED).unwrap();
         let k = module.function("k").unwrap().clone();
         let mut interp = Interpreter::new(Arc::new(module), Arc::new(NoWeights));
-        let bf16 = |shape: Vec<usize>, v: &[f32]| {
-            let bytes: Vec<u8> = v.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect();
-            Tensor::from_bytes(TensorType::new(DType::BF16, shape), &bytes).unwrap()
-        };
         let x = bf16(vec![1, 4], &[1.5, 2.25, 3.0, 0.75]);
         let args = vec![x, bf16(vec![2, 4], &[2.5, 1.25, 1.75, 3.5, -0.5, 2.0, 3.25, 1.0])];
         let want = interp.call("k", args.clone()).unwrap().remove(0);
@@ -375,11 +377,7 @@ mod tests {
         let module = g4c_ir::parse_module(CUBED).unwrap();
         let k = module.function("k").unwrap().clone();
         let mut interp = Interpreter::new(Arc::new(module), Arc::new(NoWeights));
-        let bf16 = |v: f32| {
-            Tensor::from_bytes(TensorType::new(DType::BF16, vec![1, 1]), &half::bf16::from_f32(v).to_le_bytes())
-                .unwrap()
-        };
-        let args = vec![bf16(1.4453125), bf16(1.0)];
+        let args = vec![bf16(vec![1, 1], &[1.4453125]), bf16(vec![1, 1], &[1.0])];
         let out = |f: &Function, interp: &mut Interpreter| {
             interp.run(f, args.clone()).unwrap().remove(0).as_f32().unwrap()[0]
         };
