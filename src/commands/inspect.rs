@@ -11,8 +11,8 @@ pub struct InspectArgs {
     /// Print the manifest as JSON instead
     #[arg(long)]
     pub json: bool,
-    /// Also hash the weights file against the manifest's content hash, and check every executable's
-    /// header and checksum
+    /// Also hash the weights file against the manifest's content hash, check every executable's
+    /// header and checksum, and a CUDA target's kernel files against theirs and against the plan
     #[arg(long)]
     pub verify: bool,
 }
@@ -23,6 +23,11 @@ pub fn run(args: InspectArgs) -> Result<()> {
         artifact.verify_weights()?;
         artifact.check_programs(&g4c_driver::stablehlo_programs(&artifact.module)?)?;
         artifact.verify_executables()?;
+        if artifact.manifest.cuda.is_some() {
+            let target = g4c_ir::Target::by_name(artifact.manifest.target_name()).map_err(anyhow::Error::msg)?;
+            let plan = g4c_driver::kernel_plan(&artifact.module, target)?;
+            artifact.cuda_programs(&g4c_driver::cuda_programs(&plan, target, false)?.programs)?;
+        }
         artifact.manifest
     } else {
         Artifact::read_manifest(&args.artifact)?
@@ -34,6 +39,10 @@ pub fn run(args: InspectArgs) -> Result<()> {
     if args.verify {
         out += "verified: the weights match their content hash, the programs the lowering of the IR, and \
                 every executable is present and passes its checks\n";
+        if manifest.cuda.is_some() {
+            out += "verified: every CUDA file matches its content hash, and the CUDA C what this g4c emits \
+                    for the kernel plan of the IR\n";
+        }
     }
     super::write_stdout(&out)
 }

@@ -19,6 +19,7 @@ use g4c_ir::Target;
 use g4c_passes::{plan_module, Pass, Pipeline, PipelineOptions};
 use g4c_runtime::backend::cuda::{ptx_isa_version, CudaDevice, Device, DeviceProgram, Emulator};
 use g4c_runtime::generate::Generation;
+use std::path::Path;
 /// The checkpoint in `dir`, its module for `shapes` after `target`'s pipeline, and its kernel plan.
 fn planned(
     dir: &std::path::Path,
@@ -380,6 +381,76 @@ fn a_t4g_artifact_holds_its_kernels() {
         String::from_utf8(out.stdout).unwrap()
     };
     assert_eq!(tokens("cuda-host"), tokens("interp"));
+    damaged_kernels_are_refused(&artifact);
+}
+
+/// A t4g artifact whose kernel files were damaged, or written by a g4c whose CUDA C differs, is
+/// refused by `run` (on the host too, before anything compiles) and by `inspect --verify`, naming
+/// the file.
+fn damaged_kernels_are_refused(artifact: &Path) {
+    let edit_manifest = |dir: &Path, edit: &dyn Fn(&mut serde_json::Value)| {
+        let path = dir.join("manifest.json");
+        let mut manifest: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        edit(&mut manifest);
+        std::fs::write(&path, serde_json::to_string(&manifest).unwrap()).unwrap();
+    };
+    let ptx_flipped = |dir: &Path| {
+        let path = dir.join("cuda/decode.ptx");
+        let mut bytes = std::fs::read(&path).unwrap();
+        let at = bytes.len() / 2;
+        bytes[at] ^= 1;
+        std::fs::write(path, bytes).unwrap();
+    };
+    // Another g4c's CUDA C, recorded with its own hash: only comparing it with this g4c's finds it.
+    let source_foreign = |dir: &Path| {
+        let path = dir.join("cuda/prefill.cu");
+        let source = std::fs::read_to_string(&path).unwrap() + "// another g4c\n";
+        std::fs::write(&path, &source).unwrap();
+        let hash = blake3::hash(source.as_bytes()).to_hex().to_string();
+        edit_manifest(dir, &|m| {
+            *entry(m, "prefill").pointer_mut("/blake3/cuda~1prefill.cu").unwrap() = hash.clone().into()
+        });
+    };
+    let hashes_missing = |dir: &Path| {
+        edit_manifest(dir, &|m| drop(entry(m, "decode").as_object_mut().unwrap().remove("blake3").unwrap()))
+    };
+    type Damage<'a> = &'a dyn Fn(&Path);
+    let cases: [(Damage, &[&str]); 3] = [
+        (&ptx_flipped, &["cuda/decode.ptx", "does not match its content hash"]),
+        (&source_foreign, &["cuda/prefill.cu", "differs from the CUDA C this g4c emits"]),
+        (&hashes_missing, &["no content hash for cuda/decode", "compile it again"]),
+    ];
+    for (damage, needles) in cases {
+        let copy = tempfile::tempdir().unwrap();
+        for entry in walk(artifact) {
+            let to = copy.path().join(entry.strip_prefix(artifact).unwrap());
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::copy(&entry, to).unwrap();
+        }
+        damage(copy.path());
+        let dir = copy.path().to_str().unwrap();
+        let run = ["run", dir, "--backend", "cuda-host", "--prompt-ids", "2,17", "--max-new-tokens", "1"];
+        crate::common::assert_one_line_error(&crate::common::g4c(&run), needles);
+        crate::common::assert_one_line_error(&crate::common::g4c(&["inspect", "--verify", dir]), needles);
+    }
+}
+
+/// The manifest's CUDA entry point `name`.
+fn entry<'a>(manifest: &'a mut serde_json::Value, name: &str) -> &'a mut serde_json::Value {
+    let entries = manifest["cuda"]["entries"].as_array_mut().unwrap();
+    entries.iter_mut().find(|e| e["name"] == name).unwrap()
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .flat_map(|e| match e.path().is_dir() {
+            true => walk(&e.path()),
+            false => vec![e.path()],
+        })
+        .collect()
 }
 
 fn e2b_plan(target: &'static Target) -> KernelPlan {

@@ -2,11 +2,14 @@
 //! (`<entry>.cu`), PTX (`<entry>.ptx`), a cubin for the target's SM when ptxas made one
 //! (`<entry>.sm_XY.cubin`), and which symbol and weights each of the plan's launches uses; the
 //! NVRTC version and PTX ISA are recorded, so a driver too old for the PTX is refused by name.
+//! Each file's content hash is recorded too, and checked when the files are read back: a damaged
+//! PTX or cubin would otherwise reach the driver, which may load it and compute something else.
 
 use super::open::Artifact;
 use crate::backend::cuda::{DeviceProgram, KernelBinding};
 use crate::error::{Result, RuntimeError};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 pub const DIR: &str = "cuda";
@@ -31,6 +34,10 @@ pub struct CudaEntry {
     pub cubin: Option<((u32, u32), String)>,
     /// Per launch of the entry's plan: symbol, then the weights it takes.
     pub kernels: Vec<(String, Vec<String>)>,
+    /// BLAKE3 of each of the files above, by path. Absent in artifacts of a g4c before it, which
+    /// are refused: their files cannot be checked.
+    #[serde(default)]
+    pub blake3: BTreeMap<String, String>,
 }
 
 /// What a CUDA target's artifact holds beyond the module: every entry point's kernels, the NVRTC
@@ -52,26 +59,27 @@ pub(crate) fn write(root: &Path, kernels: &CudaKernels) -> Result<CudaInfo> {
     for p in programs {
         let ptx = p.ptx.as_ref().ok_or_else(|| RuntimeError::Invalid(format!("@{}: no PTX to write", p.entry)))?;
         isa = crate::backend::cuda::ptx_isa_version(ptx).map(|(a, b)| format!("{a}.{b}")).unwrap_or_default();
-        let files = [(format!("{}.cu", p.entry), p.source.as_bytes()), (format!("{}.ptx", p.entry), ptx.as_bytes())];
-        for (name, bytes) in files {
-            let path = dir.join(name);
+        let mut blake3 = BTreeMap::new();
+        let mut put = |name: String, bytes: &[u8]| -> Result<String> {
+            let path = dir.join(&name);
             std::fs::write(&path, bytes).map_err(|e| io(&path, e))?;
-        }
+            let rel = format!("{DIR}/{name}");
+            blake3.insert(rel.clone(), content_hash(bytes));
+            Ok(rel)
+        };
+        let source = put(format!("{}.cu", p.entry), p.source.as_bytes())?;
+        let ptx = put(format!("{}.ptx", p.entry), ptx.as_bytes())?;
         let cubin = match &p.cubin {
-            Some((sm, bytes)) => {
-                let name = format!("{}.sm_{}{}.cubin", p.entry, sm.0, sm.1);
-                let path = dir.join(&name);
-                std::fs::write(&path, bytes).map_err(|e| io(&path, e))?;
-                Some((*sm, format!("{DIR}/{name}")))
-            }
+            Some((sm, bytes)) => Some((*sm, put(format!("{}.sm_{}{}.cubin", p.entry, sm.0, sm.1), bytes)?)),
             None => None,
         };
         entries.push(CudaEntry {
             name: p.entry.clone(),
-            source: format!("{DIR}/{}.cu", p.entry),
-            ptx: format!("{DIR}/{}.ptx", p.entry),
+            source,
+            ptx,
             cubin,
             kernels: p.kernels.iter().map(|k| (k.symbol.clone(), k.weights.clone())).collect(),
+            blake3,
         });
     }
     Ok(CudaInfo {
@@ -82,19 +90,41 @@ pub(crate) fn write(root: &Path, kernels: &CudaKernels) -> Result<CudaInfo> {
     })
 }
 
+fn content_hash(bytes: &[u8]) -> String {
+    blake3::hash(bytes).to_hex().to_string()
+}
+
 impl Artifact {
-    /// The artifact's CUDA programs, read back; an error names what is missing.
-    pub fn cuda_programs(&self) -> Result<Vec<DeviceProgram>> {
+    /// The artifact's CUDA programs, read back and checked: every file against its content hash,
+    /// and every entry point's kernels and CUDA C against `planned`, what this g4c plans and emits
+    /// for the artifact's module. An error names the file or entry point at fault.
+    pub fn cuda_programs(&self, planned: &[DeviceProgram]) -> Result<Vec<DeviceProgram>> {
         let bad = |m: String| RuntimeError::Invalid(format!("artifact {}: {m}", self.dir.display()));
         let Some(info) = &self.manifest.cuda else {
             return Err(bad(format!("it holds no CUDA kernels (it was compiled for {})", self.manifest.target_name())));
         };
-        let read = |rel: &str| std::fs::read(self.dir.join(rel)).map_err(|e| bad(format!("{rel}: {e}")));
-        let text = |rel: &str| String::from_utf8(read(rel)?).map_err(|_| bad(format!("{rel}: not UTF-8")));
+        let again = "compile it again with this g4c";
+        if info.entries.len() != planned.len() {
+            return Err(bad(format!(
+                "{} CUDA programs, {} entry points planned; {again}",
+                info.entries.len(),
+                planned.len()
+            )));
+        }
         info.entries
             .iter()
-            .map(|e| {
-                Ok(DeviceProgram {
+            .zip(planned)
+            .map(|(e, planned)| {
+                let read = |rel: &str| {
+                    let bytes = std::fs::read(self.dir.join(rel)).map_err(|err| bad(format!("{rel}: {err}")))?;
+                    match e.blake3.get(rel) {
+                        Some(hash) if *hash == content_hash(&bytes) => Ok(bytes),
+                        Some(_) => Err(bad(format!("{rel} does not match its content hash in the manifest (damaged)"))),
+                        None => Err(bad(format!("the manifest has no content hash for {rel}; {again}"))),
+                    }
+                };
+                let text = |rel: &str| String::from_utf8(read(rel)?).map_err(|_| bad(format!("{rel}: not UTF-8")));
+                let program = DeviceProgram {
                     entry: e.name.clone(),
                     source: text(&e.source)?,
                     ptx: Some(text(&e.ptx)?),
@@ -107,7 +137,21 @@ impl Artifact {
                         .iter()
                         .map(|(symbol, weights)| KernelBinding { symbol: symbol.clone(), weights: weights.clone() })
                         .collect(),
-                })
+                };
+                if program.entry != planned.entry || program.kernels != planned.kernels {
+                    return Err(bad(format!(
+                        "the kernels of @{} differ from the ones this g4c plans for its module; {again}",
+                        e.name
+                    )));
+                }
+                if program.source != planned.source {
+                    return Err(bad(format!(
+                        "{} differs from the CUDA C this g4c emits for the plan of {} (from another g4c version); {again}",
+                        e.source,
+                        super::files::MODULE
+                    )));
+                }
+                Ok(program)
             })
             .collect()
     }

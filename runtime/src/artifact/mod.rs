@@ -6,7 +6,8 @@
 //! stablehlo/<entry>.mlir each entry point's program, in a folder the backend names (PJRT: StableHLO)
 //! weights.safetensors    every weight in the dtype and layout the target uses
 //! executables/*.g4cx     serialized executables (cache-entry format), when a plugin was present
-//! cuda/<entry>.{cu,ptx}  CUDA targets: each entry point's kernels, and `<entry>.sm_XY.cubin`
+//! cuda/<entry>.{cu,ptx}  CUDA targets: each entry point's kernels, and `<entry>.sm_XY.cubin`;
+//!                        their content hashes in the manifest
 //! config.json            the checkpoint's config; and those of tokenizer.json, generation_config.json,
 //!                        chat_template.jinja and tokenizer_config.json it had
 //! ```
