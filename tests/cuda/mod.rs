@@ -231,7 +231,8 @@ fn tensor_core_prefill_on_the_host_is_no_worse_than_transformers() {
 /// After t4g's pipeline without its f16 legalization (so in f32, with 4-bit weights dequantized
 /// inside the matvecs), the kernels on the host generate what the interpreter generates from the
 /// same module, with logits within 1e-3 of their scale (the matvec sums in another order), also
-/// through a padded 16-token prefill (GEMM kernels), and with 1100-slot caches, whose attention
+/// through a padded 16-token prefill (GEMM kernels), 4-token prefills whose writes wrap the sliding
+/// rings, and with 1100-slot caches, whose attention
 /// `split-attention` splits into chunks of slots (attention kernels, the last chunk padded; in
 /// 2-token prefills too, with heads along two axes). In f16
 /// the same kernels are held to the goldens
@@ -244,7 +245,11 @@ fn cuda_kernels_on_the_host_compute_what_the_module_does() {
     let n = case.generated_ids.len();
     let passes = f32_pipeline(Target::by_name("t4g").unwrap());
     let prompt = &case.prompt_ids;
-    let runs: [(&str, Generation, Generation); 4] = [
+    // 4-token chunks of an 11-token prompt: the sliding rings (window 4) are 7 slots, so the
+    // second chunk's writes wrap past the ring's end, and its queries must read the slots it has
+    // just written beside the ones the first chunk left.
+    let long = &golden_cases("tiny").into_iter().find(|c| c.name == "long").unwrap().prompt_ids;
+    let runs: [(&str, Generation, Generation); 5] = [
         (
             "one prefill call",
             run_transformed(Backend::Interp, &dir, prompt, n, None, &passes),
@@ -254,6 +259,11 @@ fn cuda_kernels_on_the_host_compute_what_the_module_does() {
             "a padded 16-token prefill",
             run_transformed(Backend::Interp, &dir, prompt, n, Some(16), &passes),
             target_generate(Backend::CudaHost, "t4g", &dir, prompt, n, Some(16), &passes),
+        ),
+        (
+            "4-token prefills whose ring writes wrap",
+            run_transformed(Backend::Interp, &dir, long, n, Some(4), &passes),
+            target_generate(Backend::CudaHost, "t4g", &dir, long, n, Some(4), &passes),
         ),
         (
             "1100-slot caches",
