@@ -216,6 +216,9 @@ impl CudaDevice {
     /// Makes the context current on the calling thread: the executor may be built on one thread and
     /// stepped on another (`g4c serve`'s engine thread), and the raw driver calls need it current.
     fn bind(&self) -> Result<()> {
+        // cudarc keeps the error of a release it could not report (a drop) on the context, and
+        // binding returns it: named for what it is, not for the binding.
+        self.context.check_err().map_err(|e| driver_error("an earlier release on this device", e))?;
         self.context.bind_to_thread().map_err(|e| driver_error("binding the context to this thread", e))
     }
 
@@ -271,7 +274,45 @@ fn load_program(context: &Arc<CudaContext>, p: &DeviceProgram, sm: (u32, u32), d
             sm.1
         ));
     }
-    context.load_module(Ptx::from_src(ptx.clone())).map_err(fail)
+    if ptx.contains('\0') {
+        // cudarc hands the driver a C string, and panics making one from text with a NUL.
+        return invalid(format!("@{}: its PTX holds a NUL byte", p.entry));
+    }
+    context.load_module(Ptx::from_src(ptx.clone())).map_err(|e| match jit_error_log(context, ptx) {
+        Some(log) => RuntimeError::Invalid(format!("CUDA: JIT-compiling @{}'s PTX: {e:?}: {log}", p.entry)),
+        None => fail(e),
+    })
+}
+
+/// The driver's account of why it could not JIT-compile `ptx`, which `cuModuleLoadData` (what
+/// cudarc loads with) does not give: the PTX loaded again with an error log, after a failure only.
+fn jit_error_log(context: &Arc<CudaContext>, ptx: &str) -> Option<String> {
+    context.bind_to_thread().ok()?;
+    let source = std::ffi::CString::new(ptx).ok()?;
+    let mut log = vec![0u8; 16 * 1024];
+    let mut options =
+        [sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER, sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES];
+    // The size option's value is the number itself, in the place of a pointer.
+    let mut values = [log.as_mut_ptr().cast::<std::ffi::c_void>(), log.len() as *mut std::ffi::c_void];
+    let mut module: sys::CUmodule = std::ptr::null_mut();
+    // SAFETY: `source` is a C string; the log buffer outlives the call and is as long as its size
+    // option says; a module that loads after all is unloaded at once.
+    unsafe {
+        let loaded = sys::cuModuleLoadDataEx(
+            &mut module,
+            source.as_ptr().cast(),
+            options.len() as u32,
+            options.as_mut_ptr(),
+            values.as_mut_ptr(),
+        );
+        if loaded == sys::CUresult::CUDA_SUCCESS {
+            sys::cuModuleUnload(module);
+        }
+    }
+    let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+    let text = String::from_utf8_lossy(&log[..end]);
+    let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).take(4).collect();
+    (!lines.is_empty()).then(|| lines.join("; "))
 }
 
 /// Why `programs` cannot be launched with programmatic dependent launch on a GPU of compute
@@ -509,10 +550,15 @@ impl Device for CudaDevice {
         if bytes.len() > size {
             return invalid(format!("an upload of {} bytes into a buffer of {size}", bytes.len()));
         }
+        if bytes.is_empty() {
+            return Ok(());
+        }
         if !self.staging.has_room(bytes.len()) {
-            // The copies queued from the staging region must be done before it is written again.
+            // The copies queued from the staging region must be done before it is written again;
+            // the wait frees it, so what it held is counted first.
+            let wanted = self.staging.staged() + bytes.len();
             self.wait("an upload")?;
-            self.staging.grow(bytes.len()).map_err(|e| driver_error("cuMemHostAlloc", e))?;
+            self.staging.grow(wanted).map_err(|e| driver_error("cuMemHostAlloc", e))?;
         }
         let staged = self.staging.stage(bytes);
         // SAFETY: within the allocation; the staged bytes stay as they are until the stream is
@@ -534,9 +580,12 @@ impl Device for CudaDevice {
 
     fn copy(&mut self, dst: Buffer, src: Buffer, bytes: usize) -> Result<()> {
         self.bind()?;
-        let ((d, _), (s, _)) = (self.buffers[dst], self.buffers[src]);
-        // SAFETY: both allocations hold at least `bytes` bytes (state buffers are sized by type);
-        // ordered after the launches before it on the same stream.
+        let ((d, to), (s, from)) = (self.buffers[dst], self.buffers[src]);
+        if bytes > to.min(from) {
+            return invalid(format!("a copy of {bytes} bytes from a buffer of {from} into one of {to}"));
+        }
+        // SAFETY: both allocations hold at least `bytes` bytes (checked); ordered after the
+        // launches before it on the same stream.
         unsafe { result::memcpy_dtod_async(d, s, bytes, self.stream.cu_stream()) }
             .map_err(|e| driver_error("cuMemcpyDtoD", e))
     }

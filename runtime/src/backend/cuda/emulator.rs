@@ -91,6 +91,10 @@ impl Device for Emulator {
     }
 
     fn copy(&mut self, dst: Buffer, src: Buffer, bytes: usize) -> Result<()> {
+        let (to, from) = (self.bytes_mut(dst).len(), self.bytes_mut(src).len());
+        if bytes > to.min(from) {
+            return invalid(format!("a copy of {bytes} bytes from a buffer of {from} into one of {to}"));
+        }
         let from = self.bytes_mut(src)[..bytes].to_vec();
         self.bytes_mut(dst)[..bytes].copy_from_slice(&from);
         Ok(())

@@ -31,15 +31,19 @@ impl PinnedStaging {
         self.used + bytes <= self.capacity
     }
 
-    /// Makes room for `bytes` more, where `has_room` said there was none: from the start of a
-    /// region twice what was staged and asked together, so that the region comes to hold a whole
-    /// step's inputs after a few steps and a step then waits for none of them. Everything staged
-    /// must have been copied: the stream was waited for.
-    pub(super) fn grow(&mut self, bytes: usize) -> Result<(), DriverError> {
-        let wanted = self.used + bytes;
-        self.used = 0;
+    /// Bytes staged since the region was last free.
+    pub(super) fn staged(&self) -> usize {
+        self.used
+    }
+
+    /// A new region, where `has_room` said there was none, of twice `wanted` (what was staged and
+    /// asked together, `staged` read before the wait that freed the region), never smaller than
+    /// the one it replaces: so the region comes to hold a whole step's inputs after a few steps,
+    /// and a step then waits for none of them. Everything staged must have been copied: the
+    /// stream was waited for.
+    pub(super) fn grow(&mut self, wanted: usize) -> Result<(), DriverError> {
+        let capacity = (2 * wanted).max(self.capacity).max(64 * 1024);
         self.free()?;
-        let capacity = (2 * wanted).max(64 * 1024);
         // SAFETY: a new allocation, which only this staging refers to.
         self.ptr = unsafe { result::malloc_host(capacity, 0) }? as *mut u8;
         self.capacity = capacity;
@@ -69,11 +73,14 @@ impl PinnedStaging {
         if self.ptr.is_null() {
             return Ok(());
         }
+        // An error an earlier release left on the context is taken first, so that binding it
+        // (which would return that error instead) does not leave the region allocated.
+        let earlier = self.context.check_err();
         self.context.bind_to_thread()?;
         // SAFETY: allocated by `malloc_host`, freed once; no queued copy reads it any more.
         unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) }?;
         (self.ptr, self.capacity, self.used) = (std::ptr::null_mut(), 0, 0);
-        Ok(())
+        earlier
     }
 }
 
