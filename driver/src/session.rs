@@ -125,7 +125,7 @@ impl Session {
                 let gpu = self.backend == BackendKind::Cuda;
                 // Without a driver there is nothing to compile for: say so before compiling.
                 if let (true, Some(problem)) = (gpu, cuda_driver_problem()) {
-                    bail!("--backend cuda: {problem}");
+                    bail!("--backend cuda: {problem}; `--backend cuda-host` runs the same kernels on the CPU, slowly");
                 }
                 let plan = Arc::new(kernel_plan(&module, target)?);
                 // An artifact's programs are checked against what this g4c plans (its CUDA C only,
