@@ -29,7 +29,8 @@ fn cuda_without_a_driver_fails_cleanly() {
 /// `g4c compile --target t4g -o` writes an artifact with CUDA C, PTX and a cubin per entry point and
 /// reports every launch's shared memory beside the limit, equal to what ptxas found; `g4c run` of
 /// it without a CUDA driver fails in one line; its kernels run on the host and generate what the
-/// interpreter generates from its module.
+/// interpreter generates from its module (a 3-token prompt through the 4-token prefill bucket, a
+/// program of its own).
 #[test]
 fn a_t4g_artifact_holds_its_kernels() {
     let dir = golden_dir("tiny-qat").join("hf");
@@ -43,8 +44,8 @@ fn a_t4g_artifact_holds_its_kernels() {
         "t4g",
         "--context",
         "32",
-        "--prefill-len",
-        "8",
+        "--prefill-buckets",
+        "4,8",
         "-o",
         art,
         "--json",
@@ -73,6 +74,8 @@ fn a_t4g_artifact_holds_its_kernels() {
     let cuda = &manifest["cuda"];
     assert_eq!(cuda["compute"], "compute_75");
     assert!(cuda["ptx_isa"].as_str().unwrap().starts_with("8."), "{cuda}");
+    let entries: Vec<&str> = cuda["entries"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
+    assert_eq!(entries, ["prefill_4", "prefill", "decode"]);
     for e in cuda["entries"].as_array().unwrap() {
         for file in [&e["source"], &e["ptx"], &e["cubin"][1]] {
             assert!(artifact.join(file.as_str().unwrap()).is_file(), "{file}");
