@@ -115,6 +115,25 @@ module @untied {
     );
 }
 
+/// `--quantize` without `+head` on a QAT checkpoint, whose linears are 4-bit already, is an error
+/// saying so, not a quiet no-op that would run the checkpoint's groups rather than the ones asked
+/// for.
+#[test]
+fn quantizing_a_qat_checkpoint_again_is_refused() {
+    let dir = golden_dir("tiny-qat").join("hf");
+    let run = |scheme: &str| {
+        let args =
+            ["run", dir.to_str().unwrap(), "--quantize", scheme, "--prompt-ids", "2,17", "--max-new-tokens", "1"];
+        g4c(&args)
+    };
+    crate::common::assert_one_line_error(
+        &run("w4a16:g16"),
+        &["pass `quantize`", "4-bit already (a QAT export)", "+head"],
+    );
+    let head = run("w4a16:g8+head");
+    assert!(head.status.success(), "{}", String::from_utf8_lossy(&head.stderr));
+}
+
 /// `--quantize` names the scheme and its group, and `+head`, as it is spelled; reports and artifacts
 /// record that spelling.
 #[test]

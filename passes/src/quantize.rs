@@ -6,7 +6,8 @@
 //! `g4c_runtime::quantize`), and its read becomes an f32 `dequantize` of those (converts of it to
 //! f32 disappear). On Gemma 4 that is what the QAT exports quantize: q/k/v/o, gate/up/down and the
 //! three per-layer-embedding projections; the embeddings (gathered) and norms (not matrices) stay.
-//! A linear whose inputs the group does not divide is an error naming it.
+//! A linear whose inputs the group does not divide is an error naming it, and so is a module with
+//! no float linear to quantize (a QAT export's are 4-bit already) unless its head is asked for.
 //!
 //! With `head`, the LM head is quantized too: Gemma ties it to the embedding table, a weight also
 //! gathered, which stays as it is for the gather while the head's `dot_general` reads a 4-bit copy
@@ -42,6 +43,16 @@ impl Pass for Quantize {
             .filter(|w| read_only_as_linear(module, &w.name, true))
             .map(|w| w.name.clone())
             .collect();
+        // A QAT export's linears are 4-bit already: a scheme asked for them would be dropped
+        // unsaid (their groups are the checkpoint's), so it is refused; its head is still float.
+        if linears.is_empty() && !self.head {
+            return Err(PassError::Failed {
+                pass: "quantize",
+                message: "no linear layer's weight is float: the checkpoint's are 4-bit already (a QAT export); \
+                          `+head` (as in `--quantize w4a16+head`) quantizes its LM head"
+                    .into(),
+            });
+        }
         let group = self.group;
         let tied: BTreeSet<String> = match self.head {
             true => tied_heads(module, &linears),
