@@ -1,6 +1,7 @@
 //! `g4c`: the command line. It only wires the pipeline crates together.
 
 mod commands;
+mod interrupt;
 mod ui;
 
 use clap::{Parser, Subcommand};
@@ -66,6 +67,9 @@ fn main() -> ExitCode {
         }
     };
     ui::init(ui::Ui { quiet: cli.quiet, verbose: cli.verbose });
+    if !matches!(cli.command, Command::Serve(_)) {
+        interrupt::remove_temporaries_on_signal();
+    }
     let result = match cli.command {
         Command::Bench(args) => commands::bench::run(args),
         Command::Cache(args) => commands::cache::run(args),

@@ -199,6 +199,40 @@ fn a_compile_that_fails_beside_its_weights_leaves_nothing() {
     assert!(!left.iter().any(written), "a failed compile left {left:?}");
 }
 
+/// Ctrl-C (SIGINT) or SIGTERM while `g4c compile -o` writes its artifact removes the artifact's
+/// temporary directory before the process exits (with 128 + the signal, as the signal would have),
+/// rather than leaving it for the next write into the same directory to find.
+#[test]
+fn an_interrupted_compile_leaves_nothing() {
+    for (signal, code) in [("INT", 130), ("TERM", 143)] {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("artifact");
+        let args = ["compile", &tiny(), "--target", "t4g", "-o", out.to_str().unwrap(), "-q"];
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_g4c"))
+            .env("G4C_CACHE_DIR", tmp.path().join("cache"))
+            .args(args)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let temporary = || {
+            let names = std::fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.file_name());
+            names.into_iter().any(|n| n.to_string_lossy().starts_with(g4c_util::atomic::TEMP_PREFIX))
+        };
+        let started = std::time::Instant::now();
+        while !temporary() {
+            assert!(child.try_wait().unwrap().is_none(), "the compile ended before its artifact was begun");
+            assert!(started.elapsed().as_secs() < 120, "no temporary appeared");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let killed = std::process::Command::new("kill").args([format!("-{signal}"), child.id().to_string()]).status();
+        assert!(killed.unwrap().success());
+        let done = child.wait_with_output().unwrap();
+        assert_eq!(done.status.code(), Some(code), "{}", String::from_utf8_lossy(&done.stderr));
+        let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert!(left.iter().all(|n| n == "cache"), "SIG{signal} left {left:?}");
+    }
+}
+
 /// What cannot be removed is not reported as removed. (A directory where an entry belongs cannot
 /// be removed as a file, even by root, for whom permissions would not stop it.)
 #[test]

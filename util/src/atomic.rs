@@ -1,17 +1,53 @@
 //! Files and directories that appear whole or not at all: written under a uniquely named temporary
 //! sibling, then renamed over the destination. Readers see the old file or the complete new one, two
 //! writers of the same path both leave a complete file, and an interrupted write leaves only a
-//! temporary: removed when its writer is dropped or fails, and, when the process was killed first,
-//! by the next writer into the same directory (`remove_stale_temporaries`).
+//! temporary: removed when its writer is dropped or fails, when the process is interrupted
+//! (`remove_in_progress`, which the CLI calls on Ctrl-C and SIGTERM), and, when the process was
+//! killed outright, by the next writer into the same directory (`remove_stale_temporaries`).
 
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 /// Temporary files start with this, so caches can skip and clean them; g4c's own prefix, so that
 /// no other program's temporaries are taken for ours.
 pub const TEMP_PREFIX: &str = ".g4c-tmp-";
+
+/// The temporaries this process is writing, by the guard of each (`InProgress`).
+static IN_PROGRESS: Mutex<Vec<(u64, PathBuf)>> = Mutex::new(Vec::new());
+
+/// A temporary file or directory being written, which an interrupted process removes on its way
+/// out (`remove_in_progress`). Dropping the guard forgets it: its owner removes or keeps it.
+pub struct InProgress(u64);
+
+impl InProgress {
+    pub fn new(path: &Path) -> InProgress {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        IN_PROGRESS.lock().unwrap_or_else(|e| e.into_inner()).push((id, path.to_path_buf()));
+        InProgress(id)
+    }
+}
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        IN_PROGRESS.lock().unwrap_or_else(|e| e.into_inner()).retain(|(id, _)| *id != self.0);
+    }
+}
+
+/// Removes every temporary in progress (files or directories) and returns them: for a process
+/// about to exit on a signal, whose writers will not get to drop theirs. The writers may go on
+/// writing into what was removed until the process exits; none is committed.
+pub fn remove_in_progress() -> Vec<PathBuf> {
+    let paths: Vec<PathBuf> =
+        IN_PROGRESS.lock().unwrap_or_else(|e| e.into_inner()).drain(..).map(|(_, path)| path).collect();
+    for p in &paths {
+        let _ = if p.is_dir() { std::fs::remove_dir_all(p) } else { std::fs::remove_file(p) };
+    }
+    paths
+}
 
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let mut file = AtomicFile::create(path)?;
@@ -24,14 +60,16 @@ pub struct AtomicFile {
     file: Option<io::BufWriter<File>>,
     tmp: PathBuf,
     path: PathBuf,
+    _in_progress: InProgress,
 }
 
 impl AtomicFile {
     pub fn create(path: &Path) -> io::Result<AtomicFile> {
         remove_stale_temporaries(parent_of(path));
         let tmp = temp_sibling(path);
+        let in_progress = InProgress::new(&tmp);
         let file = io::BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
-        Ok(AtomicFile { file: Some(file), tmp, path: path.to_path_buf() })
+        Ok(AtomicFile { file: Some(file), tmp, path: path.to_path_buf(), _in_progress: in_progress })
     }
 
     pub fn commit(mut self) -> io::Result<()> {
@@ -69,7 +107,8 @@ impl Drop for AtomicFile {
 /// A directory being filled under a temporary name; `commit` moves it into place, replacing an
 /// existing directory at that path only after the new one is complete.
 pub struct AtomicDir {
-    tmp: Option<PathBuf>,
+    /// The temporary: the new directory until `commit`, the old one it replaced after.
+    tmp: Option<(PathBuf, InProgress)>,
     path: PathBuf,
 }
 
@@ -77,19 +116,20 @@ impl AtomicDir {
     pub fn create(path: &Path) -> io::Result<AtomicDir> {
         remove_stale_temporaries(parent_of(path));
         let tmp = temp_sibling(path);
+        let in_progress = InProgress::new(&tmp);
         std::fs::create_dir_all(&tmp)?;
-        Ok(AtomicDir { tmp: Some(tmp), path: path.to_path_buf() })
+        Ok(AtomicDir { tmp: Some((tmp, in_progress)), path: path.to_path_buf() })
     }
 
     /// Where to write the contents until `commit`.
     pub fn path(&self) -> &Path {
-        self.tmp.as_deref().expect("not committed")
+        &self.tmp.as_ref().expect("not committed").0
     }
 
     /// Moves the directory into place. An existing one is swapped with it in one step where the
     /// filesystem can (Linux `RENAME_EXCHANGE`), so the path never stops existing, then removed.
     pub fn commit(mut self) -> io::Result<()> {
-        let tmp = self.tmp.clone().expect("committed once");
+        let tmp = self.tmp.as_ref().expect("committed once").0.clone();
         // What is left to remove once the new directory is in place: the old one, if any.
         let old = if !self.path.exists() {
             std::fs::rename(&tmp, &self.path)?;
@@ -108,14 +148,17 @@ impl AtomicDir {
             Some(old)
         };
         // Dropping `self` removes it.
-        self.tmp = old;
+        self.tmp = old.map(|old| {
+            let in_progress = InProgress::new(&old);
+            (old, in_progress)
+        });
         Ok(())
     }
 }
 
 impl Drop for AtomicDir {
     fn drop(&mut self) {
-        if let Some(tmp) = self.tmp.take() {
+        if let Some((tmp, _in_progress)) = self.tmp.take() {
             let _ = std::fs::remove_dir_all(tmp);
         }
     }

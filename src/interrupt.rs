@@ -1,0 +1,21 @@
+//! Ctrl-C and SIGTERM: a command that is writing an artifact, a checkpoint or a cache entry leaves
+//! its temporaries behind when a signal ends it (an artifact's can hold gigabytes, found and
+//! removed only by the next write into the same directory). A thread of its own waits for either
+//! signal, removes every temporary in progress and exits as the signal would have: 128 + its number.
+//! `g4c serve` handles both itself (it drains its requests), so it does not take this.
+
+use signal_hook::consts::{SIGINT, SIGTERM};
+
+pub fn remove_temporaries_on_signal() {
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) else {
+        // Without the handler a signal still ends the process; the next writer cleans up.
+        return;
+    };
+    std::thread::spawn(move || {
+        if let Some(signal) = signals.forever().next() {
+            let removed = g4c_util::atomic::remove_in_progress();
+            eprintln!("\ng4c: interrupted; {} unfinished file(s) removed", removed.len());
+            std::process::exit(128 + signal);
+        }
+    });
+}
