@@ -15,7 +15,9 @@ pub fn remove_temporaries_on_signal() {
         if let Some(signal) = signals.forever().next() {
             let removed = g4c_util::atomic::remove_in_progress();
             eprintln!("\ng4c: interrupted; {} unfinished file(s) removed", removed.len());
-            std::process::exit(128 + signal);
+            // `_exit`, as the signal itself would end it: no atexit handlers, whose teardown (a
+            // PJRT plugin's, the CUDA driver's) may wait for the threads still running.
+            signal_hook::low_level::exit(128 + signal);
         }
     });
 }
