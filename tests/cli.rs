@@ -54,6 +54,28 @@ fn run_text_prompt_streams_words() {
     assert_eq!(text.trim_end(), json["text"].as_str().unwrap());
 }
 
+/// `run --chat` renders the prompt as a user's message through the checkpoint's chat template:
+/// Gemma 4's turns, written out by hand here, tokenize to the same prompt. A checkpoint without a
+/// template is refused in one line.
+#[test]
+fn run_chat_renders_the_prompt_through_the_template() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tiny");
+    let out = g4c(&["synth", "--preset", "tiny", "--seed", "3", "-o", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let prompt_ids = |args: &[&str]| {
+        let out = g4c(&[&["run", dir.to_str().unwrap(), "--max-new-tokens", "1", "--json"], args].concat());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["prompt_ids"].clone()
+    };
+    let chat = prompt_ids(&["--chat", "--prompt", "ba de fi"]);
+    assert_eq!(chat, prompt_ids(&["--prompt", "<|turn>user\nba de fi<turn|>\n<|turn>model\n"]));
+    assert_eq!(chat.as_array().unwrap().len(), 9, "BOS, the user's turn of 3 words, the model's header: {chat}");
+    std::fs::remove_file(dir.join("chat_template.jinja")).unwrap();
+    let out = g4c(&["run", dir.to_str().unwrap(), "--chat", "--prompt", "ba de fi"]);
+    crate::common::assert_one_line_error(&out, &["--chat needs a chat template", "chat_template.jinja"]);
+}
+
 #[test]
 fn ir_prints_a_module_that_parses_and_verifies() {
     let dir = golden_dir("tiny").join("published");

@@ -70,6 +70,12 @@ impl TextTokenizer {
         self.inner.token_to_id(text)
     }
 
+    /// The token that ends a chat turn, where the vocabulary has one: Gemma 4's `<turn|>`
+    /// (earlier Gemmas' `<end_of_turn>`).
+    pub fn turn_end(&self) -> Option<u32> {
+        ["<turn|>", "<end_of_turn>"].iter().find_map(|m| self.token_id(m))
+    }
+
     /// Text of `ids`, special tokens skipped.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.inner.decode(ids, true).map_err(|e| FrontendError::Invalid { message: format!("cannot detokenize: {e}") })

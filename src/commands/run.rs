@@ -2,7 +2,7 @@ use crate::ui::with_feedback;
 use anyhow::{bail, Result};
 use clap::Args;
 use g4c_driver::Session;
-use g4c_frontend::{Shapes, TextStream, TextTokenizer};
+use g4c_frontend::{ChatMessage, ChatTemplate, Shapes, TextStream, TextTokenizer};
 use g4c_ir::Target;
 use g4c_runtime::{generate, GenerateOptions, Generation, ModelShape, SamplingParams};
 use std::io::Write;
@@ -21,6 +21,10 @@ pub struct RunArgs {
     /// Prompt as text, tokenized with the checkpoint's tokenizer.json (BOS is added)
     #[arg(long)]
     pub prompt: Option<String>,
+    /// With --prompt: the prompt is a user's message, rendered through the checkpoint's chat
+    /// template as `g4c serve`'s chat completions are, and generation ends with the model's turn
+    #[arg(long, requires = "prompt")]
+    pub chat: bool,
     /// Most tokens to generate
     #[arg(long, default_value_t = 32, value_parser = super::sizes::new_tokens)]
     pub max_new_tokens: usize,
@@ -71,6 +75,16 @@ pub fn run(args: RunArgs) -> Result<()> {
     let prompt = match (&args.prompt_ids, &args.prompt) {
         (Some(ids), _) => super::parse_list(ids, "--prompt-ids", "a token id")?,
         (None, Some(text)) => match tokenizer {
+            Some(t) if args.chat => {
+                let Some(template) = ChatTemplate::open(&args.model_dir, t)? else {
+                    bail!(
+                        "--chat needs a chat template ({0}/chat_template.jinja, or tokenizer_config.json's \
+                         chat_template), which {0} lacks",
+                        args.model_dir.display()
+                    )
+                };
+                t.encode(&template.render(&[ChatMessage { role: "user".into(), content: text.clone() }])?)?
+            }
             Some(t) => t.encode(text)?,
             None => bail!(
                 "--prompt needs {}/tokenizer.json, which does not exist; use --prompt-ids",
@@ -120,7 +134,10 @@ pub fn run(args: RunArgs) -> Result<()> {
         stop_ids: match &args.stop_ids {
             Some(list) => super::parse_list(list, "--stop-ids", "a token id")?,
             None => vec![],
-        },
+        }
+        .into_iter()
+        .chain(tokenizer.and_then(|t| t.turn_end()).filter(|_| args.chat))
+        .collect(),
         sampling: SamplingParams {
             temperature: args.temperature,
             top_k: args.top_k,

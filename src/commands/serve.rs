@@ -80,8 +80,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         Some(t) => ChatTemplate::open(&args.model_dir, t)?,
         None => None,
     };
-    // Gemma 4 ends a turn with `<turn|>` (earlier Gemmas with `<end_of_turn>`).
-    let turn_end = tokenizer.as_ref().and_then(|t| ["<turn|>", "<end_of_turn>"].iter().find_map(|m| t.token_id(m)));
+    let turn_end = tokenizer.as_ref().and_then(|t| t.turn_end());
     let name = match &args.served_model_name {
         Some(name) => name.clone(),
         None => args
