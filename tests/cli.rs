@@ -36,10 +36,7 @@ fn run_stops_at_eos_unless_ignored() {
 
 #[test]
 fn run_text_prompt_streams_words() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("tiny");
-    let out = g4c(&["synth", "--preset", "tiny", "--seed", "3", "-o", dir.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (_tmp, dir) = crate::common::synth_tiny(3);
     let out = g4c(&["run", dir.to_str().unwrap(), "--prompt", "ba de fi", "--max-new-tokens", "6", "--json"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -59,10 +56,7 @@ fn run_text_prompt_streams_words() {
 /// template is refused in one line.
 #[test]
 fn run_chat_renders_the_prompt_through_the_template() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("tiny");
-    let out = g4c(&["synth", "--preset", "tiny", "--seed", "3", "-o", dir.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (_tmp, dir) = crate::common::synth_tiny(3);
     let prompt_ids = |args: &[&str]| {
         let out = g4c(&[&["run", dir.to_str().unwrap(), "--max-new-tokens", "1", "--json"], args].concat());
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

@@ -247,6 +247,16 @@ pub fn g4c(args: &[&str]) -> Output {
     g4c_with_cache(test_cache(), args)
 }
 
+/// The tiny preset synthesized with `seed` (its tokenizer and chat template included), in a
+/// temporary directory that lives as long as the returned guard.
+pub fn synth_tiny(seed: u64) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tiny");
+    let out = g4c(&["synth", "--preset", "tiny", "--seed", &seed.to_string(), "-q", "-o", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    (tmp, dir)
+}
+
 /// The executable cache this test run's `g4c` commands share.
 pub fn test_cache() -> &'static Path {
     static CACHE: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
