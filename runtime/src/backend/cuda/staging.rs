@@ -42,7 +42,7 @@ impl PinnedStaging {
     /// and a step then waits for none of them. Everything staged must have been copied: the
     /// stream was waited for.
     pub(super) fn grow(&mut self, wanted: usize) -> Result<(), DriverError> {
-        let capacity = (2 * wanted).max(self.capacity).max(64 * 1024);
+        let capacity = grown_capacity(self.capacity, wanted);
         self.free()?;
         // SAFETY: a new allocation, which only this staging refers to.
         self.ptr = unsafe { result::malloc_host(capacity, 0) }? as *mut u8;
@@ -84,8 +84,29 @@ impl PinnedStaging {
     }
 }
 
+/// A region's bytes after one of `capacity` could not hold `wanted`: twice that, never less than
+/// before, and at least 64 KiB (a step's token ids and positions alone are a few bytes).
+fn grown_capacity(capacity: usize, wanted: usize) -> usize {
+    (2 * wanted).max(capacity).max(64 * 1024)
+}
+
 impl Drop for PinnedStaging {
     fn drop(&mut self) {
         let _ = self.free();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grown_capacity;
+
+    #[test]
+    fn a_region_grows_to_twice_what_was_asked_and_never_shrinks() {
+        assert_eq!(grown_capacity(0, 10), 64 * 1024);
+        assert_eq!(grown_capacity(64 * 1024, 70 * 1024), 140 * 1024);
+        // 70 KiB staged and 20 more asked of an 80 KiB region: 180 KiB, not the 40 of the input
+        // alone (counted after the wait that frees the region, as it once was).
+        assert_eq!(grown_capacity(80 * 1024, 90 * 1024), 180 * 1024);
+        assert_eq!(grown_capacity(1 << 20, 20 * 1024), 1 << 20);
     }
 }
