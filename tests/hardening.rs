@@ -200,16 +200,20 @@ fn a_compile_that_fails_beside_its_weights_leaves_nothing() {
 }
 
 /// Ctrl-C (SIGINT) or SIGTERM while `g4c compile -o` writes its artifact removes the artifact's
-/// temporary directory before the process exits (with 128 + the signal, as the signal would have),
-/// rather than leaving it for the next write into the same directory to find.
+/// temporary directory, and the one staging its executables in the system's temporary directory,
+/// before the process exits (with 128 + the signal, as the signal would have), rather than leaving
+/// the first for the next write into the same directory to find and the second for good.
 #[test]
 fn an_interrupted_compile_leaves_nothing() {
     for (signal, code) in [("INT", 130), ("TERM", 143)] {
         let tmp = tempfile::tempdir().unwrap();
         let out = tmp.path().join("artifact");
+        let system_tmp = tmp.path().join("tmp");
+        std::fs::create_dir(&system_tmp).unwrap();
         let args = ["compile", &tiny(), "--target", "t4g", "-o", out.to_str().unwrap(), "-q"];
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_g4c"))
             .env("G4C_CACHE_DIR", tmp.path().join("cache"))
+            .env("TMPDIR", &system_tmp)
             .args(args)
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -229,7 +233,9 @@ fn an_interrupted_compile_leaves_nothing() {
         let done = child.wait_with_output().unwrap();
         assert_eq!(done.status.code(), Some(code), "{}", String::from_utf8_lossy(&done.stderr));
         let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.file_name()).collect();
-        assert!(left.iter().all(|n| n == "cache"), "SIG{signal} left {left:?}");
+        assert!(left.iter().all(|n| n == "cache" || n == "tmp"), "SIG{signal} left {left:?}");
+        let staged: Vec<_> = std::fs::read_dir(&system_tmp).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert!(staged.is_empty(), "SIG{signal} left {staged:?} in the temporary directory");
     }
 }
 

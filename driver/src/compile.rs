@@ -153,7 +153,7 @@ struct TargetBuild {
     /// How the executables were obtained; `None` when no plugin for the target's platform was here.
     executables: Option<CompileSummary>,
     /// Where an artifact's executables wait to be copied into it.
-    staging: Option<tempfile::TempDir>,
+    staging: Option<g4c_util::atomic::ScratchDir>,
     /// A CUDA target's kernels.
     cuda: Option<CudaBuild>,
 }
@@ -186,7 +186,7 @@ fn build_for_target(
     // Executables for an artifact are staged apart from the user's cache (which may be read-only)
     // and every one must be there; without -o they only warm the user's cache.
     let staging = match req.out {
-        Some(out) => Some(tempfile::Builder::new().prefix("g4c-executables-").tempdir().map_err(|e| {
+        Some(out) => Some(g4c_util::atomic::ScratchDir::new("g4c-executables-").map_err(|e| {
             anyhow::anyhow!(
                 "artifact {}: staging its executables in {}: {e}",
                 out.display(),

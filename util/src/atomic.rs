@@ -2,8 +2,9 @@
 //! sibling, then renamed over the destination. Readers see the old file or the complete new one, two
 //! writers of the same path both leave a complete file, and an interrupted write leaves only a
 //! temporary: removed when its writer is dropped or fails, when the process is interrupted
-//! (`remove_in_progress`, which the CLI calls on Ctrl-C and SIGTERM), and, when the process was
-//! killed outright, by the next writer into the same directory (`remove_stale_temporaries`).
+//! (`remove_in_progress`, which the CLI calls on Ctrl-C and SIGTERM; `ScratchDir`s go then too),
+//! and, when the process was killed outright, by the next writer into the same directory
+//! (`remove_stale_temporaries`).
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -47,6 +48,26 @@ pub fn remove_in_progress() -> Vec<PathBuf> {
         let _ = if p.is_dir() { std::fs::remove_dir_all(p) } else { std::fs::remove_file(p) };
     }
     paths
+}
+
+/// A directory of the system's temporary directory, named `prefix…`, for what a command needs only
+/// while it runs (executables staged for an artifact, the host emulator's builds): removed when
+/// dropped, and, like the temporaries above, when the process is interrupted.
+pub struct ScratchDir {
+    dir: tempfile::TempDir,
+    _in_progress: InProgress,
+}
+
+impl ScratchDir {
+    pub fn new(prefix: &str) -> io::Result<ScratchDir> {
+        let dir = tempfile::Builder::new().prefix(prefix).tempdir()?;
+        let in_progress = InProgress::new(dir.path());
+        Ok(ScratchDir { dir, _in_progress: in_progress })
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
 }
 
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {

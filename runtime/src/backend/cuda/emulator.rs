@@ -34,14 +34,15 @@ pub struct Emulator {
     libraries: HashMap<String, libloading::Library>,
     /// Each ending at a page no kernel may touch, after words that show a write (`GuardedBuffer`).
     buffers: Vec<GuardedBuffer>,
-    _dir: tempfile::TempDir,
+    _dir: g4c_util::atomic::ScratchDir,
 }
 
 impl Emulator {
     /// Compiles every program for the host.
     pub fn new(programs: &[DeviceProgram]) -> Result<Emulator> {
         let fail = |m: String| RuntimeError::Invalid(format!("the CUDA host emulator: {m}"));
-        let dir = tempfile::tempdir().map_err(|e| fail(format!("a temporary folder: {e}")))?;
+        let dir =
+            g4c_util::atomic::ScratchDir::new("g4c-emulator-").map_err(|e| fail(format!("a temporary folder: {e}")))?;
         std::fs::write(dir.path().join("emulator.h"), emulator_header()).map_err(|e| fail(e.to_string()))?;
         let mut libraries = HashMap::new();
         for p in programs {
