@@ -28,6 +28,7 @@ use g4c_ir::Target;
 use g4c_passes::{plan_module, Pass, Pipeline, PipelineOptions};
 use g4c_runtime::backend::cuda::{ptx_isa_version, CudaDevice, Device, DeviceProgram, Emulator};
 use g4c_runtime::generate::Generation;
+use safetensors::SafeTensors;
 use std::path::Path;
 /// The checkpoint in `dir`, its module for `shapes` after `target`'s pipeline, and its kernel plan.
 fn planned(
@@ -250,23 +251,25 @@ fn tensor_core_prefill_on_the_host_is_no_worse_than_transformers() {
 /// inside the matvecs), the kernels on the host generate what the interpreter generates from the
 /// same module, with logits within 1e-3 of their scale (the matvec sums in another order), also
 /// through a padded 16-token prefill (GEMM kernels), 4-token prefills whose writes wrap the sliding
-/// rings, and with 1100-slot caches, whose attention
-/// `split-attention` splits into chunks of slots (attention kernels, the last chunk padded; in
-/// 2-token prefills too, with heads along two axes). In f16
-/// the same kernels are held to the goldens
-/// by `narrow_targets_are_no_worse_than_transformers_in_that_dtype`: there one-ulp differences in f16
-/// roundings grow over the tiny model's layers too much for a comparison with the interpreter.
+/// rings (with float weights, also against transformers' goldens), and with 1100-slot caches,
+/// whose attention `split-attention` splits into chunks of slots (attention kernels, the last
+/// chunk padded; in 2-token prefills too, with heads along two axes). In f16 the same kernels are
+/// held to the goldens by `narrow_targets_are_no_worse_than_transformers_in_that_dtype`: there
+/// one-ulp differences in f16 roundings grow over the tiny model's layers too much for a
+/// comparison with the interpreter.
 #[test]
 fn cuda_kernels_on_the_host_compute_what_the_module_does() {
     let case = golden_cases("tiny").into_iter().find(|c| c.name == "short").unwrap();
     let dir = golden_dir("tiny").join("hf");
     let n = case.generated_ids.len();
-    let passes = f32_pipeline(Target::by_name("t4g").unwrap());
+    let t4g = Target::by_name("t4g").unwrap();
+    let passes = f32_pipeline(t4g);
     let prompt = &case.prompt_ids;
     // 4-token chunks of an 11-token prompt: the sliding rings (window 4) are 7 slots, so the
     // second chunk's writes wrap past the ring's end, and its queries must read the slots it has
     // just written beside the ones the first chunk left.
-    let long = &golden_cases("tiny").into_iter().find(|c| c.name == "long").unwrap().prompt_ids;
+    let long_case = golden_cases("tiny").into_iter().find(|c| c.name == "long").unwrap();
+    let long = &long_case.prompt_ids;
     let runs: [(&str, Generation, Generation); 5] = [
         (
             "one prefill call",
@@ -297,36 +300,65 @@ fn cuda_kernels_on_the_host_compute_what_the_module_does() {
     for (what, want, got) in runs {
         assert_computes_what_the_module_does(what, &got, &want);
     }
+    // The wrapping chunks with the float weights: transformers' own generation of that prompt.
+    let (n, float) = (long_case.generated_ids.len(), float_pipeline(t4g));
+    let got = target_generate(Backend::CudaHost, "t4g", &dir, long, n, Some(4), &float);
+    assert_matches_golden("cuda-host t4g in f32, tiny/long in 4-token prefills", &got, &long_case);
 }
 
-/// `g4c eval`'s scoring entry point (the logits of every token) through the kernels on the host, in
-/// f32 after t4g's pipeline as above, gives what the interpreter gives from the same module, within
-/// 1e-3 of each row's scale: the 64-token eval sequence in calls of 5 tokens, so the sliding rings
-/// wrap within calls and between them, and the LM head's product is a GEMM over every row.
+/// `g4c eval`'s scoring entry point (the logits of every token) through the kernels on the host,
+/// after t4g's pipeline without its f16 legalization: the 64-token eval sequence in calls of 5
+/// tokens, so the sliding rings wrap within calls and between them, and the LM head's product is a
+/// GEMM over every row. With float weights the logits are transformers' (`tests/goldens/tiny/eval`,
+/// within `g4c eval`'s own test's 2e-2); with 4-bit weights, the interpreter's of the same module,
+/// within 1e-3 of each row's scale.
 #[test]
-fn scoring_through_the_kernels_on_the_host_computes_what_the_module_does() {
+fn scoring_through_the_kernels_on_the_host_reproduces_transformers_and_the_module() {
     let dir = golden_dir("tiny").join("hf");
-    let text = std::fs::read_to_string(golden_dir("tiny").join("eval/ids.txt")).unwrap();
+    let eval = golden_dir("tiny").join("eval");
+    let text = std::fs::read_to_string(eval.join("ids.txt")).unwrap();
     let ids: Vec<u32> = text.split(|c: char| c == ',' || c.is_whitespace()).filter_map(|t| t.parse().ok()).collect();
     assert_eq!(ids.len(), 64);
     let model = Model::open(&dir).unwrap();
-    let shapes = Shapes { batch: 1, prefill_len: 5, context: ids.len() };
-    let mut module = g4c_frontend::emit_scoring_module(&model.config, model.weights.clone(), &shapes).unwrap();
-    f32_pipeline(Target::by_name("t4g").unwrap())(&mut module);
-    let module = std::sync::Arc::new(module);
-    let logits = |backend: Backend| {
+    let t4g = Target::by_name("t4g").unwrap();
+    let scoring = |pipeline: &dyn Fn(&mut g4c_ir::Module)| {
+        let shapes = Shapes { batch: 1, prefill_len: 5, context: ids.len() };
+        let mut module = g4c_frontend::emit_scoring_module(&model.config, model.weights.clone(), &shapes).unwrap();
+        pipeline(&mut module);
+        std::sync::Arc::new(module)
+    };
+    let logits = |backend: Backend, module: &std::sync::Arc<g4c_ir::Module>| {
         let options =
             g4c_driver::SessionOptions { backend, target: Some("t4g".into()), use_cache: false, ..Default::default() };
         let session = g4c_driver::Session::open(&dir, options).unwrap();
         let mut ready = session.executor(module.clone(), &g4c_driver::Feedback::silent()).unwrap();
         g4c_runtime::eval::score(ready.executor.as_mut(), &ids).unwrap()
     };
-    let (want, got) = (logits(Backend::Interp), logits(Backend::CudaHost));
+    let worst = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+
+    let reference = std::fs::read(eval.join("reference.safetensors")).unwrap();
+    let reference = SafeTensors::deserialize(&reference).unwrap();
+    let theirs: Vec<f32> = reference
+        .tensor("logits")
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let got = logits(Backend::CudaHost, &scoring(&float_pipeline(t4g)));
+    assert_eq!(got.len() * got[0].len(), theirs.len());
+    for (i, (ours, theirs)) in got.iter().zip(theirs.chunks(got[0].len())).enumerate() {
+        let d = worst(ours, theirs);
+        assert!(d < 2e-2, "position {i}: float logits differ from transformers' by {d}");
+    }
+
+    let module = scoring(&f32_pipeline(t4g));
+    let (want, got) = (logits(Backend::Interp, &module), logits(Backend::CudaHost, &module));
     assert_eq!(got.len(), ids.len());
     for (i, (a, b)) in got.iter().zip(&want).enumerate() {
         let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
-        let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-        assert!(worst <= 1e-3 * scale, "position {i}: logits differ by {worst} (scale {scale})");
+        let d = worst(a, b);
+        assert!(d <= 1e-3 * scale, "position {i}: logits differ by {d} (scale {scale})");
     }
 }
 
@@ -335,6 +367,13 @@ fn scoring_through_the_kernels_on_the_host_computes_what_the_module_does() {
 fn f32_pipeline(target: &'static Target) -> impl Fn(&mut g4c_ir::Module) {
     move |m: &mut g4c_ir::Module| {
         g4c_passes::Quantize { group: 8, head: false }.run(m, target).unwrap();
+        float_pipeline(target)(m);
+    }
+}
+
+/// `f32_pipeline` with the weights left as the checkpoint has them.
+fn float_pipeline(target: &'static Target) -> impl Fn(&mut g4c_ir::Module) {
+    move |m: &mut g4c_ir::Module| {
         for name in ["host-tables", "weight-dtype", "split-attention", "constant-fold", "cse", "dce"] {
             g4c_passes::pass_by_name(name).unwrap().run(m, target).unwrap();
         }
