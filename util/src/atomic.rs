@@ -16,25 +16,32 @@ use std::sync::Mutex;
 /// no other program's temporaries are taken for ours.
 pub const TEMP_PREFIX: &str = ".g4c-tmp-";
 
-/// The temporaries this process is writing, by the guard of each (`InProgress`).
+/// The temporaries this process is writing, by the id of each one's guard (`InProgress`).
 static IN_PROGRESS: Mutex<Vec<(u64, PathBuf)>> = Mutex::new(Vec::new());
 
 /// A temporary file or directory being written, which an interrupted process removes on its way
 /// out (`remove_in_progress`). Dropping the guard forgets it: its owner removes or keeps it.
-pub struct InProgress(u64);
+pub struct InProgress {
+    id: u64,
+    path: PathBuf,
+}
 
 impl InProgress {
-    pub fn new(path: &Path) -> InProgress {
+    pub fn new(path: PathBuf) -> InProgress {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let id = NEXT.fetch_add(1, Ordering::Relaxed);
-        IN_PROGRESS.lock().unwrap_or_else(|e| e.into_inner()).push((id, path.to_path_buf()));
-        InProgress(id)
+        IN_PROGRESS.lock().unwrap_or_else(|e| e.into_inner()).push((id, path.clone()));
+        InProgress { id, path }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 }
 
 impl Drop for InProgress {
     fn drop(&mut self) {
-        IN_PROGRESS.lock().unwrap_or_else(|e| e.into_inner()).retain(|(id, _)| *id != self.0);
+        IN_PROGRESS.lock().unwrap_or_else(|e| e.into_inner()).retain(|(id, _)| *id != self.id);
     }
 }
 
@@ -61,7 +68,7 @@ pub struct ScratchDir {
 impl ScratchDir {
     pub fn new(prefix: &str) -> io::Result<ScratchDir> {
         let dir = tempfile::Builder::new().prefix(prefix).tempdir()?;
-        let in_progress = InProgress::new(dir.path());
+        let in_progress = InProgress::new(dir.path().to_path_buf());
         Ok(ScratchDir { dir, _in_progress: in_progress })
     }
 
@@ -79,18 +86,16 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
 /// A file being written; `commit` renames it into place, dropping it uncommitted removes it.
 pub struct AtomicFile {
     file: Option<io::BufWriter<File>>,
-    tmp: PathBuf,
+    tmp: InProgress,
     path: PathBuf,
-    _in_progress: InProgress,
 }
 
 impl AtomicFile {
     pub fn create(path: &Path) -> io::Result<AtomicFile> {
         remove_stale_temporaries(parent_of(path));
-        let tmp = temp_sibling(path);
-        let in_progress = InProgress::new(&tmp);
-        let file = io::BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
-        Ok(AtomicFile { file: Some(file), tmp, path: path.to_path_buf(), _in_progress: in_progress })
+        let tmp = InProgress::new(temp_sibling(path));
+        let file = io::BufWriter::with_capacity(1 << 20, File::create(tmp.path())?);
+        Ok(AtomicFile { file: Some(file), tmp, path: path.to_path_buf() })
     }
 
     pub fn commit(mut self) -> io::Result<()> {
@@ -99,9 +104,9 @@ impl AtomicFile {
             .into_inner()
             .map_err(|e| e.into_error())
             .and_then(|f| f.sync_all())
-            .and_then(|()| std::fs::rename(&self.tmp, &self.path));
+            .and_then(|()| std::fs::rename(self.tmp.path(), &self.path));
         if done.is_err() {
-            let _ = std::fs::remove_file(&self.tmp);
+            let _ = std::fs::remove_file(self.tmp.path());
         }
         done
     }
@@ -120,7 +125,7 @@ impl Write for AtomicFile {
 impl Drop for AtomicFile {
     fn drop(&mut self) {
         if self.file.take().is_some() {
-            let _ = std::fs::remove_file(&self.tmp);
+            let _ = std::fs::remove_file(self.tmp.path());
         }
     }
 }
@@ -129,28 +134,27 @@ impl Drop for AtomicFile {
 /// existing directory at that path only after the new one is complete.
 pub struct AtomicDir {
     /// The temporary: the new directory until `commit`, the old one it replaced after.
-    tmp: Option<(PathBuf, InProgress)>,
+    tmp: Option<InProgress>,
     path: PathBuf,
 }
 
 impl AtomicDir {
     pub fn create(path: &Path) -> io::Result<AtomicDir> {
         remove_stale_temporaries(parent_of(path));
-        let tmp = temp_sibling(path);
-        let in_progress = InProgress::new(&tmp);
-        std::fs::create_dir_all(&tmp)?;
-        Ok(AtomicDir { tmp: Some((tmp, in_progress)), path: path.to_path_buf() })
+        let tmp = InProgress::new(temp_sibling(path));
+        std::fs::create_dir_all(tmp.path())?;
+        Ok(AtomicDir { tmp: Some(tmp), path: path.to_path_buf() })
     }
 
     /// Where to write the contents until `commit`.
     pub fn path(&self) -> &Path {
-        &self.tmp.as_ref().expect("not committed").0
+        self.tmp.as_ref().expect("not committed").path()
     }
 
     /// Moves the directory into place. An existing one is swapped with it in one step where the
     /// filesystem can (Linux `RENAME_EXCHANGE`), so the path never stops existing, then removed.
     pub fn commit(mut self) -> io::Result<()> {
-        let tmp = self.tmp.as_ref().expect("committed once").0.clone();
+        let tmp = self.tmp.as_ref().expect("committed once").path().to_path_buf();
         // What is left to remove once the new directory is in place: the old one, if any.
         let old = if !self.path.exists() {
             std::fs::rename(&tmp, &self.path)?;
@@ -169,18 +173,15 @@ impl AtomicDir {
             Some(old)
         };
         // Dropping `self` removes it.
-        self.tmp = old.map(|old| {
-            let in_progress = InProgress::new(&old);
-            (old, in_progress)
-        });
+        self.tmp = old.map(InProgress::new);
         Ok(())
     }
 }
 
 impl Drop for AtomicDir {
     fn drop(&mut self) {
-        if let Some((tmp, _in_progress)) = self.tmp.take() {
-            let _ = std::fs::remove_dir_all(tmp);
+        if let Some(tmp) = self.tmp.take() {
+            let _ = std::fs::remove_dir_all(tmp.path());
         }
     }
 }
