@@ -2,14 +2,16 @@
 //! sm_80 and sm_90 and assembled by ptxas, whose report must agree with the plan's fit proof; the
 //! kernels on the host emulator against the goldens and the module; and, in the modules below,
 //! artifacts (`artifact`), E2B's plans (`e2b_plans`), kernels launch by launch against the
-//! interpreter on a GPU and on the host (`kernel_checks`), products of every shape (`products`)
-//! and what ptxas made of them (`machine_code`).
+//! interpreter on a GPU and on the host (`kernel_checks`), products of every shape (`products`),
+//! what ptxas made of them (`machine_code`), and the GPU backend through cudarc against a stand-in
+//! for the CUDA driver (`stand_in_driver`).
 
 mod artifact;
 mod e2b_plans;
 mod kernel_checks;
 mod machine_code;
 mod products;
+mod stand_in_driver;
 
 use e2b_plans::e2b_plan;
 

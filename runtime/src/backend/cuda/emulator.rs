@@ -10,6 +10,7 @@ use g4c_ir::plan::MAX_LAUNCH_ARGS;
 use g4c_ir::TARGETS;
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const EMULATOR_H: &str = include_str!("emulator.h");
@@ -37,32 +38,39 @@ pub struct Emulator {
     _dir: g4c_util::atomic::ScratchDir,
 }
 
+/// Compiles the kernels of entry point `entry` (their CUDA C, `source`) for the host into a shared
+/// library in `dir` (beside a copy of `emulator.h`), whose `g4c_emulate` runs a launch of any of
+/// them: what the emulator runs, and what the tests' stand-in CUDA driver runs a GPU's launches with.
+pub fn build_for_host(entry: &str, source: &str, dir: &Path) -> Result<PathBuf> {
+    let fail = |m: String| RuntimeError::Invalid(format!("the CUDA host emulator: {m}"));
+    std::fs::write(dir.join("emulator.h"), emulator_header()).map_err(|e| fail(e.to_string()))?;
+    let (cpp, library) = (dir.join(format!("{entry}.cpp")), dir.join(format!("lib{entry}.so")));
+    std::fs::write(&cpp, format!("#include \"emulator.h\"\n{source}")).map_err(|e| fail(e.to_string()))?;
+    let out = Command::new("c++")
+        // No fused multiply-adds the source does not ask for, as NVRTC compiles it
+        // (`fmad=false`): clang on AArch64 would contract `a * b + c` otherwise.
+        .args(["-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread", "-w", "-o"])
+        .arg(&library)
+        .arg(&cpp)
+        .output()
+        .map_err(|e| fail(format!("running c++: {e}")))?;
+    if !out.status.success() {
+        let log = String::from_utf8_lossy(&out.stderr);
+        let first: Vec<&str> = log.lines().filter(|l| l.contains("error")).take(3).collect();
+        return Err(fail(format!("c++ failed on @{entry}: {}", first.join(" | "))));
+    }
+    Ok(library)
+}
+
 impl Emulator {
     /// Compiles every program for the host.
     pub fn new(programs: &[DeviceProgram]) -> Result<Emulator> {
         let fail = |m: String| RuntimeError::Invalid(format!("the CUDA host emulator: {m}"));
         let dir =
             g4c_util::atomic::ScratchDir::new("g4c-emulator-").map_err(|e| fail(format!("a temporary folder: {e}")))?;
-        std::fs::write(dir.path().join("emulator.h"), emulator_header()).map_err(|e| fail(e.to_string()))?;
         let mut libraries = HashMap::new();
         for p in programs {
-            let source = dir.path().join(format!("{}.cpp", p.entry));
-            let library = dir.path().join(format!("lib{}.so", p.entry));
-            std::fs::write(&source, format!("#include \"emulator.h\"\n{}", p.source))
-                .map_err(|e| fail(e.to_string()))?;
-            let out = Command::new("c++")
-                // No fused multiply-adds the source does not ask for, as NVRTC compiles it
-                // (`fmad=false`): clang on AArch64 would contract `a * b + c` otherwise.
-                .args(["-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread", "-w", "-o"])
-                .arg(&library)
-                .arg(&source)
-                .output()
-                .map_err(|e| fail(format!("running c++: {e}")))?;
-            if !out.status.success() {
-                let log = String::from_utf8_lossy(&out.stderr);
-                let first: Vec<&str> = log.lines().filter(|l| l.contains("error")).take(3).collect();
-                return Err(fail(format!("c++ failed on @{}: {}", p.entry, first.join(" | "))));
-            }
+            let library = build_for_host(&p.entry, &p.source, dir.path())?;
             // SAFETY: a library just built from g4c's own kernels and emulator.h; loading runs no
             // initializer beyond the C++ runtime's.
             let lib = unsafe { libloading::Library::new(&library) }.map_err(|e| fail(e.to_string()))?;

@@ -1,0 +1,207 @@
+//! The CUDA backend's GPU side without a GPU: `CudaDevice` through cudarc (modules from the cubin
+//! or the PTX, buffers, queued uploads through page-locked staging, each entry point's launches
+//! recorded once as a graph and replayed, programmatic dependent launch, profiling) against a
+//! stand-in for the CUDA driver (`libcuda_stand_in.cpp`: the driver's rules kept, kernels run by
+//! the host emulator), which a process started with it on its library path loads in place of
+//! `libcuda.so`. What only a GPU can tell, the kernels' machine code and speed, waits for one.
+
+use super::*;
+use crate::common::GoldenCase;
+use g4c_driver::{Session, SessionOptions};
+use g4c_runtime::backend::cuda::build_for_host;
+use g4c_runtime::{generate, GenerateOptions};
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+/// A stand-in CUDA driver: `libcuda.so` and a folder for the host builds of the kernels it runs,
+/// in a temporary folder, and the environment that makes a process use them as a GPU of
+/// `target`'s.
+struct StandIn {
+    dir: tempfile::TempDir,
+    env: Vec<(&'static str, String)>,
+}
+
+impl StandIn {
+    fn new(target: &Target) -> StandIn {
+        let dir = tempfile::tempdir().unwrap();
+        let source = crate::common::repo().join("tests/cuda/libcuda_stand_in.cpp");
+        let built = Command::new("c++")
+            .args(["-std=c++20", "-O1", "-fPIC", "-shared", "-pthread", "-o"])
+            .arg(dir.path().join("libcuda.so"))
+            .arg(&source)
+            .arg("-ldl")
+            .output()
+            .unwrap();
+        assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+        let kernels = dir.path().join("kernels");
+        std::fs::create_dir(&kernels).unwrap();
+        let gpu = target.gpu.as_ref().unwrap();
+        let (major, minor) = gpu.compute_capability;
+        let env = vec![
+            ("LD_LIBRARY_PATH", dir.path().to_str().unwrap().to_string()),
+            ("G4C_STAND_IN_KERNELS", kernels.to_str().unwrap().to_string()),
+            ("G4C_STAND_IN_CAPABILITY", format!("{major}.{minor}")),
+            ("G4C_STAND_IN_SMEM_OPTIN", gpu.smem_per_block_optin.to_string()),
+            ("G4C_STAND_IN_SMS", gpu.sm_count.to_string()),
+        ];
+        StandIn { dir, env }
+    }
+
+    /// Builds the kernels of an artifact's CUDA C files for the host, where the stand-in finds them.
+    fn add_artifact(&self, artifact: &Path) {
+        let kernels = self.dir.path().join("kernels").join(artifact.file_name().unwrap());
+        std::fs::create_dir(&kernels).unwrap();
+        for entry in std::fs::read_dir(artifact.join("cuda")).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "cu") {
+                let name = path.file_stem().unwrap().to_str().unwrap();
+                build_for_host(name, &std::fs::read_to_string(&path).unwrap(), &kernels).unwrap();
+            }
+        }
+    }
+
+    /// `command` with the stand-in's environment and `extra`.
+    fn run(&self, mut command: Command, extra: &[(&str, &str)]) -> Output {
+        command.envs(self.env.iter().map(|(k, v)| (*k, v.as_str())));
+        command.envs(extra.iter().copied());
+        command.output().unwrap()
+    }
+
+    /// `g4c ARGS` on the stand-in.
+    fn g4c(&self, args: &[&str], extra: &[(&str, &str)]) -> Output {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_g4c"));
+        command.args(args).env("G4C_CACHE_DIR", crate::common::test_cache());
+        self.run(command, extra)
+    }
+}
+
+/// The tiny model's goldens through `CudaDevice` on a stand-in h200, in f32 against transformers'
+/// tokens and logits: `tiny_goldens_through_the_cuda_device` run in a process of its own that
+/// loads the stand-in.
+#[test]
+fn the_cuda_device_on_a_stand_in_driver_matches_the_goldens() {
+    let stand_in = StandIn::new(Target::by_name("h200").unwrap());
+    let mut test = Command::new(std::env::current_exe().unwrap());
+    let name = "cuda::stand_in_driver::tiny_goldens_through_the_cuda_device";
+    test.args(["--exact", name, "--ignored", "--nocapture", "--test-threads", "1"]);
+    let out = stand_in.run(test, &[("G4C_STAND_IN_TEST", "1")]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("1 passed"), "the inner test ran: {stdout}\n{stderr}");
+    assert!(stderr.contains("stand-in cases passed: 2"), "{stderr}");
+}
+
+/// Run by `the_cuda_device_on_a_stand_in_driver_matches_the_goldens` in a process that loads the
+/// stand-in (skipped elsewhere): for the golden cases `short` (a 3-token prefill) and `long` (11
+/// tokens, past the sliding window), their first 12 tokens: the kernels built for the host where
+/// the stand-in finds them, then the case generated through the session's `CudaDevice`, its logits
+/// kept, and for `long` again copying back the greedy tokens alone, stepped on a thread other than
+/// the one that made it.
+#[test]
+#[ignore = "run by the_cuda_device_on_a_stand_in_driver_matches_the_goldens, in a process loading the stand-in driver"]
+fn tiny_goldens_through_the_cuda_device() {
+    let Some(kernels) =
+        std::env::var_os("G4C_STAND_IN_KERNELS").filter(|_| std::env::var_os("G4C_STAND_IN_TEST").is_some())
+    else {
+        eprintln!("skipped: run by the_cuda_device_on_a_stand_in_driver_matches_the_goldens");
+        return;
+    };
+    assert_eq!(g4c_runtime::backend::cuda::cuda_device_capability(), Some((9, 0)), "the stand-in is loaded");
+    let target = Target::by_name("h200").unwrap();
+    let dir = golden_dir("tiny").join("hf");
+    let options =
+        SessionOptions { backend: Backend::Cuda, target: Some("h200".into()), use_cache: false, ..Default::default() };
+    let session = Session::open(&dir, options).unwrap();
+    let cases: Vec<GoldenCase> = golden_cases("tiny")
+        .into_iter()
+        .filter(|c| ["short", "long"].contains(&c.name.as_str()))
+        .map(first_12)
+        .collect();
+    for case in &cases {
+        let n = case.generated_ids.len();
+        let shapes = Shapes { batch: 1, prefill_len: case.prompt_ids.len(), context: case.prompt_ids.len() + n };
+        let module = session.source.emit(&shapes).unwrap();
+        let plan = g4c_driver::kernel_plan(&module, target).unwrap();
+        let built = std::path::Path::new(&kernels).join(&case.name);
+        std::fs::create_dir(&built).unwrap();
+        for p in g4c_driver::cuda_programs(&plan, target, false).unwrap().programs {
+            build_for_host(&p.entry, &p.source, &built).unwrap();
+        }
+        let kept = GenerateOptions { max_new_tokens: n, ignore_eos: true, keep_logits: true, ..Default::default() };
+        let got = session_generate(&session, &case.prompt_ids, (None, None), &kept, &|_| {});
+        assert_matches_golden(&format!("stand-in h200 {}", case.name), &got, case);
+        if case.name == "long" {
+            // Made on this thread and stepped on another, as `g4c serve`'s engine thread steps it.
+            let mut ready = session.executor(Arc::new(module), &g4c_driver::Feedback::silent()).unwrap();
+            let greedy = GenerateOptions { keep_logits: false, ..kept };
+            let got = std::thread::scope(|threads| {
+                let stepped =
+                    threads.spawn(|| generate(ready.executor.as_mut(), &case.prompt_ids, &greedy, &mut |_| {}));
+                stepped.join().unwrap().unwrap()
+            });
+            assert_eq!(got.generated_ids, case.generated_ids, "stand-in h200 {}, greedy tokens alone", case.name);
+        }
+    }
+    eprintln!("stand-in cases passed: {}", cases.len());
+}
+
+/// A golden case's first 12 generated tokens.
+fn first_12(case: GoldenCase) -> GoldenCase {
+    let n = 12;
+    GoldenCase {
+        generated_ids: case.generated_ids[..n].to_vec(),
+        logits: case.logits[..n].to_vec(),
+        reference_spread: case.reference_spread[..n].to_vec(),
+        bf16_error: case.bf16_error[..n].to_vec(),
+        f16_error: case.f16_error[..n].to_vec(),
+        ..case
+    }
+}
+
+/// `model`'s golden checkpoint compiled for `target` into `dir`, with `extra` options.
+fn compiled(model: &str, target: &str, dir: &Path, extra: &[&str]) -> PathBuf {
+    let artifact = dir.join(format!("{model}-{target}.g4c"));
+    let checkpoint = golden_dir(model).join("hf");
+    let mut args = vec!["compile", checkpoint.to_str().unwrap(), "--target", target, "-o", artifact.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let out = crate::common::g4c(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    artifact
+}
+
+/// `g4c run` of tiny-qat's h200 artifact on a stand-in GPU generates what the interpreter
+/// generates from the artifact's module (`--backend interp`), a 3-token prompt in one 4-token
+/// prefill and a 6-token one in two: on an sm_90 GPU from its cubin, as it is, with programmatic
+/// dependent launch and profiled launch by launch; on an sm_100 GPU from its PTX, which the driver
+/// JIT-compiles (the cubin is for another GPU). `g4c bench` of it runs there too.
+#[test]
+fn an_artifact_on_a_stand_in_driver_generates_what_the_interpreter_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let artifact = compiled("tiny-qat", "h200", dir.path(), &["--context", "32", "--prefill-buckets", "4"]);
+    let stand_in = StandIn::new(Target::by_name("h200").unwrap());
+    stand_in.add_artifact(&artifact);
+    let art = artifact.to_str().unwrap();
+    let variants: [&[(&str, &str)]; 4] =
+        [&[], &[("G4C_CUDA_PDL", "1")], &[("G4C_CUDA_PROFILE", "1")], &[("G4C_STAND_IN_CAPABILITY", "10.0")]];
+    for prompt in ["2,17,301", "2,17,301,45,99,7"] {
+        let args = ["run", art, "--prompt-ids", prompt, "--max-new-tokens", "6", "--ignore-eos", "--json"];
+        let interp = crate::common::g4c(&[&args[..], &["--backend", "interp"]].concat());
+        assert!(interp.status.success(), "{}", String::from_utf8_lossy(&interp.stderr));
+        let want: serde_json::Value = serde_json::from_slice(&interp.stdout).unwrap();
+        for extra in variants {
+            let out = stand_in.g4c(&args, extra);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{extra:?}: {stderr}");
+            let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(got["backend"], "cuda", "{got}");
+            assert_eq!(got["generated_ids"], want["generated_ids"], "{prompt} with {extra:?}");
+            if extra.iter().any(|(k, _)| *k == "G4C_CUDA_PROFILE") {
+                assert!(stderr.contains("ms of kernels in all"), "{stderr}");
+            }
+        }
+    }
+    let bench = ["bench", art, "--prompt-len", "4", "--gen", "2", "--reps", "1", "--json"];
+    let out = stand_in.g4c(&bench, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
