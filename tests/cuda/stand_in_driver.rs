@@ -89,7 +89,7 @@ fn the_cuda_device_on_a_stand_in_driver_matches_the_goldens() {
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("1 passed"), "the inner test ran: {stdout}\n{stderr}");
-    assert!(stderr.contains("stand-in cases passed: 2"), "{stderr}");
+    assert!(stderr.contains("stand-in cases passed: 2") && stderr.contains("stand-in rules kept"), "{stderr}");
 }
 
 /// Run by `the_cuda_device_on_a_stand_in_driver_matches_the_goldens` in a process that loads the
@@ -97,7 +97,7 @@ fn the_cuda_device_on_a_stand_in_driver_matches_the_goldens() {
 /// tokens, past the sliding window), their first 12 tokens: the kernels built for the host where
 /// the stand-in finds them, then the case generated through the session's `CudaDevice`, its logits
 /// kept, and for `long` again copying back the greedy tokens alone, stepped on a thread other than
-/// the one that made it.
+/// the one that made it; then the stand-in's own rules.
 #[test]
 #[ignore = "run by the_cuda_device_on_a_stand_in_driver_matches_the_goldens, in a process loading the stand-in driver"]
 fn tiny_goldens_through_the_cuda_device() {
@@ -144,6 +144,58 @@ fn tiny_goldens_through_the_cuda_device() {
         }
     }
     eprintln!("stand-in cases passed: {}", cases.len());
+    the_stand_in_keeps_the_drivers_rules(std::path::Path::new(&kernels));
+}
+
+/// What the stand-in refuses, as the driver does (its last check leaves the context faulted): a
+/// call on a thread where no context is current; waiting for a stream that records a graph, which
+/// spoils the recording; a launch with more than 48 KiB of dynamic shared memory before its
+/// function opts in to it; the host writing page-locked memory before a copy queued from it ran.
+fn the_stand_in_keeps_the_drivers_rules(kernels: &Path) {
+    use cudarc::driver::{result, sys, CudaContext};
+    let context = CudaContext::new(0).unwrap();
+    // SAFETY (this function's driver calls): each allocation is used within its size, on the
+    // stand-in, and the process ends with the test.
+    let elsewhere = std::thread::spawn(|| unsafe { result::malloc_sync(16) }.map(|_| ())).join().unwrap();
+    let refused = |r: Result<(), result::DriverError>, code: sys::CUresult, what: &str| {
+        assert_eq!(r.map_err(|e| e.0), Err(code), "{what}");
+    };
+    refused(elsewhere, sys::CUresult::CUDA_ERROR_INVALID_CONTEXT, "no current context");
+
+    let stream = context.new_stream().unwrap();
+    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    refused(stream.synchronize(), sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "waiting while recording");
+    let ended = stream.end_capture(sys::CUgraphInstantiate_flags(0)).map(|_| ());
+    refused(ended, sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "a spoiled recording");
+
+    let dir = kernels.join("rules");
+    std::fs::create_dir(&dir).unwrap();
+    build_for_host("rules", "extern \"C\" __global__ void g4c_rules(float* out) { out[threadIdx.x] = 1.f; }\n", &dir)
+        .unwrap();
+    let ptx = ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry g4c_rules(\n.param .u64 g4c_rules_param_0\n)\n{\nret;\n}\n";
+    let module = context.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).unwrap();
+    let function = module.load_function("g4c_rules").unwrap();
+    let mut out = unsafe { result::malloc_sync(64 * 4) }.unwrap();
+    let mut params = [&mut out as *mut sys::CUdeviceptr as *mut std::ffi::c_void];
+    let mut launch = |smem| unsafe {
+        result::launch_kernel(function.cu_function(), (1, 1, 1), (64, 1, 1), smem, stream.cu_stream(), &mut params)
+    };
+    refused(launch(64 * 1024), sys::CUresult::CUDA_ERROR_INVALID_VALUE, "64 KiB without opting in");
+    let attribute = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+    function.set_attribute(attribute, 64 * 1024).unwrap();
+    launch(64 * 1024).unwrap();
+    stream.synchronize().unwrap();
+
+    let pinned = unsafe { result::malloc_host(16, 0) }.unwrap() as *mut u8;
+    let staged = unsafe { std::slice::from_raw_parts_mut(pinned, 16) };
+    unsafe { result::memcpy_htod_async(out, &staged[..], stream.cu_stream()) }.unwrap();
+    staged[0] = 1;
+    refused(
+        stream.synchronize(),
+        sys::CUresult::CUDA_ERROR_LAUNCH_FAILED,
+        "page-locked bytes written before their copy",
+    );
+    eprintln!("stand-in rules kept");
 }
 
 /// A golden case's first 12 generated tokens.
