@@ -29,13 +29,13 @@
 #include <dlfcn.h>
 #include <elf.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <deque>
 #include <filesystem>
 #include <map>

@@ -42,10 +42,9 @@ pub struct Emulator {
 /// library in `dir` (beside a copy of `emulator.h`), whose `g4c_emulate` runs a launch of any of
 /// them: what the emulator runs, and what the tests' stand-in CUDA driver runs a GPU's launches with.
 pub fn build_for_host(entry: &str, source: &str, dir: &Path) -> Result<PathBuf> {
-    let fail = |m: String| RuntimeError::Invalid(format!("the CUDA host emulator: {m}"));
-    std::fs::write(dir.join("emulator.h"), emulator_header()).map_err(|e| fail(e.to_string()))?;
+    std::fs::write(dir.join("emulator.h"), emulator_header()).map_err(|e| emulator_error(e.to_string()))?;
     let (cpp, library) = (dir.join(format!("{entry}.cpp")), dir.join(format!("lib{entry}.so")));
-    std::fs::write(&cpp, format!("#include \"emulator.h\"\n{source}")).map_err(|e| fail(e.to_string()))?;
+    std::fs::write(&cpp, format!("#include \"emulator.h\"\n{source}")).map_err(|e| emulator_error(e.to_string()))?;
     let out = Command::new("c++")
         // No fused multiply-adds the source does not ask for, as NVRTC compiles it
         // (`fmad=false`): clang on AArch64 would contract `a * b + c` otherwise.
@@ -53,27 +52,31 @@ pub fn build_for_host(entry: &str, source: &str, dir: &Path) -> Result<PathBuf> 
         .arg(&library)
         .arg(&cpp)
         .output()
-        .map_err(|e| fail(format!("running c++: {e}")))?;
+        .map_err(|e| emulator_error(format!("running c++: {e}")))?;
     if !out.status.success() {
         let log = String::from_utf8_lossy(&out.stderr);
         let first: Vec<&str> = log.lines().filter(|l| l.contains("error")).take(3).collect();
-        return Err(fail(format!("c++ failed on @{entry}: {}", first.join(" | "))));
+        return Err(emulator_error(format!("c++ failed on @{entry}: {}", first.join(" | "))));
     }
     Ok(library)
+}
+
+/// An error of the host emulator (its build, its folder, its libraries).
+fn emulator_error(m: String) -> RuntimeError {
+    RuntimeError::Invalid(format!("the CUDA host emulator: {m}"))
 }
 
 impl Emulator {
     /// Compiles every program for the host.
     pub fn new(programs: &[DeviceProgram]) -> Result<Emulator> {
-        let fail = |m: String| RuntimeError::Invalid(format!("the CUDA host emulator: {m}"));
-        let dir =
-            g4c_util::atomic::ScratchDir::new("g4c-emulator-").map_err(|e| fail(format!("a temporary folder: {e}")))?;
+        let dir = g4c_util::atomic::ScratchDir::new("g4c-emulator-")
+            .map_err(|e| emulator_error(format!("a temporary folder: {e}")))?;
         let mut libraries = HashMap::new();
         for p in programs {
             let library = build_for_host(&p.entry, &p.source, dir.path())?;
             // SAFETY: a library just built from g4c's own kernels and emulator.h; loading runs no
             // initializer beyond the C++ runtime's.
-            let lib = unsafe { libloading::Library::new(&library) }.map_err(|e| fail(e.to_string()))?;
+            let lib = unsafe { libloading::Library::new(&library) }.map_err(|e| emulator_error(e.to_string()))?;
             libraries.insert(p.entry.clone(), lib);
         }
         Ok(Emulator { libraries, buffers: Vec::new(), _dir: dir })
