@@ -257,3 +257,28 @@ fn an_artifact_on_a_stand_in_driver_generates_what_the_interpreter_does() {
     let out = stand_in.g4c(&bench, &[]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// With `G4C_STAND_IN_ARTIFACT` naming a CUDA artifact (E2B's: BENCHMARKS.md has what it found),
+/// `g4c run` of it on a stand-in of its target's GPU generates what the host emulator
+/// (`--backend cuda-host`) generates: 3 tokens of a 3-token prompt.
+#[test]
+#[ignore = "minutes over a large artifact: G4C_STAND_IN_ARTIFACT=DIR cargo test --release --test g4c -- --ignored an_artifact_named"]
+fn an_artifact_named_on_a_stand_in_driver_generates_what_the_host_emulator_does() {
+    let artifact =
+        PathBuf::from(std::env::var_os("G4C_STAND_IN_ARTIFACT").expect("G4C_STAND_IN_ARTIFACT names an artifact"));
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(artifact.join("manifest.json")).unwrap()).unwrap();
+    let target = Target::by_name(manifest["target"]["name"].as_str().unwrap()).unwrap();
+    let stand_in = StandIn::new(target);
+    stand_in.add_artifact(&artifact);
+    let args = ["run", artifact.to_str().unwrap(), "--prompt-ids", "2,17,301", "--max-new-tokens", "3"];
+    let args = [&args[..], &["--ignore-eos", "--json"]].concat();
+    let tokens = |out: Output| {
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("libcuda stand-in:"), "the stand-in refused a call: {stderr}");
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["generated_ids"].clone()
+    };
+    let host = crate::common::g4c(&[&args[..], &["--backend", "cuda-host"]].concat());
+    assert_eq!(tokens(stand_in.g4c(&args, &[])), tokens(host));
+}
