@@ -200,8 +200,8 @@ CUresult ready() {
   return CUDA_SUCCESS;
 }
 
-// The allocation holding `bytes` bytes from `p`, or 0 bytes where none does; `*left` the bytes
-// from `p` to the allocation's end.
+// Whether one allocation holds the `bytes` bytes from `p`; then `*left` is the bytes from `p` to
+// its end.
 bool within(CUdeviceptr p, size_t bytes, size_t* left = nullptr) {
   auto it = allocations.upper_bound(p);
   if (it == allocations.begin()) return false;
