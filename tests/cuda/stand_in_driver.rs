@@ -245,6 +245,8 @@ fn an_artifact_on_a_stand_in_driver_generates_what_the_interpreter_does() {
             let out = stand_in.g4c(&args, extra);
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert!(out.status.success(), "{extra:?}: {stderr}");
+            // A refusal that g4c let pass (a release's error, say) is printed all the same.
+            assert!(!stderr.contains("libcuda stand-in:"), "{extra:?}: the stand-in refused a call: {stderr}");
             let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
             assert_eq!(got["backend"], "cuda", "{got}");
             assert_eq!(got["generated_ids"], want["generated_ids"], "{prompt} with {extra:?}");
