@@ -12,7 +12,7 @@ use super::*;
 /// on a lent GPU reports all that disagree, not only the first.
 #[test]
 fn cuda_kernels_on_a_gpu_match_the_goldens() {
-    let Some(gpu) = GpuCases::open() else { return };
+    let Some(gpu) = GpuCases::open("cuda::kernel_checks::cuda_kernels_on_a_gpu_match_the_goldens") else { return };
     std::thread::scope(|threads| {
         for target in gpu.targets() {
             let gpu = &gpu;
@@ -99,7 +99,8 @@ fn e2b_kernels_on_a_gpu_compute_what_the_interpreter_does() {
         eprintln!("skipped: G4C_E2B_DIR names no E2B checkpoint");
         return;
     };
-    let Some(gpu) = GpuCases::open() else { return };
+    let test = "cuda::kernel_checks::e2b_kernels_on_a_gpu_compute_what_the_interpreter_does";
+    let Some(gpu) = GpuCases::open(test) else { return };
     std::thread::scope(|threads| {
         for target in gpu.targets() {
             for (what, checked, entry) in [
@@ -119,27 +120,35 @@ fn e2b_kernels_on_a_gpu_compute_what_the_interpreter_does() {
     gpu.finish();
 }
 
-/// The cases of a GPU test: each runs and says how it went, and the test fails at the end listing
-/// every one that failed.
+/// The cases of a GPU test. Each runs in a process of its own, the test binary again running that
+/// case alone (`G4C_GPU_CASE` naming it), at most `G4C_GPU_CASE_SECONDS` (default 180): a kernel's
+/// fault, which is sticky for its process's context, or a kernel that never ends costs that case
+/// alone, not every case after it. Each says how it went, and the test fails at the end listing
+/// every case that failed.
 struct GpuCases {
     /// The GPU's compute capability.
     capability: (u32, u32),
+    /// The test, which a case's process runs.
+    test: &'static str,
+    /// In a case's process: the case it runs, and whether it ran.
+    only: Option<(String, std::sync::atomic::AtomicBool)>,
     failed: std::sync::Mutex<Vec<String>>,
 }
 
 impl GpuCases {
     /// `None`, saying why, where no GPU can be used; a failure instead with `G4C_REQUIRE_GPU` set
-    /// (`scripts/device-check` sets it: there a skipped test would read as a passed one).
-    fn open() -> Option<GpuCases> {
+    /// (`scripts/device-check` sets it: there a skipped test would read as a passed one). `test`:
+    /// the test's full name.
+    fn open(test: &'static str) -> Option<GpuCases> {
         let Some(capability) = g4c_runtime::backend::cuda::cuda_device_capability() else {
             let why = g4c_runtime::backend::cuda::cuda_driver_problem().unwrap_or_else(|| "no usable GPU".into());
             assert!(std::env::var_os("G4C_REQUIRE_GPU").is_none(), "G4C_REQUIRE_GPU is set, and {why}");
             eprintln!("skipped: {why}");
             return None;
         };
-        Some(GpuCases { capability, failed: Default::default() })
+        let only = std::env::var("G4C_GPU_CASE").ok().map(|case| (case, Default::default()));
+        Some(GpuCases { capability, test, only, failed: Default::default() })
     }
-
     /// t4g and h200, those whose code this GPU runs.
     fn targets(&self) -> Vec<&'static str> {
         let gpu = self.capability;
@@ -153,26 +162,71 @@ impl GpuCases {
         ["t4g", "h200"].into_iter().filter(runs).collect()
     }
 
+    /// Case `what`: in a process of its own, or here in a case's process if it is that process's.
     fn check(&self, what: String, case: &dyn Fn()) {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(case)) {
-            Ok(()) => eprintln!("gpu case passed: {what}"),
-            Err(_) => {
-                eprintln!("gpu case FAILED: {what}");
-                self.failed.lock().unwrap().push(what);
+        let passed = match &self.only {
+            Some((only, _)) if *only != what => return,
+            Some((_, ran)) => {
+                ran.store(true, std::sync::atomic::Ordering::Relaxed);
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(case)).is_ok()
             }
+            None => self.apart(&what),
+        };
+        if passed {
+            eprintln!("gpu case passed: {what}");
+        } else {
+            eprintln!("gpu case FAILED: {what}");
+            self.failed.lock().unwrap().push(what);
         }
     }
 
-    /// Fails listing the cases that failed. A kernel's fault is sticky for GPU 0's context, which
-    /// every case shares: once one faults, those still running fail too, so the first failure
-    /// printed is the one to read first.
+    /// Runs case `what` in a process of its own: whether it passed. Its output is printed when it
+    /// did not.
+    fn apart(&self, what: &str) -> bool {
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", self.test, "--nocapture", "--test-threads", "1"])
+            .env("G4C_GPU_CASE", what)
+            .stdout(log.reopen().unwrap())
+            .stderr(log.reopen().unwrap())
+            .spawn()
+            .unwrap();
+        let seconds = std::env::var("G4C_GPU_CASE_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(180);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        };
+        let output = std::fs::read_to_string(log.path()).unwrap_or_default();
+        let passed = status.is_some_and(|s| s.success()) && output.contains(&format!("gpu case passed: {what}"));
+        if !passed {
+            let ended = match status {
+                Some(status) => format!("ended with {status}"),
+                None => format!("killed after {seconds} s (G4C_GPU_CASE_SECONDS)"),
+            };
+            eprintln!("gpu case {what}: its process {ended}:");
+            for line in output.lines() {
+                eprintln!("    | {line}");
+            }
+        }
+        passed
+    }
+
+    /// Fails listing the cases that failed; in a case's process, also if its case is not one of
+    /// the test's.
     fn finish(self) {
+        if let Some((case, ran)) = &self.only {
+            assert!(ran.load(std::sync::atomic::Ordering::Relaxed), "{} has no case {case:?}", self.test);
+        }
         let failed = self.failed.into_inner().unwrap();
-        assert!(
-            failed.is_empty(),
-            "on the GPU, {} cases failed (the first may have made later ones fail: a kernel's fault is sticky for the context they share): {failed:?}",
-            failed.len()
-        );
+        assert!(failed.is_empty(), "on the GPU, {} cases failed: {failed:?}", failed.len());
     }
 }
 
