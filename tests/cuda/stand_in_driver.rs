@@ -14,9 +14,10 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::Arc;
 
-/// A stand-in CUDA driver: `libcuda.so` and a folder for the host builds of the kernels it runs,
-/// in a temporary folder, and the environment that makes a process use them as a GPU of
-/// `target`'s.
+/// A stand-in CUDA driver and NVRTC: `libcuda.so`, `libnvrtc.so` and a folder for the host builds
+/// of the kernels the driver runs (the NVRTC stand-in's builds of the programs it compiles in a
+/// `nvrtc` folder there), in a temporary folder, and the environment that makes a process use them
+/// as a GPU of `target`'s.
 struct StandIn {
     dir: tempfile::TempDir,
     env: Vec<(&'static str, String)>,
@@ -25,25 +26,34 @@ struct StandIn {
 impl StandIn {
     fn new(target: &Target) -> StandIn {
         let dir = tempfile::tempdir().unwrap();
-        let source = crate::common::repo().join("tests/cuda/libcuda_stand_in.cpp");
-        let built = Command::new("c++")
-            .args(["-std=c++20", "-O1", "-fPIC", "-shared", "-pthread", "-o"])
-            .arg(dir.path().join("libcuda.so"))
-            .arg(&source)
-            .arg("-ldl")
-            .output()
-            .unwrap();
-        assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+        for library in ["cuda", "nvrtc"] {
+            let source = crate::common::repo().join(format!("tests/cuda/lib{library}_stand_in.cpp"));
+            let built = Command::new("c++")
+                .args(["-std=c++20", "-O1", "-fPIC", "-shared", "-pthread", "-o"])
+                .arg(dir.path().join(format!("lib{library}.so")))
+                .arg(&source)
+                .arg("-ldl")
+                .output()
+                .unwrap();
+            assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+        }
         let kernels = dir.path().join("kernels");
-        std::fs::create_dir(&kernels).unwrap();
+        let nvrtc_builds = kernels.join("nvrtc");
+        std::fs::create_dir_all(&nvrtc_builds).unwrap();
+        std::fs::write(nvrtc_builds.join("emulator.h"), g4c_runtime::backend::cuda::emulator_header()).unwrap();
+        let nvrtc = g4c_codegen::cuda::nvrtc_path().expect("NVRTC (scripts/setup installs it into .venv)");
         let gpu = target.gpu.as_ref().unwrap();
         let (major, minor) = gpu.compute_capability;
+        let path = |p: &Path| p.to_str().unwrap().to_string();
         let env = vec![
-            ("LD_LIBRARY_PATH", dir.path().to_str().unwrap().to_string()),
-            ("G4C_STAND_IN_KERNELS", kernels.to_str().unwrap().to_string()),
+            ("LD_LIBRARY_PATH", path(dir.path())),
+            ("G4C_STAND_IN_KERNELS", path(&kernels)),
             ("G4C_STAND_IN_CAPABILITY", format!("{major}.{minor}")),
             ("G4C_STAND_IN_SMEM_OPTIN", gpu.smem_per_block_optin.to_string()),
             ("G4C_STAND_IN_SMS", gpu.sm_count.to_string()),
+            ("G4C_STAND_IN_NVRTC", path(&nvrtc)),
+            ("G4C_STAND_IN_NVRTC_BUILDS", path(&nvrtc_builds)),
+            ("G4C_STAND_IN_CXX", g4c_runtime::backend::cuda::HOST_BUILD.join(" ")),
         ];
         StandIn { dir, env }
     }
@@ -66,6 +76,19 @@ impl StandIn {
         command.envs(self.env.iter().map(|(k, v)| (*k, v.as_str())));
         command.envs(extra.iter().copied());
         command.output().unwrap()
+    }
+
+    /// GPU test `test` (its full name) on the stand-in with `G4C_REQUIRE_GPU` set, as
+    /// `scripts/device-check` runs it, and `extra`: its stderr, once it passed and the stand-ins
+    /// refused nothing.
+    fn gpu_test(&self, test: &str, extra: &[(&str, &str)]) -> String {
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command.args(["--exact", test, "--nocapture"]);
+        let out = self.run(command, &[&[("G4C_REQUIRE_GPU", "1")], extra].concat());
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && stdout.contains("1 passed"), "{test}: {stdout}\n{stderr}");
+        assert!(!stderr.contains("stand-in:"), "{test}: a stand-in refused a call: {stderr}");
+        stderr.into_owned()
     }
 
     /// `g4c ARGS` on the stand-in.
@@ -94,9 +117,9 @@ fn the_cuda_device_on_a_stand_in_driver_matches_the_goldens() {
 
 /// Run by `the_cuda_device_on_a_stand_in_driver_matches_the_goldens` in a process that loads the
 /// stand-in (skipped elsewhere): for the golden cases `short` (a 3-token prefill) and `long` (11
-/// tokens, past the sliding window), their first 12 tokens: the kernels built for the host where
-/// the stand-in finds them, then the case generated through the session's `CudaDevice`, its logits
-/// kept, and for `long` again copying back the greedy tokens alone, stepped on a thread other than
+/// tokens, past the sliding window), their first 12 tokens: the case generated through the
+/// session's `CudaDevice` (its kernels, which the session compiles, built for the host by the NVRTC
+/// stand-in), its logits kept, and for `long` again copying back the greedy tokens alone, stepped on a thread other than
 /// the one that made it; then the stand-in's own rules.
 #[test]
 #[ignore = "run by the_cuda_device_on_a_stand_in_driver_matches_the_goldens, in a process loading the stand-in driver"]
@@ -108,7 +131,6 @@ fn tiny_goldens_through_the_cuda_device() {
         return;
     };
     assert_eq!(g4c_runtime::backend::cuda::cuda_device_capability(), Some((9, 0)), "the stand-in is loaded");
-    let target = Target::by_name("h200").unwrap();
     let dir = golden_dir("tiny").join("hf");
     let options =
         SessionOptions { backend: Backend::Cuda, target: Some("h200".into()), use_cache: false, ..Default::default() };
@@ -122,12 +144,6 @@ fn tiny_goldens_through_the_cuda_device() {
         let n = case.generated_ids.len();
         let shapes = Shapes { batch: 1, prefill_len: case.prompt_ids.len(), context: case.prompt_ids.len() + n };
         let module = session.source.emit(&shapes).unwrap();
-        let plan = g4c_driver::kernel_plan(&module, target).unwrap();
-        let built = std::path::Path::new(&kernels).join(&case.name);
-        std::fs::create_dir(&built).unwrap();
-        for p in g4c_driver::cuda_programs(&plan, target, false).unwrap().programs {
-            build_for_host(&p.entry, &p.source, &built).unwrap();
-        }
         let kept = GenerateOptions { max_new_tokens: n, ignore_eos: true, keep_logits: true, ..Default::default() };
         let got = session_generate(&session, &case.prompt_ids, (None, None), &kept, &|_| {});
         assert_matches_golden(&format!("stand-in h200 {}", case.name), &got, case);
@@ -283,4 +299,35 @@ fn an_artifact_named_on_a_stand_in_driver_generates_what_the_host_emulator_does(
     };
     let host = crate::common::g4c(&[&args[..], &["--backend", "cuda-host"]].concat());
     assert_eq!(tokens(stand_in.g4c(&args, &[])), tokens(host));
+}
+
+/// One case of the GPU tests on a stand-in h200, in the process of its own that the test runs it
+/// in: every launch of the tiny model's h200 plan on random inputs through `CudaDevice` (a graph
+/// recorded for each) against the interpreter. (All the cases: `the_gpu_tests_on_a_stand_in_driver`.)
+#[test]
+fn a_gpu_case_on_a_stand_in_driver_passes() {
+    let stand_in = StandIn::new(Target::by_name("h200").unwrap());
+    let case = "cuda h200, every kernel on random inputs";
+    let stderr =
+        stand_in.gpu_test("cuda::kernel_checks::cuda_kernels_on_a_gpu_match_the_goldens", &[("G4C_GPU_CASE", case)]);
+    assert!(stderr.contains(&format!("gpu case passed: {case}")), "{stderr}");
+}
+
+/// The GPU tests, `scripts/device-check`'s first step, on a stand-in h200 (which runs t4g's kernels
+/// from their PTX and h200's from their cubin) with `G4C_REQUIRE_GPU` set, as device-check runs
+/// them: every case passes, and the stand-ins refuse nothing. E2B's kernels too where
+/// `G4C_E2B_DIR` names an `e2b-qat` checkpoint (hours).
+#[test]
+#[ignore = "20 minutes on 2 cores: cargo test --release --test g4c -- --ignored the_gpu_tests_on"]
+fn the_gpu_tests_on_a_stand_in_driver() {
+    let stand_in = StandIn::new(Target::by_name("h200").unwrap());
+    for test in [
+        "cuda::kernel_checks::cuda_kernels_on_a_gpu_match_the_goldens",
+        "cuda::kernel_checks::e2b_kernels_on_a_gpu_compute_what_the_interpreter_does",
+    ] {
+        // Cases that run beside each other on 2 cores take longer than on a GPU machine.
+        let stderr = stand_in.gpu_test(test, &[("G4C_GPU_CASE_SECONDS", "3600")]);
+        let cases = stderr.lines().filter(|l| l.starts_with("gpu case passed")).count();
+        eprintln!("{test}: {cases} cases passed on the stand-in");
+    }
 }

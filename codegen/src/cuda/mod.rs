@@ -11,7 +11,7 @@ mod nvrtc;
 mod ptxas;
 mod shared;
 
-pub use nvrtc::{compile_ptx, nvrtc_version};
+pub use nvrtc::{compile_ptx, nvrtc_path, nvrtc_version};
 pub use ptxas::{assemble, find_ptxas, Cubin, KernelResources};
 
 use g4c_ir::plan::{EntryPlan, KernelPlan};

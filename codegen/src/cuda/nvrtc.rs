@@ -7,13 +7,17 @@ use std::sync::OnceLock;
 
 const VENV_NVRTC: &str = "nvidia/cuda_nvrtc/lib/libnvrtc.so.12";
 
+/// The NVRTC library g4c loads: `G4C_NVRTC`, else the project's `.venv`'s.
+pub fn nvrtc_path() -> Option<PathBuf> {
+    g4c_util::env::path_var("G4C_NVRTC").or_else(|| g4c_util::env::venv_file(VENV_NVRTC))
+}
+
 /// Loads NVRTC once. cudarc opens it by soname (`libnvrtc.so.12`), which finds the copy loaded
 /// here by path, so no `LD_LIBRARY_PATH` is needed.
 fn load() -> Result<(), CudaError> {
     static LOADED: OnceLock<Result<(), String>> = OnceLock::new();
     let loaded = LOADED.get_or_init(|| {
-        let path: Option<PathBuf> =
-            g4c_util::env::path_var("G4C_NVRTC").or_else(|| g4c_util::env::venv_file(VENV_NVRTC));
+        let path = nvrtc_path();
         let expected = path
             .as_ref()
             .map(|p| p.display().to_string())

@@ -38,6 +38,11 @@ pub struct Emulator {
     _dir: g4c_util::atomic::ScratchDir,
 }
 
+/// The compiler and flags of a host build. No fused multiply-adds the source does not ask for, as
+/// NVRTC compiles it (`fmad=false`): clang on AArch64 would contract `a * b + c` otherwise.
+pub const HOST_BUILD: &[&str] =
+    &["c++", "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread", "-w"];
+
 /// Compiles the kernels of entry point `entry` (their CUDA C, `source`) for the host into a shared
 /// library in `dir` (beside a copy of `emulator.h`), whose `g4c_emulate` runs a launch of any of
 /// them: what the emulator runs, and what the tests' stand-in CUDA driver runs a GPU's launches with.
@@ -45,10 +50,9 @@ pub fn build_for_host(entry: &str, source: &str, dir: &Path) -> Result<PathBuf> 
     std::fs::write(dir.join("emulator.h"), emulator_header()).map_err(|e| emulator_error(e.to_string()))?;
     let (cpp, library) = (dir.join(format!("{entry}.cpp")), dir.join(format!("lib{entry}.so")));
     std::fs::write(&cpp, format!("#include \"emulator.h\"\n{source}")).map_err(|e| emulator_error(e.to_string()))?;
-    let out = Command::new("c++")
-        // No fused multiply-adds the source does not ask for, as NVRTC compiles it
-        // (`fmad=false`): clang on AArch64 would contract `a * b + c` otherwise.
-        .args(["-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread", "-w", "-o"])
+    let out = Command::new(HOST_BUILD[0])
+        .args(&HOST_BUILD[1..])
+        .arg("-o")
         .arg(&library)
         .arg(&cpp)
         .output()

@@ -18,5 +18,5 @@ pub use driver::{
     cuda_device_capability, cuda_driver_problem, cuda_memory_bandwidth, ptx_isa_supported, ptx_isa_version,
     ptx_kernels_waiting, CudaDevice,
 };
-pub use emulator::{build_for_host, emulator_header, Emulator};
+pub use emulator::{build_for_host, emulator_header, Emulator, HOST_BUILD};
 pub use executor::DeviceExecutor;
