@@ -8,8 +8,8 @@ use super::*;
 /// PTX, which a newer GPU's driver JIT-compiles: how Turing's kernels run on an H200) and for h200
 /// (its sm_90 cubin), where the GPU can run them; in f32 with 1100-slot caches, the attention
 /// kernels against the interpreter; and every kernel of the tiny model on random inputs against
-/// the interpreter. Every case runs on a thread of its own and says how it went, so that one run
-/// on a lent GPU reports all that disagree, not only the first.
+/// the interpreter. Every case runs in a process of its own (`GpuCases`), beside the others, and
+/// says how it went, so that one run on a lent GPU reports all that disagree, not only the first.
 #[test]
 fn cuda_kernels_on_a_gpu_match_the_goldens() {
     let Some(gpu) = GpuCases::open("cuda::kernel_checks::cuda_kernels_on_a_gpu_match_the_goldens") else { return };
@@ -149,6 +149,7 @@ impl GpuCases {
         let only = std::env::var("G4C_GPU_CASE").ok().map(|case| (case, Default::default()));
         Some(GpuCases { capability, test, only, failed: Default::default() })
     }
+
     /// t4g and h200, those whose code this GPU runs.
     fn targets(&self) -> Vec<&'static str> {
         let gpu = self.capability;

@@ -331,3 +331,37 @@ fn the_gpu_tests_on_a_stand_in_driver() {
         eprintln!("{test}: {cases} cases passed on the stand-in");
     }
 }
+
+/// A dry run of `scripts/device-check` on a stand-in h200, the tiny QAT model in E2B's place: every
+/// step runs, on the GPU backend's own code, and ends well, but the XLA baseline (this machine has
+/// no PJRT CUDA plugin), before a lent GPU's minutes go on the script; the stand-ins refuse nothing.
+#[test]
+#[ignore = "about an hour on 2 cores: cargo test --release --test g4c -- --ignored the_device_check_on"]
+fn the_device_check_on_a_stand_in_driver() {
+    let stand_in = StandIn::new(Target::by_name("h200").unwrap());
+    let out = tempfile::tempdir().unwrap();
+    let mut command = Command::new("bash");
+    command.arg(crate::common::repo().join("scripts/device-check"));
+    let (dir, tests) = (golden_dir("tiny-qat").join("hf"), std::env::current_exe().unwrap());
+    let ran = stand_in.run(
+        command,
+        &[
+            ("OUT", out.path().to_str().unwrap()),
+            ("E2B_DIR", dir.to_str().unwrap()),
+            ("G4C_BIN", env!("CARGO_BIN_EXE_g4c")),
+            ("G4C_TEST_BIN", tests.to_str().unwrap()),
+            ("DEVICE_CHECK_SECONDS", "36000"),
+            ("DEVICE_CHECK_STEP_SCALE", "30"),
+            ("G4C_GPU_CASE_SECONDS", "3600"),
+            // The tiny model's vocabulary is 512 tokens.
+            ("DEVICE_CHECK_PROMPT_IDS", "2,105,236"),
+        ],
+    );
+    let (stdout, stderr) = (String::from_utf8_lossy(&ran.stdout), String::from_utf8_lossy(&ran.stderr));
+    let log = std::fs::read_to_string(out.path().join("log.txt")).unwrap();
+    eprintln!("{log}");
+    assert!(ran.status.success() && log.contains("] done: "), "{stdout}\n{stderr}");
+    assert!(!log.contains("FAILED") && !log.contains("skipped"), "{log}\n{stdout}\n{stderr}");
+    assert!(stdout.contains("same logits"), "{stdout}");
+    assert!(!stdout.contains("stand-in:") && !stderr.contains("stand-in:"), "a stand-in refused a call: {stderr}");
+}
