@@ -119,8 +119,8 @@ fn the_cuda_device_on_a_stand_in_driver_matches_the_goldens() {
 /// stand-in (skipped elsewhere): for the golden cases `short` (a 3-token prefill) and `long` (11
 /// tokens, past the sliding window), their first 12 tokens: the case generated through the
 /// session's `CudaDevice` (its kernels, which the session compiles, built for the host by the NVRTC
-/// stand-in), its logits kept, and for `long` again copying back the greedy tokens alone, stepped on a thread other than
-/// the one that made it; then the stand-in's own rules.
+/// stand-in), its logits kept, and for `long` again copying back the greedy tokens alone, stepped
+/// on a thread other than the one that made it; then the stand-in's own rules.
 #[test]
 #[ignore = "run by the_cuda_device_on_a_stand_in_driver_matches_the_goldens, in a process loading the stand-in driver"]
 fn tiny_goldens_through_the_cuda_device() {
