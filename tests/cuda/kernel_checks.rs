@@ -12,7 +12,7 @@ use super::*;
 /// says how it went, so that one run on a lent GPU reports all that disagree, not only the first.
 #[test]
 fn cuda_kernels_on_a_gpu_match_the_goldens() {
-    let Some(gpu) = GpuCases::open("cuda::kernel_checks::cuda_kernels_on_a_gpu_match_the_goldens") else { return };
+    let Some(gpu) = GpuCases::open(this_test!()) else { return };
     std::thread::scope(|threads| {
         for target in gpu.targets() {
             let gpu = &gpu;
@@ -99,8 +99,7 @@ fn e2b_kernels_on_a_gpu_compute_what_the_interpreter_does() {
         eprintln!("skipped: G4C_E2B_DIR names no E2B checkpoint");
         return;
     };
-    let test = "cuda::kernel_checks::e2b_kernels_on_a_gpu_compute_what_the_interpreter_does";
-    let Some(gpu) = GpuCases::open(test) else { return };
+    let Some(gpu) = GpuCases::open(this_test!()) else { return };
     std::thread::scope(|threads| {
         for target in gpu.targets() {
             for (what, checked, entry) in [
@@ -118,6 +117,25 @@ fn e2b_kernels_on_a_gpu_compute_what_the_interpreter_does() {
         }
     });
     gpu.finish();
+}
+
+/// The full name of the test function it is written in, as the test binary takes it to run that
+/// test alone (`cuda::kernel_checks::NAME`): the path of a function declared there, less the
+/// crate's name and its own.
+macro_rules! this_test {
+    () => {{
+        fn here() {}
+        let path = std::any::type_name_of_val(&here);
+        let test = path.strip_suffix("::here").expect("a function's path ends with its name");
+        test.split_once("::").expect("a path begins with its crate's name").1
+    }};
+}
+use this_test;
+
+/// `this_test!()` is the name the test binary runs a test by, which `GpuCases` runs each case by.
+#[test]
+fn this_test_names_the_test_it_is_written_in() {
+    assert_eq!(this_test!(), "cuda::kernel_checks::this_test_names_the_test_it_is_written_in");
 }
 
 /// The cases of a GPU test. Each runs in a process of its own, the test binary again running that
@@ -138,7 +156,7 @@ struct GpuCases {
 impl GpuCases {
     /// `None`, saying why, where no GPU can be used; a failure instead with `G4C_REQUIRE_GPU` set
     /// (`scripts/device-check` sets it: there a skipped test would read as a passed one). `test`:
-    /// the test's full name.
+    /// the test's full name (`this_test!()`).
     fn open(test: &'static str) -> Option<GpuCases> {
         let Some(capability) = g4c_runtime::backend::cuda::cuda_device_capability() else {
             let why = g4c_runtime::backend::cuda::cuda_driver_problem().unwrap_or_else(|| "no usable GPU".into());
