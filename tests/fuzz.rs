@@ -13,7 +13,7 @@
 //! `G4C_FUZZ_SEED` to explore elsewhere.
 
 use proptest::prelude::*;
-use proptest::test_runner::{RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
+use proptest::test_runner::{TestCaseError, TestError};
 use std::path::{Path, PathBuf};
 
 type Target = fn(&[u8]) -> Result<(), String>;
@@ -288,11 +288,7 @@ fn fuzz(name: &str, target: Target) {
             panic!("tests/fuzz/{name}/{file}: {e}");
         }
     }
-    let seed = std::env::var("G4C_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0u64);
-    let mut seed_bytes = [0u8; 32];
-    seed_bytes[..8].copy_from_slice(&seed.to_le_bytes());
-    let config = crate::common::fuzz_config();
-    let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes));
+    let mut runner = crate::common::fuzz_runner();
     let inputs = corpus.iter().map(|(_, b)| b.clone()).collect::<Vec<_>>();
     let strategy = (0..inputs.len(), 0..inputs.len(), prop::collection::vec(mutation(), 1..6));
     let make = |(base, other, ms): &(usize, usize, Vec<Mutation>)| {

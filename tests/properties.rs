@@ -4,12 +4,11 @@
 //! (which rounds to the target's compute type on purpose), and against the legalized module after it.
 //! Programs mix elementwise ops, splat constants (for constant folding), repeated subexpressions (for
 //! CSE), values no result reads (for DCE), reductions, broadcasts, transposes, comparisons and
-//! selects, and conversions; `G4C_FUZZ_CASES` sets how many (default 100).
+//! selects, and conversions; `G4C_FUZZ_CASES` sets how many (default 100), `G4C_FUZZ_SEED` which.
 
 use g4c_ir::{BinaryOp, CompareDir, DType, FunctionBuilder, Module, ReduceKind, ResultRole, TensorType, UnaryOp};
 use g4c_runtime::{Interpreter, NoWeights, Tensor};
 use proptest::prelude::*;
-use proptest::test_runner::TestRunner;
 use std::sync::Arc;
 
 const SHAPE: [usize; 2] = [2, 3];
@@ -135,7 +134,7 @@ fn inputs() -> impl Strategy<Value = Vec<Tensor>> {
 
 #[test]
 fn random_ir_prints_parses_and_prints_the_same() {
-    let mut runner = TestRunner::new(crate::common::fuzz_config());
+    let mut runner = crate::common::fuzz_runner();
     let strategy = (prop::collection::vec(step(), 1..40), any::<usize>());
     runner
         .run(&strategy, |(steps, kept)| {
@@ -153,7 +152,7 @@ fn random_ir_prints_parses_and_prints_the_same() {
 /// whose rounding tests/passes.rs measures on the model against transformers.
 #[test]
 fn every_pass_preserves_what_the_interpreter_computes() {
-    let mut runner = TestRunner::new(crate::common::fuzz_config());
+    let mut runner = crate::common::fuzz_runner();
     let strategy = (prop::collection::vec(step(), 1..40), any::<usize>(), inputs());
     runner
         .run(&strategy, |(steps, kept, inputs)| {
@@ -187,7 +186,7 @@ fn every_pass_preserves_what_the_interpreter_computes() {
 #[test]
 fn every_damaged_cache_entry_is_rejected() {
     use g4c_runtime::cache::entry::{decode, encode, EntryMeta};
-    let mut runner = TestRunner::new(crate::common::fuzz_config());
+    let mut runner = crate::common::fuzz_runner();
     let strategy = (
         prop::collection::btree_map("[a-z_]{1,12}", "[ -~]{0,24}", 0..6),
         prop::collection::vec(any::<u8>(), 0..512),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates runtime/src/pjrt/sys.rs from the PJRT C API header that ships in the CPU plugin's wheel
+# Regenerates runtime/src/backend/pjrt/sys.rs from the PJRT C API header that ships in the CPU plugin's wheel
 # (installed into .venv by scripts/setup). Needs libclang (libclang-dev). Run by hand after a header
 # change; the output is committed so that builds need neither libclang nor the venv.
 set -euo pipefail
@@ -33,7 +33,7 @@ fn main() {
         .expect("write");
 }
 RS
-out=runtime/src/pjrt/sys.rs
+out=runtime/src/backend/pjrt/sys.rs
 (cd "$gen" && cargo run -q --release -- "$OLDPWD/$header" "$OLDPWD/$out.body")
 plugin=$(basename "$(dirname "$(dirname "$header")")")
 {

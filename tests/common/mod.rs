@@ -336,11 +336,17 @@ pub fn run_case(
     (generation, json)
 }
 
-/// proptest's configuration for the fuzz targets and property tests: `G4C_FUZZ_CASES` inputs each
-/// (default 100; `make fuzz` 20,000), no persistence files (failures are kept as corpus files).
-pub fn fuzz_config() -> proptest::test_runner::Config {
+/// proptest's runner for the fuzz targets and property tests: `G4C_FUZZ_CASES` inputs each (default
+/// 100; `make fuzz` 20,000), drawn from `G4C_FUZZ_SEED` (default 0) so that a run is repeatable and
+/// another seed explores other inputs; no persistence files (failures are kept as corpus files).
+pub fn fuzz_runner() -> proptest::test_runner::TestRunner {
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
     let cases = std::env::var("G4C_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
-    proptest::test_runner::Config { cases, failure_persistence: None, ..Default::default() }
+    let seed = std::env::var("G4C_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0u64);
+    let mut seed_bytes = [0u8; 32];
+    seed_bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    let config = Config { cases, failure_persistence: None, ..Default::default() };
+    TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes))
 }
 
 /// A weight store for hand-written IR: every weight is a constant from a table, by source name.
