@@ -11,7 +11,8 @@ pub struct CacheArgs {
 
 #[derive(Subcommand)]
 pub enum CacheAction {
-    /// List the cached executables (in $G4C_CACHE_DIR, default ~/.cache/g4c)
+    /// List the cached executables (in executables/ under $G4C_CACHE_DIR, default $XDG_CACHE_HOME/g4c,
+    /// else ~/.cache/g4c)
     Ls,
     /// Remove every cached executable
     Clear,

@@ -29,7 +29,9 @@ pub struct EvalArgs {
     pub chunk: usize,
     #[command(flatten)]
     pub execution: super::ExecutionArgs,
-    /// Print one JSON object (with the divergence at every position) instead of the summary
+    /// Print one JSON object instead of the summary: the perplexity and, with --reference, the KL
+    /// divergence's mean, p99 and max, top-1 agreement, and the largest logit difference at every
+    /// position
     #[arg(long)]
     pub json: bool,
 }

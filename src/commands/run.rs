@@ -46,20 +46,23 @@ pub struct RunArgs {
     /// Seed of the sampler: the same seed gives the same tokens
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Print one JSON object (prompt_ids, generated_ids, text, stop_reason) instead of streaming
+    /// Print one JSON object (backend, prompt_ids, generated_ids, text (null without a tokenizer),
+    /// stop_reason) instead of streaming
     #[arg(long)]
     pub json: bool,
     /// Write the logits of every generated token to FILE (safetensors, F32 `logits` [N, vocab])
     #[arg(long, value_name = "FILE")]
     pub logits_out: Option<PathBuf>,
     /// Positions a sequence may reach, prompt included, at most the model's max_position_embeddings
-    /// (default: 4096 for pjrt; the prompt plus --max-new-tokens for interp, which needs no fixed
-    /// shapes); generation stops there (stop_reason `context`)
+    /// (default: 4096 for pjrt, whose executables are cached by shape; the prompt plus
+    /// --max-new-tokens for the other backends, which build for the run's shapes; an artifact has
+    /// its own); generation stops there (stop_reason `context`)
     #[arg(long, value_parser = super::sizes::positions)]
     pub context: Option<usize>,
-    /// Prefill lengths to choose from, increasing (default for pjrt: 128, 256, … up to the context;
-    /// for interp: the prompt's length; an artifact has its own). The prompt is prefilled in the
-    /// smallest that holds it, or in chunks of the largest, right-padded.
+    /// Prefill lengths to choose from, increasing (default for pjrt: the multiples of 128 up to the
+    /// context, 128, 256, 384, …; for the other backends: the prompt's length; an artifact has its
+    /// own). The prompt is prefilled in the smallest that holds it, or in chunks of the largest,
+    /// right-padded.
     #[arg(long, value_name = "LIST")]
     pub prefill_buckets: Option<String>,
     /// Print timings and peak memory to stderr
@@ -98,7 +101,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     let fixed = source.fixed_shapes();
     let fixed_shapes = session.backend == g4c_driver::BackendKind::Pjrt;
-    // The interpreter sizes its caches to the run; generation stops where the context ends.
+    // The backends but pjrt size their caches to the run; generation stops where the context ends.
     let context = source.context(args.context, if fixed_shapes { 4096 } else { prompt.len() + args.max_new_tokens })?;
     let requested = args.prefill_buckets.as_deref().map(|list| super::parse_buckets(list, context)).transpose()?;
     // A checkpoint is emitted with the one prefill length the prompt needs (the smallest bucket that
