@@ -101,7 +101,7 @@ fn case<'a>(cases: &'a [GoldenCase], name: &str) -> &'a GoldenCase {
 /// Golden cases joining in waves, each wave 5 steps after the one before while the others run,
 /// until the engine is full; then run to their ends. Asserts each finished with its golden's tokens
 /// (`what`: where it ran, for the message).
-fn assert_waves_generate_their_golden_tokens(
+pub(crate) fn assert_waves_generate_their_golden_tokens(
     engine: &mut BatchEngine,
     cases: &[GoldenCase],
     waves: &[&[&str]],

@@ -121,7 +121,7 @@ fn the_cuda_device_on_a_stand_in_driver_matches_the_goldens() {
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("1 passed"), "the inner test ran: {stdout}\n{stderr}");
-    assert!(stderr.contains("stand-in cases passed: 2") && stderr.contains("stand-in rules kept"), "{stderr}");
+    assert!(stderr.contains("stand-in cases passed: 3") && stderr.contains("stand-in rules kept"), "{stderr}");
 }
 
 /// Run by `the_cuda_device_on_a_stand_in_driver_matches_the_goldens` in a process that loads the
@@ -129,7 +129,9 @@ fn the_cuda_device_on_a_stand_in_driver_matches_the_goldens() {
 /// tokens, past the sliding window), their first 12 tokens: the case generated through the
 /// session's `CudaDevice` (its kernels, which the session compiles, built for the host by the NVRTC
 /// stand-in), its logits kept, and for `long` again copying back the greedy tokens alone, stepped
-/// on a thread other than the one that made it; then the stand-in's own rules.
+/// on a thread other than the one that made it; then `g4c serve`'s batching engine on 4 rows of the
+/// device, sequences joining at different steps, each its golden's tokens; then the stand-in's own
+/// rules.
 #[test]
 #[ignore = "run by the_cuda_device_on_a_stand_in_driver_matches_the_goldens, in a process loading the stand-in driver"]
 fn tiny_goldens_through_the_cuda_device() {
@@ -168,7 +170,15 @@ fn tiny_goldens_through_the_cuda_device() {
             assert_eq!(got.generated_ids, case.generated_ids, "stand-in h200 {}, greedy tokens alone", case.name);
         }
     }
-    eprintln!("stand-in cases passed: {}", cases.len());
+    // `g4c serve`'s engine: 4 rows through the session's `CudaDevice`, two sequences joining 5 steps
+    // late (rows at different positions and ring slots), each its golden's tokens.
+    let module = session.source.emit(&Shapes { batch: 4, prefill_len: 4, context: 40 }).unwrap();
+    let ready = session.executor(Arc::new(module), &g4c_driver::Feedback::silent()).unwrap();
+    let mut engine = g4c_runtime::BatchEngine::new(ready.executor, session.source.config.sliding_window).unwrap();
+    let waves: [&[&str]; 2] = [&["long", "single"], &["window", "short"]];
+    let goldens = golden_cases("tiny");
+    crate::batching::assert_waves_generate_their_golden_tokens(&mut engine, &goldens, &waves, "stand-in h200, batch 4");
+    eprintln!("stand-in cases passed: {}", cases.len() + 1);
     the_stand_in_keeps_the_drivers_rules(std::path::Path::new(&kernels));
 }
 
