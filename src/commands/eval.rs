@@ -41,7 +41,9 @@ pub fn run(args: EvalArgs) -> Result<()> {
     let ids: Vec<u32> = match (&args.ids, &args.text) {
         (Some(path), _) => {
             let text = g4c_util::files::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            let list = text.split(|c: char| c == ',' || c.is_whitespace()).collect::<Vec<_>>().join(",");
+            // Commas or whitespace between the ids, any number of them.
+            let list = text.split(|c: char| c == ',' || c.is_whitespace()).filter(|s| !s.is_empty());
+            let list = list.collect::<Vec<_>>().join(",");
             super::parse_list(&list, "--ids", "a token id")?
         }
         (None, Some(path)) => {

@@ -173,13 +173,19 @@ pub fn peak_memory() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// Comma-separated non-negative integers, e.g. `--prompt-ids 2,17,301`.
+/// Comma-separated non-negative integers, e.g. `--prompt-ids 2,17,301` (none for blank text, which
+/// the caller judges); an empty entry (`2,,17`, `2,17,`) is an error, not skipped.
 pub fn parse_list(text: &str, flag: &str, what: &str) -> anyhow::Result<Vec<u32>> {
-    use anyhow::Context;
+    use anyhow::{bail, Context};
+    if text.trim().is_empty() {
+        return Ok(vec![]);
+    }
     text.split(',')
         .map(str::trim)
-        .filter(|s| !s.is_empty())
         .map(|s| {
+            if s.is_empty() {
+                bail!("{flag}: an empty entry in `{text}` (expected {what} between each two commas)");
+            }
             s.parse::<u32>().with_context(|| format!("{flag}: `{s}` is not {what} (expected a non-negative integer)"))
         })
         .collect()

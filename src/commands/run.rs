@@ -23,7 +23,7 @@ pub struct RunArgs {
     pub prompt: Option<String>,
     /// With --prompt: the prompt is a user's message, rendered through the checkpoint's chat
     /// template as `g4c serve`'s chat completions are, and generation ends with the model's turn
-    #[arg(long, requires = "prompt")]
+    #[arg(long)]
     pub chat: bool,
     /// Most tokens to generate
     #[arg(long, default_value_t = 32, value_parser = super::sizes::new_tokens)]
@@ -71,6 +71,10 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
+    // clap's `requires` does not hold a flag (--chat) to it.
+    if args.chat && args.prompt.is_none() {
+        bail!("--chat renders --prompt text through the chat template; --prompt-ids are used as given");
+    }
     let session = Session::open(&args.model_dir, args.execution.session_options(&args.model_dir)?)?;
     let source = &session.source;
     let config = &source.config;
@@ -135,7 +139,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         eos_ids: config.eos_token_ids.clone(),
         ignore_eos: args.ignore_eos,
         stop_ids: match &args.stop_ids {
-            Some(list) => super::parse_list(list, "--stop-ids", "a token id")?,
+            Some(list) => stop_ids(list, config.vocab_size)?,
             None => vec![],
         }
         .into_iter()
@@ -188,6 +192,15 @@ pub fn run(args: RunArgs) -> Result<()> {
 
 /// 128, 256, … up to the context (the ladder grows in steps of 128, not by doubling, so padding never
 /// costs more than 127 positions).
+/// `--stop-ids`: token ids of the model's vocabulary (`vocab` of them).
+fn stop_ids(list: &str, vocab: usize) -> Result<Vec<u32>> {
+    let ids = super::parse_list(list, "--stop-ids", "a token id")?;
+    if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+        bail!("--stop-ids: token id {bad} is outside the vocabulary (0..{vocab})");
+    }
+    Ok(ids)
+}
+
 fn default_buckets(context: usize) -> Vec<usize> {
     let ladder: Vec<usize> = (1..).map(|i| i * 128).take_while(|&b| b <= context).collect();
     if ladder.is_empty() {

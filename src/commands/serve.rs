@@ -47,6 +47,9 @@ const DEFAULT_BATCH: usize = 8;
 const DEFAULT_PREFILL: usize = 64;
 
 pub fn run(args: ServeArgs) -> Result<()> {
+    if args.served_model_name.as_deref().is_some_and(|n| n.trim().is_empty()) {
+        bail!("--served-model-name: expected a name clients can send, found an empty one");
+    }
     let listener = g4c_serve::bind(&args.host, args.port).map_err(anyhow::Error::msg)?;
     let mut session = Session::open(&args.model_dir, args.execution.session_options(&args.model_dir)?)?;
     let source = &session.source;
@@ -65,11 +68,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
             }
             Shapes { batch: s.batch, prefill_len: s.longest_prefill(), context }
         }
-        None => Shapes {
-            batch: args.max_batch.unwrap_or(DEFAULT_BATCH),
-            prefill_len: args.prefill_len.unwrap_or(DEFAULT_PREFILL).min(context),
-            context,
-        },
+        None => {
+            if let Some(p) = args.prefill_len.filter(|&p| p > context) {
+                bail!("--prefill-len {p}: expected at most the context ({context} positions)");
+            }
+            Shapes {
+                batch: args.max_batch.unwrap_or(DEFAULT_BATCH),
+                prefill_len: args.prefill_len.unwrap_or(DEFAULT_PREFILL.min(context)),
+                context,
+            }
+        }
     };
     let module = session.module(&shapes)?;
     let ready = with_feedback(|feedback| session.executor(module, feedback))?;
