@@ -109,6 +109,24 @@ fn damaged_artifacts_are_refused_or_repaired() {
     std::fs::write(&exe, &bytes).unwrap();
     assert!(g4c_with_cache(&cache, &["inspect", a, "--verify"]).status.success());
 
+    // A manifest whose shapes are not the module's (the flags a run takes are checked against the
+    // manifest), and a config that is not the one compiled: refused by `run` and by `--verify`.
+    let manifest_path = artifact.join("manifest.json");
+    let manifest = std::fs::read_to_string(&manifest_path).unwrap();
+    let mut edited: serde_json::Value = serde_json::from_str(&manifest).unwrap();
+    edited["shapes"]["context"] = serde_json::json!(edited["shapes"]["context"].as_u64().unwrap() * 2);
+    std::fs::write(&manifest_path, edited.to_string()).unwrap();
+    assert_one_line_error(&run(), &["manifest.json records", "context", "damaged"]);
+    assert_one_line_error(&g4c_with_cache(&cache, &["inspect", a, "--verify"]), &["manifest.json records"]);
+    std::fs::write(&manifest_path, &manifest).unwrap();
+    let config_path = artifact.join("config.json");
+    let config = std::fs::read_to_string(&config_path).unwrap();
+    std::fs::write(&config_path, config.replacen("\"vocab_size\": 512", "\"vocab_size\": 1000", 1)).unwrap();
+    assert_ne!(std::fs::read_to_string(&config_path).unwrap(), config, "the edit took");
+    assert_one_line_error(&g4c_with_cache(&cache, &["inspect", a, "--verify"]), &["config.json differs"]);
+    std::fs::write(&config_path, &config).unwrap();
+    assert!(g4c_with_cache(&cache, &["inspect", a, "--verify"]).status.success());
+
     // Damaged weights: caught by size at open, by content hash with `inspect --verify`.
     let weights = artifact.join("weights.safetensors");
     let mut bytes = std::fs::read(&weights).unwrap();

@@ -55,7 +55,8 @@ impl ModelSource {
                 "artifact {label} was compiled for target {compiled_for}, not {asked}; compile the checkpoint again with --target {asked}"
             );
         }
-        let target = Target::by_name(&compiled_for).map_err(anyhow::Error::msg)?;
+        let target = Target::by_name(&compiled_for)
+            .map_err(|e| anyhow::anyhow!("artifact {label}: its manifest's target: {e}"))?;
         // The manifest records the options as `describe` names them: empty, or a `--quantize` value.
         let recorded = &artifact.manifest.options;
         let own = PipelineOptions::from_quantize(Some(recorded.as_str()).filter(|o| !o.is_empty()))

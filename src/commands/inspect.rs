@@ -1,5 +1,6 @@
 use anyhow::Result;
 use clap::Args;
+use g4c_driver::ModelSource;
 use g4c_runtime::artifact::{Artifact, Manifest};
 use std::fmt::Write;
 use std::path::PathBuf;
@@ -18,19 +19,22 @@ pub struct InspectArgs {
 }
 
 pub fn run(args: InspectArgs) -> Result<()> {
+    // First, so that a directory that is no artifact is named as such.
+    let manifest = Artifact::read_manifest(&args.artifact)?;
     let manifest = if args.verify {
-        let artifact = Artifact::open(&args.artifact)?;
+        // Opened as `run` opens it: its config, tokenizer files, target and options read and checked.
+        let source = ModelSource::open(&args.artifact, None, Default::default())?;
+        let artifact = source.artifact().expect("a directory with a manifest opens as an artifact");
         artifact.verify_weights()?;
         artifact.check_programs(&g4c_driver::stablehlo_programs(&artifact.module)?)?;
         artifact.verify_executables()?;
         if artifact.manifest.cuda.is_some() {
-            let target = g4c_ir::Target::by_name(artifact.manifest.target_name()).map_err(anyhow::Error::msg)?;
-            let plan = g4c_driver::kernel_plan(&artifact.module, target)?;
-            artifact.cuda_programs(&g4c_driver::cuda_programs(&plan, target, false)?.programs)?;
+            let plan = g4c_driver::kernel_plan(&artifact.module, source.target)?;
+            artifact.cuda_programs(&g4c_driver::cuda_programs(&plan, source.target, false)?.programs)?;
         }
-        artifact.manifest
+        artifact.manifest.clone()
     } else {
-        Artifact::read_manifest(&args.artifact)?
+        manifest
     };
     if args.json {
         return super::write_stdout(&(serde_json::to_string_pretty(&manifest)? + "\n"));

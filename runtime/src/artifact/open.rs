@@ -21,6 +21,52 @@ fn bad(dir: &Path, message: impl std::fmt::Display) -> RuntimeError {
     RuntimeError::Invalid(format!("artifact {}: {message}", dir.display()))
 }
 
+/// The manifest's shapes are what `run` checks flags against and sizes its calls by, and the
+/// module's are what runs: they must be the same, or the manifest is damaged.
+fn check_shapes(dir: &Path, manifest: &Manifest, module: &Module) -> Result<()> {
+    let shape = crate::generate::ModelShape::of(module).map_err(|e| bad(dir, format!("{}: {e}", files::MODULE)))?;
+    let prefill_lens: Vec<usize> = shape.prefills.iter().map(|(t, _)| *t).collect();
+    let recorded = &manifest.shapes;
+    if (recorded.batch, &recorded.prefill_lens, recorded.context) != (shape.batch, &prefill_lens, shape.context) {
+        return Err(bad(
+            dir,
+            format!(
+                "{} records batch {}, prefill lengths {:?} and context {}, but {} has batch {}, {:?} and {} \
+                 (a damaged manifest)",
+                files::MANIFEST,
+                recorded.batch,
+                recorded.prefill_lens,
+                recorded.context,
+                files::MODULE,
+                shape.batch,
+                prefill_lens,
+                shape.context
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `config.json`, which a run reads the model's settings from, must be the config the manifest
+/// recorded when compiling.
+fn check_config(dir: &Path, manifest: &Manifest) -> Result<()> {
+    let text = g4c_util::files::read_to_string(&dir.join(files::CONFIG))
+        .map_err(|e| bad(dir, format!("{}: {e}", files::CONFIG)))?;
+    let config: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| bad(dir, format!("{}: {e}", files::CONFIG)))?;
+    if config != manifest.model.config {
+        return Err(bad(
+            dir,
+            format!(
+                "{} differs from the config {} recorded when compiling (one of them damaged or replaced)",
+                files::CONFIG,
+                files::MANIFEST
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl Artifact {
     pub fn open(dir: &Path) -> Result<Artifact> {
         let manifest = Artifact::read_manifest(dir)?;
@@ -29,8 +75,14 @@ impl Artifact {
             g4c_util::files::read_to_string(&module_path).map_err(|e| bad(dir, format!("{}: {e}", files::MODULE)))?;
         let module = g4c_ir::parse_module(&text).map_err(|e| bad(dir, format!("{}: {e}", files::MODULE)))?;
         g4c_ir::verify_module(&module).map_err(|e| bad(dir, format!("{}: {e}", files::MODULE)))?;
+        check_shapes(dir, &manifest, &module)?;
+        check_config(dir, &manifest)?;
         let weights_path = dir.join(&manifest.model.weights.file);
-        let found = std::fs::metadata(&weights_path).map(|m| m.len()).unwrap_or(0);
+        let found = match std::fs::metadata(&weights_path) {
+            Ok(m) if m.is_file() => m.len(),
+            Ok(_) => return Err(bad(dir, format!("{} is not a regular file", manifest.model.weights.file))),
+            Err(e) => return Err(bad(dir, format!("{}: {e}", manifest.model.weights.file))),
+        };
         if found != manifest.model.weights.bytes {
             return Err(bad(
                 dir,
