@@ -285,6 +285,20 @@ fn malformed_and_impossible_requests_get_openai_style_errors() {
     assert!(body.contains("not JSON"), "{body}");
     let (status, _, body) = server.post("/v1/completions", &json!({"prompt": [2, 9999]}));
     assert_eq!(status, 400, "{body}");
+    // Reasons in JSON's words, not Rust's.
+    error(400, &json!({"messages": [{"role": "user", "content": 5}]}), Some("messages"), "a list of content parts");
+    error(400, &json!({"messages": user("ba"), "max_tokens": -5}), Some("max_tokens"), "a non-negative integer");
+    error(400, &json!({"messages": user("ba"), "temperature": 1e308}), Some("temperature"), "found 1e308");
+    // What the server cannot read, or an endpoint asked the wrong way, answers in the same format.
+    for (method, path, body, status) in [
+        ("GET", "/v1/chat/completions", String::new(), 405),
+        ("POST", "/v1/completions", format!("{{\"prompt\": \"{}\"}}", "ba ".repeat(1 << 20)), 413),
+    ] {
+        let (got, _, reply) = server.http(method, path, &body);
+        assert_eq!(got, status, "{method} {path}: {reply}");
+        let reply: Value = serde_json::from_str(&reply).unwrap_or_else(|e| panic!("{method} {path}: {e}: {reply}"));
+        assert!(reply["error"]["message"].is_string(), "{reply}");
+    }
     // Unknown fields are ignored, as OpenAI does.
     let (status, _, body) =
         server.post("/v1/completions", &json!({"prompt": "ba", "max_tokens": 2, "future_option": {"x": 1}}));

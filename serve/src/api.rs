@@ -96,8 +96,21 @@ fn typed<T: serde::de::DeserializeOwned>(value: &Value, what: &str) -> Result<T,
         };
         // OpenAI's `param` names the top-level field.
         let param = field.split(['.', '[']).next().unwrap_or(what).to_string();
-        ApiError::param(&param, format!("`{field}`: {}", e.into_inner()))
+        ApiError::param(&param, format!("`{field}`: {}", plain_types(&e.into_inner().to_string())))
     })
+}
+
+/// serde's reason with its Rust type names said as a client's JSON has them.
+fn plain_types(reason: &str) -> String {
+    [
+        ("expected u64", "expected a non-negative integer"),
+        ("expected u32", "expected a non-negative integer"),
+        ("expected i64", "expected an integer"),
+        ("expected f64", "expected a number"),
+        ("expected a boolean", "expected true or false"),
+    ]
+    .iter()
+    .fold(reason.to_string(), |text, (rust, json)| text.replace(rust, json))
 }
 
 #[derive(Deserialize)]
@@ -136,14 +149,14 @@ struct StreamOptions {
 
 /// `stop`: a string, or a list of strings and token ids.
 #[derive(Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a string, or a list of strings and token ids")]
 enum Stop {
     One(String),
     Many(Vec<StopItem>),
 }
 
 #[derive(Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a string or a token id")]
 enum StopItem {
     Text(String),
     Id(u32),
@@ -157,7 +170,7 @@ struct MessageBody {
 
 /// A message's content: text, or a list of parts of which only text is supported.
 #[derive(Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a string, or a list of content parts")]
 enum Content {
     Text(String),
     Parts(Vec<Part>),
@@ -172,7 +185,7 @@ struct Part {
 
 /// A completion's `prompt`: text, token ids, or a list of one of either.
 #[derive(Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a string, a list of token ids, a list of strings, or a list of lists of token ids")]
 enum Prompt {
     Text(String),
     Ids(Vec<u32>),
@@ -295,11 +308,14 @@ impl Common {
         }
         let temperature = self.temperature.unwrap_or(1.0);
         if !(0.0..=2.0).contains(&temperature) {
-            return Err(ApiError::param("temperature", format!("`temperature`: expected 0 to 2, found {temperature}")));
+            return Err(ApiError::param(
+                "temperature",
+                format!("`temperature`: expected 0 to 2, found {temperature:?}"),
+            ));
         }
         let top_p = self.top_p.unwrap_or(1.0);
         if !(top_p > 0.0 && top_p <= 1.0) {
-            return Err(ApiError::param("top_p", format!("`top_p`: expected a number in (0, 1], found {top_p}")));
+            return Err(ApiError::param("top_p", format!("`top_p`: expected a number in (0, 1], found {top_p:?}")));
         }
         let top_k = match self.top_k {
             None | Some(-1) | Some(0) => 0,

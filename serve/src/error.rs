@@ -36,6 +36,22 @@ impl ApiError {
         ApiError { code: Some(code), ..self }
     }
 
+    /// A `405`: an endpoint asked with a method it does not take.
+    pub fn method_not_allowed() -> ApiError {
+        ApiError {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            code: Some("method_not_allowed"),
+            ..ApiError::invalid(
+                "this endpoint does not take that method (completions take POST; models, health and metrics GET)",
+            )
+        }
+    }
+
+    /// The request's body could not be read: too large (`413`), or broken on the wire.
+    pub fn unread_body(rejected: axum::extract::rejection::BytesRejection) -> ApiError {
+        ApiError { status: rejected.status(), ..ApiError::invalid(rejected.body_text()) }
+    }
+
     /// A `429` with `Retry-After`: the queue is full.
     pub fn busy(message: impl Into<String>) -> ApiError {
         ApiError {

@@ -7,6 +7,7 @@ use crate::reply::{Part, Reply};
 use crate::worker::{Job, Queue};
 use crate::{metrics::Metrics, ModelInfo};
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -37,15 +38,24 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(|| async { ApiError::not_found("no such endpoint", "unknown_url") })
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .with_state(app)
 }
 
-async fn chat(State(app): State<Arc<App>>, body: Bytes) -> Response {
-    generate(app, Endpoint::Chat, &body).await
+// A body that could not be read (too large, a broken chunked encoding) is answered in the API's
+// error format, as everything else is, not in axum's plain text.
+async fn chat(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
+    match body {
+        Ok(body) => generate(app, Endpoint::Chat, &body).await,
+        Err(rejected) => ApiError::unread_body(rejected).into_response(),
+    }
 }
 
-async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
-    generate(app, Endpoint::Completion, &body).await
+async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
+    match body {
+        Ok(body) => generate(app, Endpoint::Completion, &body).await,
+        Err(rejected) => ApiError::unread_body(rejected).into_response(),
+    }
 }
 
 async fn models(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
