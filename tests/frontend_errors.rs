@@ -218,8 +218,8 @@ fn cli_exits_nonzero_with_one_line_on_a_broken_checkpoint() {
 #[test]
 fn damaged_pack_quantized_tensors_are_named() {
     let q = |s: &str| format!("{P}layers.2.mlp.up_proj.{s}");
-    // Truncated words, scales of the wrong shape, a float weight where a packed one belongs, and a
-    // weight_shape that disagrees.
+    // Truncated words, scales of the wrong shape, a float weight where a packed one belongs, a
+    // weight_shape that disagrees, and unsigned words.
     let dir = published_copy("tiny-qat");
     rewrite(dir.path(), |n, d, s, b| {
         if n == q("weight_packed") {
@@ -230,6 +230,9 @@ fn damaged_pack_quantized_tensors_are_named() {
             Some((Dtype::BF16, vec![s[0], s[1] * 8], vec![0; s[0] * s[1] * 16]))
         } else if n == format!("{P}layers.4.mlp.gate_proj.weight_shape") {
             Some((d, s, [7i64, 7].iter().flat_map(|v| v.to_le_bytes()).collect()))
+        } else if n == format!("{P}layers.1.mlp.gate_proj.weight_packed") {
+            // The words as unsigned: an element type the IR has none for, named rather than missed.
+            Some((Dtype::U32, s, b))
         } else {
             Some((d, s, b))
         }
@@ -239,6 +242,7 @@ fn damaged_pack_quantized_tensors_are_named() {
     assert!(msg.contains(&format!("`{}` has shape [128, 16], expected [128, 8]", q("weight_scale"))), "{msg}");
     assert!(msg.contains("layers.3.mlp.down_proj.weight_packed` is bf16[64, 128], expected i32[64, 16]"), "{msg}");
     assert!(msg.contains("layers.4.mlp.gate_proj.weight_shape` says I64 [7, 7], expected I64 [128, 64]"), "{msg}");
+    assert!(msg.contains("layers.1.mlp.gate_proj.weight_packed` has element type U32, expected i32"), "{msg}");
 }
 
 #[test]

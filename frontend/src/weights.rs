@@ -187,10 +187,16 @@ fn bind_quantized(
             e.shape,
             inputs / 8
         )),
-        None if ckpt.entry(&format!("{module}.weight")).is_some() => problems.push(format!(
-            "`{module}.weight` is stored in float, but quantization_config quantizes `{module}`: expected `{packed}`"
-        )),
-        None => problems.push(format!("missing `{packed}` (expected i32[{out}, {}])", inputs / 8)),
+        None => problems.push(match (ckpt.unreadable_dtype(&packed), ckpt.entry(&format!("{module}.weight"))) {
+            (Some(dtype), _) => format!(
+                "`{packed}` has element type {dtype}, expected i32[{out}, {}] (8 values of 4 bits per word)",
+                inputs / 8
+            ),
+            (None, Some(_)) => format!(
+                "`{module}.weight` is stored in float, but quantization_config quantizes `{module}`: expected `{packed}`"
+            ),
+            (None, None) => format!("missing `{packed}` (expected i32[{out}, {}])", inputs / 8),
+        }),
     }
     let scale_key = format!("{module}.weight_scale");
     let scale_dtype = float_tensor(ckpt, &scale_key, &[out, inputs / group]).map_err(|e| problems.push(e)).ok();
