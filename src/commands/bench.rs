@@ -382,11 +382,13 @@ fn project(args: &BenchArgs) -> Result<()> {
         };
         let shapes = match source.fixed_shapes() {
             Some(s) => Shapes { batch: s.batch, prefill_len: s.longest_prefill(), context: s.context },
-            None => Shapes {
-                batch: args.batch,
-                prefill_len: prefill_len.unwrap_or(128),
-                context: args.context.unwrap_or(4096),
-            },
+            None => {
+                let (prefill_len, context) = (prefill_len.unwrap_or(128), args.context.unwrap_or(4096));
+                if prefill_len > context {
+                    bail!("--prompt-len {prefill_len} (the prefill length, which sizes the sliding caches) exceeds --context {context}");
+                }
+                Shapes { batch: args.batch, prefill_len, context }
+            }
         };
         let module = source.module(&shapes)?;
         let plan = g4c_driver::kernel_plan(&module, target)?;

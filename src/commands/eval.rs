@@ -85,7 +85,14 @@ pub fn run(args: EvalArgs) -> Result<()> {
         }
         return super::write_stdout(&format!("{out}\n"));
     }
-    let mut text = format!("{}: {} tokens on {target}, perplexity {ppl:.6}\n", args.model_dir.display(), ids.len());
+    // The target names the pipeline (its dtypes); the backend is what ran it (for pjrt, the plugin's
+    // platform, which may be the CPU emulating a TPU's arithmetic).
+    let backend = session.backend.name();
+    let mut text = format!(
+        "{}: {} tokens, target {target}, backend {backend}, perplexity {ppl:.6}\n",
+        args.model_dir.display(),
+        ids.len()
+    );
     if let Some(d) = &divergence {
         let worst = d.max_abs_diff.iter().copied().fold(0.0, f32::max);
         text += &format!(
