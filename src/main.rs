@@ -27,7 +27,7 @@ enum Command {
     Bench(commands::bench::BenchArgs),
     /// List, clear or verify the executable cache
     Cache(commands::cache::CacheArgs),
-    /// Run a target's pass pipeline, lower to StableHLO (and for CUDA targets plan the kernels and compile them to PTX and cubins), compile through the cache, write an artifact (-o)
+    /// Run a target's pass pipeline, lower to StableHLO (and for CUDA targets plan the kernels and compile them to PTX and cubins), and compile the executables: into the executable cache, or with -o into an artifact
     Compile(commands::compile::CompileArgs),
     /// Score a token sequence (teacher forced): perplexity, and divergence from a reference's logits
     Eval(commands::eval::EvalArgs),

@@ -85,6 +85,7 @@ fn ir_prints_a_module_that_parses_and_verifies() {
 #[test]
 fn bad_invocations_get_one_line_errors() {
     let tiny = golden_dir("tiny").join("published");
+    let config_file = tiny.join("config.json").to_str().unwrap().to_string();
     let tiny = tiny.to_str().unwrap();
     let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
         (vec!["run", tiny, "--prompt-ids", "2,512,3"], vec!["512", "vocabulary"]),
@@ -94,6 +95,12 @@ fn bad_invocations_get_one_line_errors() {
         (vec!["run", tiny, "--prompt-ids", "2", "--chat"], vec!["--chat", "--prompt"]),
         (vec!["run", tiny, "--prompt-ids", "2", "--stop-ids", "9999"], vec!["--stop-ids", "9999", "vocabulary"]),
         (vec!["serve", tiny, "--prefill-len", "32", "--context", "16"], vec!["--prefill-len 32", "16"]),
+        (
+            vec!["run", tiny, "--prompt-ids", "2", "--logits-out", "/nonexistent/l.st"],
+            vec!["--logits-out", "/nonexistent"],
+        ),
+        (vec!["inspect", tiny], vec!["is a checkpoint, not an artifact"]),
+        (vec!["run", &config_file, "--prompt-ids", "2"], vec!["config.json", "expected a checkpoint directory"]),
         (vec!["serve", tiny, "--served-model-name", " "], vec!["--served-model-name", "empty"]),
         (vec!["run", tiny, "--prompt-ids", "2", "--frobnicate"], vec!["--frobnicate"]),
         (vec!["run", tiny, "--prompt-ids", "2", "--backend", "tpu"], vec!["tpu"]),

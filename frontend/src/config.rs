@@ -95,6 +95,10 @@ impl Gemma4Config {
 
     /// Reads `DIR/config.json` (and `DIR/generation_config.json` for extra EOS ids, if present).
     pub fn from_dir(dir: &Path) -> Result<Self> {
+        if dir.is_file() {
+            let message = "expected a checkpoint directory (config.json and safetensors) or an artifact, found a file";
+            return Err(FrontendError::Io { path: dir.to_path_buf(), message: message.into() });
+        }
         let path = dir.join("config.json");
         let text = g4c_util::files::read_to_string(&path).map_err(|e| io_error(&path, e))?;
         let mut cfg = Self::from_json_str(&text, &path)?;

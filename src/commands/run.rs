@@ -6,7 +6,7 @@ use g4c_frontend::{ChatMessage, ChatTemplate, Shapes, TextStream, TextTokenizer}
 use g4c_ir::Target;
 use g4c_runtime::{generate, GenerateOptions, Generation, ModelShape, SamplingParams};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -74,6 +74,12 @@ pub fn run(args: RunArgs) -> Result<()> {
     // clap's `requires` does not hold a flag (--chat) to it.
     if args.chat && args.prompt.is_none() {
         bail!("--chat renders --prompt text through the chat template; --prompt-ids are used as given");
+    }
+    // Before generating, not after: a path that cannot be written would lose the run.
+    if let Some(dir) = args.logits_out.as_deref().and_then(Path::parent).filter(|d| !d.as_os_str().is_empty()) {
+        if !dir.is_dir() {
+            bail!("--logits-out: {} is not a directory", dir.display());
+        }
     }
     let session = Session::open(&args.model_dir, args.execution.session_options(&args.model_dir)?)?;
     let source = &session.source;

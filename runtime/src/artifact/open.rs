@@ -98,17 +98,21 @@ impl Artifact {
 
     pub fn read_manifest(dir: &Path) -> Result<Manifest> {
         let path = dir.join(files::MANIFEST);
+        if !path.exists() && dir.join(files::CONFIG).is_file() {
+            return Err(bad(dir, "is a checkpoint, not an artifact (no manifest.json); `g4c compile -o` makes one"));
+        }
         let text = g4c_util::files::read_to_string(&path).map_err(|e| bad(dir, format!("{}: {e}", files::MANIFEST)))?;
         let version = serde_json::from_str::<serde_json::Value>(&text)
             .map_err(|e| bad(dir, format!("{}: {e}", files::MANIFEST)))?["format_version"]
-            .as_u64();
-        if version != Some(FORMAT_VERSION as u64) {
+            .clone();
+        if !version.is_null() && !version.is_u64() {
+            return Err(bad(dir, format!("{}: format_version is {version}, expected a number", files::MANIFEST)));
+        }
+        if version.as_u64() != Some(FORMAT_VERSION as u64) {
+            let found = if version.is_null() { "missing".into() } else { version.to_string() };
             return Err(bad(
                 dir,
-                format!(
-                    "format version {}, this g4c reads {FORMAT_VERSION}; compile it again with this g4c",
-                    version.map_or("missing".into(), |v| v.to_string())
-                ),
+                format!("format version {found}, this g4c reads {FORMAT_VERSION}; compile it again with this g4c"),
             ));
         }
         let manifest: Manifest =
