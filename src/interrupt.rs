@@ -14,7 +14,12 @@ pub fn remove_temporaries_on_signal() {
     std::thread::spawn(move || {
         if let Some(signal) = signals.forever().next() {
             let removed = g4c_util::atomic::remove_in_progress();
-            eprintln!("\ng4c: interrupted; {} unfinished file(s) removed", removed.len());
+            // On a new line: the terminal echoed `^C` after whatever was printed last.
+            match removed.len() {
+                0 => eprintln!("\ng4c: interrupted"),
+                1 => eprintln!("\ng4c: interrupted; 1 unfinished file removed"),
+                n => eprintln!("\ng4c: interrupted; {n} unfinished files removed"),
+            }
             // `_exit`, as the signal itself would end it: no atexit handlers, whose teardown (a
             // PJRT plugin's, the CUDA driver's) may wait for the threads still running.
             signal_hook::low_level::exit(128 + signal);
