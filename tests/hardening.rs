@@ -36,6 +36,10 @@ fn size_flags_are_range_checked_and_generation_stops_at_the_context() {
             vec!["--context 200000", "max_position_embeddings"],
         ),
         (vec!["run", &tiny, "--prompt-ids", "2,3,4,5", "--context", "4"], vec!["4 tokens", "no room", "context of 4"]),
+        (
+            vec!["run", &tiny, "--prompt-ids", "2,3,4,5,6", "--context", "4", "--backend", "interp"],
+            vec!["5 tokens", "no room", "context of 4"],
+        ),
     ] {
         assert_one_line_error(&g4c(&args), &needles);
     }

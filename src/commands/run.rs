@@ -127,7 +127,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             let buckets = match requested {
                 Some(b) => b,
                 None if fixed_shapes => default_buckets(context),
-                None => vec![prompt.len()],
+                None => vec![prompt.len().min(context)],
             };
             buckets.iter().copied().find(|&b| b >= prompt.len()).unwrap_or(*buckets.last().unwrap())
         }
