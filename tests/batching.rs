@@ -31,7 +31,12 @@ fn engine(batch: usize) -> BatchEngine {
 /// unrelated difference from transformers (`cuda_kernels_on_the_host_match_the_goldens` holds the
 /// logits of that path).
 fn cuda_host_engine(model: &str, target: &'static Target, batch: usize) -> BatchEngine {
-    let session = cuda_host_session(&golden_dir(model).join("hf"), target);
+    session_engine(&cuda_host_session(&golden_dir(model).join("hf"), target), batch)
+}
+
+/// An engine of `batch` rows on `session`'s executor, with `engine`'s shapes, for the checkpoint's
+/// module as emitted.
+pub(crate) fn session_engine(session: &Session, batch: usize) -> BatchEngine {
     let module = session.source.emit(&Shapes { batch, prefill_len: 4, context: 40 }).unwrap();
     let ready = session.executor(Arc::new(module), &Feedback::silent()).unwrap();
     BatchEngine::new(ready.executor, session.source.config.sliding_window).unwrap()

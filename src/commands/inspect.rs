@@ -21,7 +21,7 @@ pub struct InspectArgs {
 pub fn run(args: InspectArgs) -> Result<()> {
     // First, so that a directory that is no artifact is named as such.
     let manifest = Artifact::read_manifest(&args.artifact)?;
-    let manifest = if args.verify {
+    if args.verify {
         // Opened as `run` opens it: its config, tokenizer files, target and options read and checked.
         let source = ModelSource::open(&args.artifact, None, Default::default())?;
         let artifact = source.artifact().expect("a directory with a manifest opens as an artifact");
@@ -32,10 +32,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
             let plan = g4c_driver::kernel_plan(&artifact.module, source.target)?;
             artifact.cuda_programs(&g4c_driver::cuda_programs(&plan, source.target, false)?.programs)?;
         }
-        artifact.manifest.clone()
-    } else {
-        manifest
-    };
+    }
     if args.json {
         return super::write_stdout(&(serde_json::to_string_pretty(&manifest)? + "\n"));
     }

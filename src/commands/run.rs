@@ -196,8 +196,6 @@ pub fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
-/// 128, 256, … up to the context (the ladder grows in steps of 128, not by doubling, so padding never
-/// costs more than 127 positions).
 /// `--stop-ids`: token ids of the model's vocabulary (`vocab` of them).
 fn stop_ids(list: &str, vocab: usize) -> Result<Vec<u32>> {
     let ids = super::parse_list(list, "--stop-ids", "a token id")?;
@@ -207,6 +205,8 @@ fn stop_ids(list: &str, vocab: usize) -> Result<Vec<u32>> {
     Ok(ids)
 }
 
+/// 128, 256, … up to the context (the ladder grows in steps of 128, not by doubling, so padding never
+/// costs more than 127 positions).
 fn default_buckets(context: usize) -> Vec<usize> {
     let ladder: Vec<usize> = (1..).map(|i| i * 128).take_while(|&b| b <= context).collect();
     if ladder.is_empty() {

@@ -172,9 +172,7 @@ fn tiny_goldens_through_the_cuda_device() {
     }
     // `g4c serve`'s engine: 4 rows through the session's `CudaDevice`, two sequences joining 5 steps
     // late (rows at different positions and ring slots), each its golden's tokens.
-    let module = session.source.emit(&Shapes { batch: 4, prefill_len: 4, context: 40 }).unwrap();
-    let ready = session.executor(Arc::new(module), &g4c_driver::Feedback::silent()).unwrap();
-    let mut engine = g4c_runtime::BatchEngine::new(ready.executor, session.source.config.sliding_window).unwrap();
+    let mut engine = crate::batching::session_engine(&session, 4);
     let waves: [&[&str]; 2] = [&["long", "single"], &["window", "short"]];
     let goldens = golden_cases("tiny");
     crate::batching::assert_waves_generate_their_golden_tokens(&mut engine, &goldens, &waves, "stand-in h200, batch 4");
