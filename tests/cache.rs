@@ -145,3 +145,15 @@ fn a_cache_that_cannot_be_written_costs_a_warning_not_the_run() {
     let (expected, _) = run(tmp.path(), &[]);
     assert_eq!(tokens, expected);
 }
+
+#[test]
+fn compiling_into_a_cache_that_cannot_be_written_fails() {
+    let tmp = tempfile::tempdir().unwrap();
+    let not_a_dir = tmp.path().join("file");
+    std::fs::write(&not_a_dir, "").unwrap();
+    let dir = golden_dir("tiny").join("hf");
+    let out = g4c_with_cache(&not_a_dir, &["compile", dir.to_str().unwrap(), "--prefill-len", "8", "--context", "64"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a compile whose executables are not kept is no compile: {stderr}");
+    assert!(stderr.contains("error: @prefill was compiled but could not be kept"), "{stderr}");
+}

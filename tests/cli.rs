@@ -110,6 +110,7 @@ fn bad_invocations_get_one_line_errors() {
         (vec!["bench", tiny, "--backend", "plan"], vec!["'plan'", "--backend", "pjrt, cuda"]),
         (vec!["ir", tiny, "--prefill-len", "64", "--context", "16"], vec!["prefill length 64", "16"]),
         (vec!["ir", tiny, "--target", "tpu9"], vec!["unknown target `tpu9`", "tpu-v6e"]),
+        (vec!["ir", tiny, "--target", "cpu", "--dump-dir", &config_file], vec!["--dump-dir", "not a directory"]),
         (vec!["run", tiny, "--prompt-ids", "2", "--target", "tpu9"], vec!["unknown target `tpu9`"]),
         (vec!["run", tiny, "--prompt-ids", "2", "--plugin", "/nonexistent/plugin.so"], vec!["/nonexistent/plugin.so"]),
         (vec!["run", tiny, "--prompt-ids", "2", "--plugin", "/etc/hostname"], vec!["/etc/hostname", "cannot load"]),
@@ -124,6 +125,22 @@ fn bad_invocations_get_one_line_errors() {
         let out = g4c(&args);
         assert_one_line_error(&out, &needles);
     }
+}
+
+/// clap's own refusal of non-UTF-8 does not say which flag it was.
+#[test]
+fn a_prompt_that_is_not_utf8_is_refused_by_name() {
+    use std::os::unix::ffi::OsStrExt;
+    let tiny = golden_dir("tiny").join("published");
+    let prompt = std::ffi::OsStr::from_bytes(b"a\xff");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_g4c"))
+        .arg("run")
+        .arg(&tiny)
+        .arg("--prompt")
+        .arg(prompt)
+        .output()
+        .expect("g4c runs");
+    assert_one_line_error(&out, &["--prompt", "not UTF-8"]);
 }
 
 #[test]

@@ -207,14 +207,13 @@ fn build_for_target(
         }
         None => None,
     };
-    if let (Some(out), Some(summary)) = (req.out, &executables) {
-        if let Some(e) = summary.events.iter().find(|e| e.cache_file().is_none()) {
-            bail!(
-                "artifact {}: the executable of @{} could not be staged: {}",
-                out.display(),
-                e.entry,
-                e.not_stored.as_deref().unwrap_or("no file was written")
-            );
+    // Without -o, the executable cache is where a compile's work is kept: one it cannot write to
+    // is a failure there, not the warning it is for `run`.
+    if let Some(e) = executables.iter().flat_map(|s| &s.events).find(|e| e.cache_file().is_none()) {
+        let why = e.not_stored.as_deref().unwrap_or("no file was written");
+        match req.out {
+            Some(out) => bail!("artifact {}: the executable of @{} could not be staged: {why}", out.display(), e.entry),
+            None => bail!("@{} was compiled but could not be kept: {why}", e.entry),
         }
     }
     let cuda = plan.map(|plan| cuda_programs(plan, target, true)).transpose()?;

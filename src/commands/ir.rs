@@ -48,6 +48,9 @@ pub fn run(args: IrArgs) -> Result<()> {
     if args.pipeline.quantize.is_some() && args.target.is_none() {
         bail!("--quantize is a pass of a target's pipeline: give --target too");
     }
+    if let Some(dir) = args.dump_dir.as_ref().filter(|d| d.exists() && !d.is_dir()) {
+        bail!("--dump-dir {} is not a directory (expected a directory, made if missing)", dir.display());
+    }
     let model = Model::open(&args.model_dir)?;
     let mut module = g4c_driver::emit(&model, &args.shapes.shapes(), &[])?;
     if let Some(name) = &args.target {

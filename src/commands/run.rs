@@ -1,5 +1,6 @@
 use crate::ui::with_feedback;
 use anyhow::{bail, Result};
+use clap::builder::{OsStringValueParser, TypedValueParser};
 use clap::Args;
 use g4c_driver::Session;
 use g4c_frontend::{ChatMessage, ChatTemplate, Shapes, TextStream, TextTokenizer};
@@ -19,7 +20,7 @@ pub struct RunArgs {
     #[arg(long, conflicts_with = "prompt", required_unless_present = "prompt")]
     pub prompt_ids: Option<String>,
     /// Prompt as text, tokenized with the checkpoint's tokenizer.json (BOS is added)
-    #[arg(long)]
+    #[arg(long, value_parser = OsStringValueParser::new().try_map(utf8_text))]
     pub prompt: Option<String>,
     /// With --prompt: the prompt is a user's message, rendered through the checkpoint's chat
     /// template as `g4c serve`'s chat completions are, and generation ends with the model's turn
@@ -197,6 +198,11 @@ pub fn run(args: RunArgs) -> Result<()> {
 }
 
 /// `--stop-ids`: token ids of the model's vocabulary (`vocab` of them).
+/// `--prompt`'s text. clap's own check of a `String` flag refuses non-UTF-8 without naming the flag.
+fn utf8_text(text: std::ffi::OsString) -> Result<String, String> {
+    text.into_string().map_err(|_| "not UTF-8 text (the invalid bytes are shown as �)".to_string())
+}
+
 fn stop_ids(list: &str, vocab: usize) -> Result<Vec<u32>> {
     let ids = super::parse_list(list, "--stop-ids", "a token id")?;
     if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
