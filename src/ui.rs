@@ -55,8 +55,14 @@ impl Ui {
     /// executables that could not be cached always, a compile for another environment as a note,
     /// the rest with `-v`.
     pub fn compile_event(&self, event: &CompileEvent) {
+        // A corrupt entry in an artifact stays (artifacts are read only), so a later run may load
+        // the executable compiled in its place from the user's cache.
+        let instead = match &event.provenance {
+            Provenance::Loaded(path) => format!("loading @{} from {} instead", event.entry, path.display()),
+            Provenance::Compiled(..) => format!("compiling @{} again", event.entry),
+        };
         for corrupt in &event.corrupt {
-            self.warn(&format!("{corrupt}; compiling @{} again", event.entry));
+            self.warn(&format!("{corrupt}; {instead}"));
         }
         if let Some(error) = &event.not_stored {
             self.warn(&format!("@{} was compiled but not cached: {error}", event.entry));

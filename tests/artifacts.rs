@@ -91,7 +91,8 @@ fn damaged_artifacts_are_refused_or_repaired() {
     let good = run();
     assert!(good.status.success());
 
-    // A damaged executable inside the artifact: reported, left alone, compiled into the user's cache.
+    // A damaged executable inside the artifact: reported, left alone, compiled into the user's cache
+    // and loaded from there by later runs.
     let exe = std::fs::read_dir(artifact.join("executables")).unwrap().flatten().next().unwrap().path();
     let mut bytes = std::fs::read(&exe).unwrap();
     let last = bytes.len() - 1;
@@ -104,6 +105,16 @@ fn damaged_artifacts_are_refused_or_repaired() {
     assert!(stderr.contains("checksum mismatch") && stderr.contains("compiled 1 of 2"), "{stderr}");
     assert!(!stderr.contains("was removed"), "an artifact is never modified by running it: {stderr}");
     assert_eq!(repaired.stdout, good.stdout);
+    // The artifact still holds the damaged entry; the next run says where it loads instead.
+    let again = run();
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(again.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("checksum mismatch") && stderr.contains("instead") && stderr.contains("cached"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("again"), "nothing is compiled again: {stderr}");
+    assert_eq!(again.stdout, good.stdout);
     assert_one_line_error(&g4c_with_cache(&cache, &["inspect", a, "--verify"]), &["checksum mismatch"]);
     bytes[last] ^= 0x10;
     std::fs::write(&exe, &bytes).unwrap();
