@@ -135,6 +135,31 @@ fn corrupt_safetensors_header() {
     assert!(msg.contains("model.safetensors") && msg.contains("corrupt"), "{msg}");
 }
 
+/// An entry removed from the header (its bytes left in place): the safetensors crate names the
+/// tensor after the gap; the message says where the gap is.
+#[test]
+fn a_gap_in_the_header_is_located() {
+    let dir = published_copy("tiny");
+    let path = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&bytes[8..8 + len]).unwrap();
+    let offsets = |v: &serde_json::Value| serde_json::from_value::<[u64; 2]>(v["data_offsets"].clone()).unwrap();
+    let mut ranges: Vec<([u64; 2], String)> =
+        header.iter().filter(|(n, _)| *n != "__metadata__").map(|(n, v)| (offsets(v), n.clone())).collect();
+    ranges.sort();
+    // The fourth tensor goes; the data before it ends where it started.
+    let ([before, _], removed) = &ranges[3];
+    let ([after, _], next) = &ranges[4];
+    header.remove(removed);
+    let mut text = serde_json::to_vec(&header).unwrap();
+    text.resize(len, b' ');
+    std::fs::write(&path, [&(len as u64).to_le_bytes()[..], &text, &bytes[8 + len..]].concat()).unwrap();
+    let msg = open_error(dir.path());
+    assert!(msg.contains(&format!("`{next}` starts at byte {after}")), "{msg}");
+    assert!(msg.contains(&format!("end at byte {before}")) && msg.contains("missing from the header"), "{msg}");
+}
+
 #[test]
 fn missing_weights_file() {
     let dir = published_copy("tiny");

@@ -191,17 +191,59 @@ fn safetensors_error(path: &Path, bytes: &[u8], e: SafeTensorError) -> FrontendE
             Some(found) => format!("corrupt safetensors header: {found}"),
             None => format!("corrupt safetensors header: {e}"),
         },
+        SafeTensorError::InvalidOffset(ref name) => match misplaced_tensor(bytes, name) {
+            Some(found) => format!("corrupt safetensors header: {found}"),
+            None => format!("corrupt safetensors header: {e}"),
+        },
         other => format!("corrupt safetensors header: {other}"),
     };
     FrontendError::Safetensors { path: path.into(), message }
 }
 
+/// A safetensors file's header, its tensors' entries by name (`__metadata__` left out).
+fn header_entries(bytes: &[u8]) -> Option<serde_json::Map<String, serde_json::Value>> {
+    let len = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?) as usize;
+    let mut header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(bytes.get(8..8 + len)?).ok()?;
+    header.remove("__metadata__");
+    Some(header)
+}
+
+/// Where tensor `name`'s byte range is out of place. The safetensors crate wants the ranges, in
+/// order of their starts, to follow one another without gaps, and names the first one that does
+/// not: after an entry removed from the header, that is the tensor after the gap.
+fn misplaced_tensor(bytes: &[u8], name: &str) -> Option<String> {
+    let header = header_entries(bytes)?;
+    let mut ranges: Vec<(u64, u64, &str)> = header
+        .iter()
+        .map(|(n, info)| {
+            serde_json::from_value::<[u64; 2]>(info["data_offsets"].clone()).ok().map(|[s, e]| (s, e, &n[..]))
+        })
+        .collect::<Option<_>>()?;
+    ranges.sort();
+    let mut before = 0;
+    for (start, end, tensor) in ranges {
+        if tensor == name {
+            return Some(if end < start {
+                format!("tensor `{name}`'s byte range {start}..{end} ends before it starts")
+            } else if start > before {
+                format!(
+                    "tensor `{name}` starts at byte {start} of the data, but the tensors before it end at byte \
+                     {before} (a tensor missing from the header, or a wrong offset)"
+                )
+            } else {
+                format!("tensor `{name}`'s byte range {start}..{end} overlaps the tensors before it (they end at byte {before})")
+            });
+        }
+        before = end;
+    }
+    None
+}
+
 /// The first tensor whose dtype and shape do not fit its byte range, described (the safetensors
 /// crate reports that one exists, not which).
 fn mismatched_tensor(bytes: &[u8]) -> Option<String> {
-    let len = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?) as usize;
-    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(bytes.get(8..8 + len)?).ok()?;
-    header.iter().filter(|(name, _)| *name != "__metadata__").find_map(|(name, info)| {
+    let header = header_entries(bytes)?;
+    header.iter().find_map(|(name, info)| {
         let dtype: Dtype = serde_json::from_value(info["dtype"].clone()).ok()?;
         let shape: Vec<u64> = serde_json::from_value(info["shape"].clone()).ok()?;
         let [start, end]: [u64; 2] = serde_json::from_value(info["data_offsets"].clone()).ok()?;
