@@ -48,7 +48,7 @@ fn golden_model() -> &'static Path {
         .1
 }
 
-struct Server {
+pub(crate) struct Server {
     child: Child,
     port: u16,
     log: Arc<Mutex<Vec<String>>>,
@@ -62,9 +62,15 @@ impl Server {
 
     /// `g4c serve MODEL` with `extra` flags.
     fn start_on(model: &Path, extra: &[&str]) -> Server {
+        Server::start_with_env(model, extra, &[])
+    }
+
+    /// `g4c serve MODEL` with `extra` flags and the environment variables `env`.
+    pub(crate) fn start_with_env(model: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let cache = crate::common::test_cache();
         let mut child = Command::new(env!("CARGO_BIN_EXE_g4c"))
             .env("G4C_CACHE_DIR", cache)
+            .envs(env.iter().copied())
             .args(["serve", model.to_str().unwrap(), "--port", "0", "--served-model-name", "tiny", "-q"])
             .args(extra)
             .stdout(Stdio::null())
@@ -98,7 +104,7 @@ impl Server {
         http(self.port, method, path, body)
     }
 
-    fn post(&self, path: &str, body: &Value) -> (u16, String, Value) {
+    pub(crate) fn post(&self, path: &str, body: &Value) -> (u16, String, Value) {
         let (status, head, body) = self.http("POST", path, &body.to_string());
         let json = serde_json::from_str(&body).unwrap_or_else(|_| json!({"raw": body}));
         (status, head, json)
@@ -125,7 +131,7 @@ impl Server {
         }
     }
 
-    fn log(&self) -> Vec<String> {
+    pub(crate) fn log(&self) -> Vec<String> {
         self.log.lock().unwrap().clone()
     }
 
@@ -363,4 +369,54 @@ fn sigterm_lets_a_stream_in_flight_finish_then_the_server_exits() {
     assert!(status.success(), "{status}: {:?}", server.log());
     assert!(server.log().iter().any(|l| l.contains("g4c serve: stopped")), "{:?}", server.log());
     assert!(TcpStream::connect(("127.0.0.1", server.port)).is_err(), "no new connections");
+}
+
+/// Requests still running when `--shutdown-grace` ends are told so: a stream gets an error event
+/// before `[DONE]`, a request waiting for its whole reply a `503`.
+#[test]
+fn requests_cut_off_by_the_shutdown_grace_are_told_so() {
+    let mut server = Server::start(&["--max-batch", "1", "--shutdown-grace", "0"]);
+    let long = json!({"prompt": "ba", "max_tokens": 4000, "ignore_eos": true, "temperature": 0, "stream": true});
+    let mut stream = server.send("POST", "/v1/completions", &long.to_string());
+    let mut first = [0u8; 64];
+    let _ = stream.read(&mut first).unwrap();
+    // Waits for the one row, which the stream holds.
+    let whole = server.send("POST", "/v1/completions", &json!({"prompt": "ba", "max_tokens": 4}).to_string());
+    server.wait_for("the second request to queue", |s| s.metric("g4c_queue_depth") >= 1.0);
+    let killed = Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    let mut rest = String::from_utf8_lossy(&first).to_string();
+    stream.read_to_string(&mut rest).unwrap();
+    let data = sse_data(&rest);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{rest}");
+    let error: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
+    assert_eq!(error["error"]["type"], "service_unavailable", "{rest}");
+    let mut response = String::new();
+    BufReader::new(whole).read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 503"), "{response}");
+    assert!(response.contains("--shutdown-grace"), "{response}");
+    let status = server.child.wait().unwrap();
+    assert!(status.success(), "{status}: {:?}", server.log());
+    let log = server.log();
+    assert!(log.iter().filter(|l| l.contains(" 503: ") && l.ends_with("cancelled")).count() == 2, "{log:?}");
+}
+
+/// `ignore_eos` lets a chat reply go on past the end of the model's turn, as past EOS: it gets as
+/// many tokens as it asked for (the tiny model ends its turn within them, greedy).
+#[test]
+fn ignore_eos_lets_a_chat_reply_go_past_the_end_of_its_turn() {
+    let server = Server::start(&["--context", "512"]);
+    let ask = |ignore_eos: bool| {
+        let body = json!({"messages": [{"role": "user", "content": "ba"}], "max_tokens": 300, "temperature": 0,
+                          "ignore_eos": ignore_eos, "return_token_ids": true});
+        let (status, _, reply) = server.post("/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{reply}");
+        reply["choices"][0].clone()
+    };
+    let turn_end = json!(508); // `<turn|>` in the tiny preset's tokenizer
+    let ended = ask(false);
+    assert_eq!(ended["finish_reason"], "stop", "{ended}");
+    let ids = ask(true)["token_ids"].as_array().unwrap().clone();
+    assert_eq!(ids.len(), 300);
+    assert!(ids.contains(&turn_end), "the reply went past the end of its turn: {ids:?}");
 }

@@ -43,6 +43,9 @@ pub struct ServeOptions {
     pub shutdown_grace: Duration,
 }
 
+/// How long the replies cancelled at the end of `--shutdown-grace` have to tell their clients.
+const CANCELLED_FLUSH: Duration = Duration::from_secs(1);
+
 /// A listener on `host:port` (port 0: any free one; the server's first log line says which), made
 /// before the model is loaded so that a port in use fails at once.
 pub fn bind(host: &str, port: u16) -> Result<std::net::TcpListener, String> {
@@ -71,7 +74,8 @@ pub fn serve(engine: BatchEngine, model: ModelInfo, options: ServeOptions) -> Re
             "g4c serve: listening on http://{bound} (model {}, batch {batch}, context {}, queue {})",
             model.name, model.shape.context, options.max_queue
         );
-        let app = Arc::new(App { model, queue, metrics, draining: AtomicBool::new(false) });
+        let (cancel, cancelled) = tokio::sync::watch::channel(false);
+        let app = Arc::new(App { model, queue, metrics, draining: AtomicBool::new(false), cancelled });
         let (stop, stopping) = tokio::sync::watch::channel(false);
         let signalled = app.clone();
         tokio::spawn(async move {
@@ -84,14 +88,21 @@ pub fn serve(engine: BatchEngine, model: ModelInfo, options: ServeOptions) -> Re
         let server = axum::serve(listener, routes::router(app)).with_graceful_shutdown(async move {
             let _ = graceful.wait_for(|s| *s).await;
         });
+        let mut server = std::pin::pin!(std::future::IntoFuture::into_future(server));
         let mut deadline = stopping;
         let grace = options.shutdown_grace;
         tokio::select! {
-            served = server => served.map_err(|e| format!("the server failed: {e}"))?,
+            served = &mut server => served.map_err(|e| format!("the server failed: {e}"))?,
             _ = async move {
                 let _ = deadline.wait_for(|s| *s).await;
                 tokio::time::sleep(grace).await;
-            } => eprintln!("g4c serve: requests still in flight after {} s are cancelled", grace.as_secs()),
+            } => {
+                eprintln!("g4c serve: requests still in flight after {} s are cancelled", grace.as_secs());
+                // Their clients are told so (a 503, or an error event before `[DONE]`), if they
+                // take it within a moment.
+                let _ = cancel.send(true);
+                let _ = tokio::time::timeout(CANCELLED_FLUSH, &mut server).await;
+            }
         }
         Ok(())
     });

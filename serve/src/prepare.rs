@@ -72,7 +72,9 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
         None => 16.min(room),
     };
     let mut stop_ids = ask.stop_ids.clone();
-    if endpoint == Endpoint::Chat {
+    // The end of the model's turn ends a chat reply as EOS does, and `ignore_eos` lets both pass
+    // (as vLLM, whose Gemma EOS ids include it).
+    if endpoint == Endpoint::Chat && !ask.ignore_eos {
         stop_ids.extend(model.turn_end);
     }
     // A stop string that is a special token (`<turn|>`) never appears in the text, which skips

@@ -34,6 +34,8 @@ pub struct Reply {
     pub created: u64,
     pub prompt_ids: Vec<u32>,
     events: UnboundedReceiver<SequenceEvent>,
+    /// The server's cancellation of what is still running when its shutdown grace ends.
+    cancelled: tokio::sync::watch::Receiver<bool>,
     text: StopText,
     generated: Vec<u32>,
     cached_tokens: usize,
@@ -67,6 +69,7 @@ impl Reply {
             created,
             prompt_ids,
             events,
+            cancelled: app.cancelled.clone(),
             text,
             generated: vec![],
             cached_tokens: 0,
@@ -88,7 +91,17 @@ impl Reply {
             return None;
         }
         loop {
-            let Some(event) = self.events.recv().await else {
+            let cancelled = &mut self.cancelled;
+            let event = tokio::select! {
+                event = self.events.recv() => event,
+                Ok(_) = cancelled.wait_for(|c| *c) => {
+                    self.outcome = Some("cancelled");
+                    return Some(Part::Failed(ApiError::unavailable(
+                        "the server stopped before this request finished (its --shutdown-grace ran out)",
+                    )));
+                }
+            };
+            let Some(event) = event else {
                 return Some(self.fail(ApiError::server("the engine dropped this request; see the server's log")));
             };
             match event {
@@ -235,6 +248,7 @@ impl Drop for Reply {
         // nginx's 499 for a client that closed the connection before the end.
         let status = match outcome {
             "error" => "500",
+            "cancelled" => "503",
             "client gone" => "499",
             _ => "200",
         };

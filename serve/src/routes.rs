@@ -28,6 +28,8 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     /// Set once the server has been told to stop.
     pub draining: AtomicBool,
+    /// Turns true when the requests still in flight after `--shutdown-grace` are cancelled.
+    pub cancelled: tokio::sync::watch::Receiver<bool>,
 }
 
 pub fn router(app: Arc<App>) -> Router {

@@ -3,7 +3,7 @@
 // real NVRTC (`G4C_STAND_IN_NVRTC`, the library's path), and each program created is also built for
 // the host, as the host emulator builds it, into `G4C_STAND_IN_NVRTC_BUILDS`, a folder the stand-in
 // driver looks for kernels in. The build is `G4C_STAND_IN_CXX` (a compiler and its flags, separated
-// by spaces) of the program after `#include "emulator.h"`, which that folder holds.
+// by spaces, which include the emulator's header first) of the program's source.
 //
 // cudarc opens NVRTC as `libnvrtc.so` before its versioned names, so a process with this library
 // (named so) first on its library path calls it; g4c itself opens the real one by its path first.
@@ -75,7 +75,7 @@ void build_for_host(const char* source) {
   const std::string own = base + "." + std::to_string(getpid()) + "." +
                           std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
   const std::string cpp = own + ".cpp", built = own + ".so.part", log = own + ".log";
-  std::ofstream(cpp) << "#include \"emulator.h\"\n" << source;
+  std::ofstream(cpp) << source;
   const std::string command = std::string(cxx) + " -o '" + built + "' '" + cpp + "' 2>'" + log + "'";
   if (std::system(command.c_str()) != 0 || std::rename(built.c_str(), library.c_str()) != 0) {
     std::fprintf(stderr, "libnvrtc stand-in: the host build of a program failed: %s (its log: %s)\n",

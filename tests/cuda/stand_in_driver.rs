@@ -40,7 +40,7 @@ impl StandIn {
         let kernels = dir.path().join("kernels");
         let nvrtc_builds = kernels.join("nvrtc");
         std::fs::create_dir_all(&nvrtc_builds).unwrap();
-        std::fs::write(nvrtc_builds.join("emulator.h"), g4c_runtime::backend::cuda::emulator_header()).unwrap();
+        let host_build = g4c_runtime::backend::cuda::host_build_in(&nvrtc_builds).unwrap();
         let nvrtc = g4c_codegen::cuda::nvrtc_path().expect("NVRTC (scripts/setup installs it into .venv)");
         let gpu = target.gpu.as_ref().unwrap();
         let (major, minor) = gpu.compute_capability;
@@ -53,7 +53,7 @@ impl StandIn {
             ("G4C_STAND_IN_SMS", gpu.sm_count.to_string()),
             ("G4C_STAND_IN_NVRTC", path(&nvrtc)),
             ("G4C_STAND_IN_NVRTC_BUILDS", path(&nvrtc_builds)),
-            ("G4C_STAND_IN_CXX", g4c_runtime::backend::cuda::HOST_BUILD.join(" ")),
+            ("G4C_STAND_IN_CXX", host_build.join(" ")),
         ];
         StandIn { dir, env }
     }
@@ -259,7 +259,8 @@ fn compiled(model: &str, target: &str, dir: &Path, extra: &[&str]) -> PathBuf {
 /// generates from the artifact's module (`--backend interp`), a 3-token prompt in one 4-token
 /// prefill and a 6-token one in two: on an sm_90 GPU from its cubin, as it is, with programmatic
 /// dependent launch and profiled launch by launch; on an sm_100 GPU from its PTX, which the driver
-/// JIT-compiles (the cubin is for another GPU). `g4c bench` of it runs there too.
+/// JIT-compiles (the cubin is for another GPU). `g4c serve` of it answers both prompts with the
+/// same tokens, and `g4c bench` of it runs there too.
 #[test]
 fn an_artifact_on_a_stand_in_driver_generates_what_the_interpreter_does() {
     let dir = tempfile::tempdir().unwrap();
@@ -269,6 +270,9 @@ fn an_artifact_on_a_stand_in_driver_generates_what_the_interpreter_does() {
     let art = artifact.to_str().unwrap();
     let variants: [&[(&str, &str)]; 4] =
         [&[], &[("G4C_CUDA_PDL", "1")], &[("G4C_CUDA_PROFILE", "1")], &[("G4C_STAND_IN_CAPABILITY", "10.0")]];
+    // `g4c serve` of it too, asked for ids and answered with ids.
+    let env: Vec<(&str, &str)> = stand_in.env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let server = crate::serve::Server::start_with_env(&artifact, &[], &env);
     for prompt in ["2,17,301", "2,17,301,45,99,7"] {
         let args = ["run", art, "--prompt-ids", prompt, "--max-new-tokens", "6", "--ignore-eos", "--json"];
         let interp = crate::common::g4c(&[&args[..], &["--backend", "interp"]].concat());
@@ -287,7 +291,16 @@ fn an_artifact_on_a_stand_in_driver_generates_what_the_interpreter_does() {
                 assert!(stderr.contains("ms of kernels in all"), "{stderr}");
             }
         }
+        let ids: Vec<u32> = prompt.split(',').map(|id| id.parse().unwrap()).collect();
+        let ask = serde_json::json!({
+            "model": "tiny", "prompt": ids, "max_tokens": 6, "temperature": 0, "ignore_eos": true,
+            "return_token_ids": true,
+        });
+        let (status, _, reply) = server.post("/v1/completions", &ask);
+        assert_eq!(status, 200, "{reply}; server: {:?}", server.log());
+        assert_eq!(reply["choices"][0]["token_ids"], want["generated_ids"], "g4c serve, {prompt}");
     }
+    refused_nothing("g4c serve", &[&server.log().join("\n")]);
     let bench = ["bench", art, "--prompt-len", "4", "--gen", "2", "--reps", "1", "--json"];
     let out = stand_in.g4c(&bench, &[]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

@@ -40,18 +40,27 @@ pub struct Emulator {
 
 /// The compiler and flags of a host build. No fused multiply-adds the source does not ask for, as
 /// NVRTC compiles it (`fmad=false`): clang on AArch64 would contract `a * b + c` otherwise.
-pub const HOST_BUILD: &[&str] =
-    &["c++", "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread", "-w"];
+const HOST_BUILD: &[&str] = &["c++", "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread", "-w"];
+
+/// Writes `emulator.h` into `dir` and returns the command of a host build that includes it before
+/// the kernels' source: what `build_for_host` runs, and what the tests' NVRTC stand-in runs.
+pub fn host_build_in(dir: &Path) -> Result<Vec<String>> {
+    let header = dir.join("emulator.h");
+    std::fs::write(&header, emulator_header()).map_err(|e| emulator_error(format!("{}: {e}", header.display())))?;
+    let mut command: Vec<String> = HOST_BUILD.iter().map(|s| s.to_string()).collect();
+    command.extend(["-include".to_string(), header.display().to_string()]);
+    Ok(command)
+}
 
 /// Compiles the kernels of entry point `entry` (their CUDA C, `source`) for the host into a shared
 /// library in `dir` (beside a copy of `emulator.h`), whose `g4c_emulate` runs a launch of any of
 /// them: what the emulator runs, and what the tests' stand-in CUDA driver runs a GPU's launches with.
 pub fn build_for_host(entry: &str, source: &str, dir: &Path) -> Result<PathBuf> {
-    std::fs::write(dir.join("emulator.h"), emulator_header()).map_err(|e| emulator_error(e.to_string()))?;
+    let command = host_build_in(dir)?;
     let (cpp, library) = (dir.join(format!("{entry}.cpp")), dir.join(format!("lib{entry}.so")));
-    std::fs::write(&cpp, format!("#include \"emulator.h\"\n{source}")).map_err(|e| emulator_error(e.to_string()))?;
-    let out = Command::new(HOST_BUILD[0])
-        .args(&HOST_BUILD[1..])
+    std::fs::write(&cpp, source).map_err(|e| emulator_error(e.to_string()))?;
+    let out = Command::new(&command[0])
+        .args(&command[1..])
         .arg("-o")
         .arg(&library)
         .arg(&cpp)

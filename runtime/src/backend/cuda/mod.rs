@@ -18,5 +18,5 @@ pub use driver::{
     cuda_device_capability, cuda_driver_problem, cuda_memory_bandwidth, ptx_isa_supported, ptx_isa_version,
     ptx_kernels_waiting, CudaDevice,
 };
-pub use emulator::{build_for_host, emulator_header, Emulator, HOST_BUILD};
+pub use emulator::{build_for_host, emulator_header, host_build_in, Emulator};
 pub use executor::DeviceExecutor;
