@@ -420,3 +420,51 @@ fn ignore_eos_lets_a_chat_reply_go_past_the_end_of_its_turn() {
     assert_eq!(ids.len(), 300);
     assert!(ids.contains(&turn_end), "the reply went past the end of its turn: {ids:?}");
 }
+
+/// What clients ask besides completions: one model by its id (the `openai` client's
+/// `models.retrieve`), a browser's preflight (CORS, any origin by default, or those listed), and
+/// `usage` on every chunk of a stream that asked for it (null until the last), as OpenAI sends it.
+#[test]
+fn models_by_id_cors_and_usage_on_every_chunk() {
+    let server = Server::start(&["--max-batch", "1", "--context", "32", "--prefill-len", "8"]);
+    let (status, _, model) = server.http("GET", "/v1/models/tiny", "");
+    let model: Value = serde_json::from_str(&model).unwrap();
+    assert_eq!((status, &model["id"], &model["object"]), (200, &json!("tiny"), &json!("model")), "{model}");
+    let (status, _, missing) = server.http("GET", "/v1/models/gpt-4", "");
+    assert_eq!(status, 404, "{missing}");
+    assert!(missing.contains("model_not_found"), "{missing}");
+    let (status, _, unknown) = server.http("GET", "/v2/nothing", "");
+    assert_eq!(status, 404, "{unknown}");
+    assert!(unknown.contains("no such endpoint: GET /v2/nothing"), "{unknown}");
+
+    let preflight = |port: u16, origin: &str| {
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let request = format!(
+            "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: {origin}\r\n\
+             Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: content-type\r\n\
+             Connection: close\r\n\r\n"
+        );
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        response.to_lowercase()
+    };
+    let any = preflight(server.port, "http://localhost:3000");
+    assert!(any.starts_with("http/1.1 200") && any.contains("access-control-allow-origin: *"), "{any}");
+    let listed = Server::start(&["--max-batch", "1", "--context", "32", "--allowed-origins", "http://localhost:3000"]);
+    let allowed = preflight(listed.port, "http://localhost:3000");
+    assert!(allowed.contains("access-control-allow-origin: http://localhost:3000"), "{allowed}");
+    let other = preflight(listed.port, "http://elsewhere.example");
+    assert!(!other.contains("access-control-allow-origin"), "{other}");
+    drop(listed);
+
+    let body = json!({"prompt": "ba", "max_tokens": 3, "stream": true, "stream_options": {"include_usage": true}});
+    let (status, _, text) = server.http("POST", "/v1/completions", &body.to_string());
+    assert_eq!(status, 200, "{text}");
+    let chunks: Vec<Value> =
+        sse_data(&text).iter().filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect();
+    let (last, rest) = chunks.split_last().unwrap();
+    assert!(!rest.is_empty() && rest.iter().all(|c| c.get("usage") == Some(&Value::Null)), "{text}");
+    assert_eq!(last["usage"]["completion_tokens"], 3, "{text}");
+}

@@ -40,7 +40,9 @@ pub struct Ask {
     pub endpoint: Endpoint,
     pub model: Option<String>,
     pub prompt: PromptSpec,
-    pub max_tokens: Option<usize>,
+    /// The most tokens to generate, and the field that said so (`max_tokens` or
+    /// `max_completion_tokens`).
+    pub max_tokens: Option<(&'static str, usize)>,
     pub temperature: f32,
     pub top_p: f32,
     /// 0: all tokens.
@@ -140,6 +142,22 @@ struct Common {
     tools: Option<Vec<Value>>,
     suffix: Option<String>,
     response_format: Option<Value>,
+    // vLLM's and llama.cpp's own sampling and output fields, likewise.
+    repetition_penalty: Option<f64>,
+    repeat_penalty: Option<f64>,
+    min_p: Option<f64>,
+    min_tokens: Option<u64>,
+    include_stop_str_in_output: Option<bool>,
+    skip_special_tokens: Option<bool>,
+    add_generation_prompt: Option<bool>,
+    continue_final_message: Option<bool>,
+    guided_json: Option<Value>,
+    guided_regex: Option<Value>,
+    guided_choice: Option<Value>,
+    guided_grammar: Option<Value>,
+    structured_outputs: Option<Value>,
+    grammar: Option<Value>,
+    json_schema: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -149,14 +167,14 @@ struct StreamOptions {
 
 /// `stop`: a string, or a list of strings and token ids.
 #[derive(Deserialize)]
-#[serde(untagged, expecting = "a string, or a list of strings and token ids")]
+#[serde(untagged, expecting = "expected a string, or a list of strings and token ids")]
 enum Stop {
     One(String),
     Many(Vec<StopItem>),
 }
 
 #[derive(Deserialize)]
-#[serde(untagged, expecting = "a string or a token id")]
+#[serde(untagged, expecting = "expected a string or a token id")]
 enum StopItem {
     Text(String),
     Id(u32),
@@ -170,7 +188,7 @@ struct MessageBody {
 
 /// A message's content: text, or a list of parts of which only text is supported.
 #[derive(Deserialize)]
-#[serde(untagged, expecting = "a string, or a list of content parts")]
+#[serde(untagged, expecting = "expected a string, or a list of content parts")]
 enum Content {
     Text(String),
     Parts(Vec<Part>),
@@ -185,7 +203,10 @@ struct Part {
 
 /// A completion's `prompt`: text, token ids, or a list of one of either.
 #[derive(Deserialize)]
-#[serde(untagged, expecting = "a string, a list of token ids, a list of strings, or a list of lists of token ids")]
+#[serde(
+    untagged,
+    expecting = "expected a string, a list of token ids, a list of strings, or a list of lists of token ids"
+)]
 enum Prompt {
     Text(String),
     Ids(Vec<u32>),
@@ -212,13 +233,21 @@ fn chat_messages(messages: Vec<MessageBody>) -> Result<Vec<ChatMessage>, ApiErro
                 Some(Content::Text(text)) => text,
                 Some(Content::Parts(parts)) => {
                     let mut text = String::new();
-                    for part in parts {
+                    for (j, part) in parts.into_iter().enumerate() {
                         match (part.kind.as_str(), part.text) {
                             ("text", Some(t)) => text += &t,
+                            ("text", None) => {
+                                return Err(ApiError::param(
+                                    "messages",
+                                    format!("messages[{i}].content[{j}]: a text part without `text`"),
+                                ))
+                            }
                             (kind, _) => {
                                 return Err(ApiError::param(
                                     "messages",
-                                    format!("messages[{i}].content: only text parts are supported, found `{kind}`"),
+                                    format!(
+                                        "messages[{i}].content[{j}]: only text parts are supported, found `{kind}`"
+                                    ),
                                 ))
                             }
                         }
@@ -262,6 +291,9 @@ impl Common {
         let unsupported = |name: &str, what: &str| {
             Err(ApiError::param(name, format!("`{name}`: {what} is not supported by this server")))
         };
+        if self.n == Some(0) {
+            return Err(ApiError::param("n", "`n`: expected 1, found 0"));
+        }
         if self.n.is_some_and(|n| n != 1) {
             return unsupported("n", "more than one choice");
         }
@@ -295,6 +327,47 @@ impl Common {
         }
         if matches!(&self.response_format, Some(f) if f.get("type").and_then(Value::as_str) != Some("text")) {
             return unsupported("response_format", "a response format other than text");
+        }
+        for (name, value) in [("repetition_penalty", self.repetition_penalty), ("repeat_penalty", self.repeat_penalty)]
+        {
+            if value.is_some_and(|v| v != 1.0) {
+                return unsupported(name, "a penalty");
+            }
+        }
+        if self.min_p.is_some_and(|p| p != 0.0) {
+            return unsupported("min_p", "min-p sampling");
+        }
+        if self.min_tokens.is_some_and(|n| n != 0) {
+            return unsupported("min_tokens", "a least number of tokens");
+        }
+        if self.include_stop_str_in_output == Some(true) {
+            return unsupported("include_stop_str_in_output", "keeping the stop string");
+        }
+        if self.skip_special_tokens == Some(false) {
+            return unsupported("skip_special_tokens", "text with special tokens");
+        }
+        if self.add_generation_prompt == Some(false) || self.continue_final_message == Some(true) {
+            let name = if self.add_generation_prompt == Some(false) {
+                "add_generation_prompt"
+            } else {
+                "continue_final_message"
+            };
+            return unsupported(name, "continuing the last message");
+        }
+        let constrained = [
+            ("guided_json", &self.guided_json),
+            ("guided_regex", &self.guided_regex),
+            ("guided_choice", &self.guided_choice),
+            ("guided_grammar", &self.guided_grammar),
+            ("structured_outputs", &self.structured_outputs),
+            ("grammar", &self.grammar),
+            ("json_schema", &self.json_schema),
+        ];
+        if let Some((name, _)) = constrained.iter().find(|(_, v)| v.as_ref().is_some_and(|v| !v.is_null())) {
+            return unsupported(name, "constrained decoding");
+        }
+        if self.stream != Some(true) && self.stream_options.is_some() {
+            return Err(ApiError::param("stream_options", "`stream_options` is only allowed with `stream: true`"));
         }
         let max_tokens = match (self.max_completion_tokens, self.max_tokens) {
             (Some(n), _) => Some(("max_completion_tokens", n)),
@@ -344,7 +417,7 @@ impl Common {
             endpoint,
             model: self.model,
             prompt,
-            max_tokens: max_tokens.map(|(_, n)| n as usize),
+            max_tokens: max_tokens.map(|(name, n)| (name, n as usize)),
             temperature: temperature as f32,
             top_p: top_p as f32,
             top_k,
@@ -386,7 +459,10 @@ mod tests {
             ChatMessage { role: "user".into(), content: "hi".into() },
         ];
         assert_eq!(ask.prompt, PromptSpec::Messages(messages));
-        assert_eq!((ask.max_tokens, ask.temperature, ask.top_p, ask.top_k, ask.seed), (Some(5), 0.5, 0.9, 7, Some(3)));
+        assert_eq!(
+            (ask.max_tokens, ask.temperature, ask.top_p, ask.top_k, ask.seed),
+            (Some(("max_completion_tokens", 5)), 0.5, 0.9, 7, Some(3))
+        );
         assert_eq!((ask.stop, ask.stop_ids), (vec!["x".to_string()], vec![17]));
         assert!(ask.stream && ask.include_usage);
     }
@@ -418,6 +494,12 @@ mod tests {
             (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true}), "logprobs"),
             (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "stop": [""]}), "stop"),
             (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "top_k": -2}), "top_k"),
+            (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "n": 0}), "n"),
+            (serde_json::json!({"messages": [{"role": "user", "content": [{"type": "text"}]}]}), "messages"),
+            (
+                serde_json::json!({"messages": [{"role": "user", "content": "x"}], "stream_options": {}}),
+                "stream_options",
+            ),
         ];
         for (body, param) in cases {
             let err = chat(body.clone()).unwrap_err();
@@ -425,6 +507,62 @@ mod tests {
             assert_eq!(err.param.as_deref(), Some(param), "{body}: {}", err.message);
         }
         assert_eq!(parse(Endpoint::Chat, b"{not json").unwrap_err().status, 400);
+        let message = |body: Value| chat(body).unwrap_err().message;
+        let part = message(serde_json::json!({"messages": [{"role": "user", "content": [{"type": "text"}]}]}));
+        assert!(part.contains("messages[0].content[0]: a text part without `text`"), "{part}");
+        assert!(
+            message(serde_json::json!({"messages": [{"role": "user", "content": 5}]})).contains("expected a string")
+        );
+        assert!(
+            message(serde_json::json!({"messages": [{"role": "user", "content": "x"}], "n": 0})).contains("expected 1")
+        );
+    }
+
+    /// vLLM's and llama.cpp's own fields are served at the values that ask for nothing, and refused,
+    /// naming the field, at any other.
+    #[test]
+    fn engine_specific_fields_are_refused_unless_they_ask_for_nothing() {
+        let with = |field: &str, value: Value| {
+            let mut body = serde_json::json!({"messages": [{"role": "user", "content": "x"}]});
+            body[field] = value;
+            chat(body)
+        };
+        let nothing = [
+            ("repetition_penalty", serde_json::json!(1.0)),
+            ("repeat_penalty", serde_json::json!(1)),
+            ("min_p", serde_json::json!(0)),
+            ("min_tokens", serde_json::json!(0)),
+            ("include_stop_str_in_output", serde_json::json!(false)),
+            ("skip_special_tokens", serde_json::json!(true)),
+            ("add_generation_prompt", serde_json::json!(true)),
+            ("continue_final_message", serde_json::json!(false)),
+            ("guided_json", Value::Null),
+        ];
+        for (field, value) in nothing {
+            assert!(with(field, value.clone()).is_ok(), "{field}: {value}");
+        }
+        let something = [
+            ("repetition_penalty", serde_json::json!(1.2)),
+            ("repeat_penalty", serde_json::json!(1.1)),
+            ("min_p", serde_json::json!(0.1)),
+            ("min_tokens", serde_json::json!(10)),
+            ("include_stop_str_in_output", serde_json::json!(true)),
+            ("skip_special_tokens", serde_json::json!(false)),
+            ("add_generation_prompt", serde_json::json!(false)),
+            ("continue_final_message", serde_json::json!(true)),
+            ("guided_json", serde_json::json!({"type": "object"})),
+            ("guided_regex", serde_json::json!("a+")),
+            ("guided_choice", serde_json::json!(["a"])),
+            ("guided_grammar", serde_json::json!("root ::= \"a\"")),
+            ("structured_outputs", serde_json::json!({"regex": "a"})),
+            ("grammar", serde_json::json!("root ::= \"a\"")),
+            ("json_schema", serde_json::json!({})),
+        ];
+        for (field, value) in something {
+            let err = with(field, value.clone()).unwrap_err();
+            assert_eq!((err.status.as_u16(), err.param.as_deref()), (400, Some(field)), "{field}: {value}");
+            assert!(err.message.contains("not supported"), "{field}: {}", err.message);
+        }
         assert_eq!(parse(Endpoint::Chat, b"[1]").unwrap_err().status, 400);
     }
 }

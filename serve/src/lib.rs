@@ -7,6 +7,7 @@
 pub mod api;
 pub mod error;
 pub mod metrics;
+mod origins;
 pub mod prepare;
 mod reply;
 mod routes;
@@ -15,6 +16,7 @@ mod worker;
 
 use g4c_frontend::{ChatTemplate, TextTokenizer};
 use g4c_runtime::{BatchEngine, ModelShape};
+pub use origins::AllowedOrigins;
 use routes::App;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -41,6 +43,8 @@ pub struct ServeOptions {
     /// After `SIGTERM` or Ctrl-C, how long requests in flight may take to finish before they are
     /// cancelled.
     pub shutdown_grace: Duration,
+    /// The web pages that may call the server from a browser.
+    pub allowed_origins: AllowedOrigins,
 }
 
 /// How long the replies cancelled at the end of `--shutdown-grace` have to tell their clients.
@@ -75,7 +79,8 @@ pub fn serve(engine: BatchEngine, model: ModelInfo, options: ServeOptions) -> Re
             model.name, model.shape.context, options.max_queue
         );
         let (cancel, cancelled) = tokio::sync::watch::channel(false);
-        let app = Arc::new(App { model, queue, metrics, draining: AtomicBool::new(false), cancelled });
+        let started = unix_seconds();
+        let app = Arc::new(App { model, queue, metrics, draining: AtomicBool::new(false), cancelled, started });
         let (stop, stopping) = tokio::sync::watch::channel(false);
         let signalled = app.clone();
         tokio::spawn(async move {
@@ -85,7 +90,11 @@ pub fn serve(engine: BatchEngine, model: ModelInfo, options: ServeOptions) -> Re
             let _ = stop.send(true);
         });
         let mut graceful = stopping.clone();
-        let server = axum::serve(listener, routes::router(app)).with_graceful_shutdown(async move {
+        let router = match options.allowed_origins.layer() {
+            Some(cors) => routes::router(app).layer(cors),
+            None => routes::router(app),
+        };
+        let server = axum::serve(listener, router).with_graceful_shutdown(async move {
             let _ = graceful.wait_for(|s| *s).await;
         });
         let mut server = std::pin::pin!(std::future::IntoFuture::into_future(server));
@@ -114,6 +123,11 @@ pub fn serve(engine: BatchEngine, model: ModelInfo, options: ServeOptions) -> Re
     }
     eprintln!("g4c serve: stopped");
     served
+}
+
+/// Now, in seconds since the Unix epoch (OpenAI's `created`).
+fn unix_seconds() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// `SIGTERM` (or Ctrl-C).

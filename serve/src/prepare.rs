@@ -59,14 +59,14 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
     let context = shape.context;
     let room = context - prompt.len();
     let max_new_tokens = match ask.max_tokens {
-        Some(n) if n > room => {
+        Some((field, n)) if n > room => {
             let message = format!(
-                "the prompt ({} tokens) and max_tokens ({n}) exceed this model's context of {context} positions",
+                "the prompt ({} tokens) and {field} ({n}) exceed this model's context of {context} positions",
                 prompt.len()
             );
-            return Err(ApiError::param("max_tokens", message).with_code("context_length_exceeded"));
+            return Err(ApiError::param(field, message).with_code("context_length_exceeded"));
         }
-        Some(n) => n,
+        Some((_, n)) => n,
         // As OpenAI: a chat reply may fill the context, a completion is 16 tokens.
         None if endpoint == Endpoint::Chat => room,
         None => 16.min(room),
@@ -145,6 +145,9 @@ mod tests {
         let (_, request) = prepare(&model, Endpoint::Chat, &chat).unwrap();
         assert_eq!(request.options.stop_ids, [turn_end]);
         assert_eq!(request.options.max_new_tokens, 32 - request.prompt.len(), "a chat reply may fill the context");
+        let past_eos = body(serde_json::json!({"messages": [{"role": "user", "content": "ba"}], "ignore_eos": true}));
+        let (_, request) = prepare(&model, Endpoint::Chat, &past_eos).unwrap();
+        assert!(request.options.stop_ids.is_empty() && request.options.ignore_eos, "ignore_eos passes the turn's end");
         let completion = body(serde_json::json!({"prompt": "ba", "stop": ["<turn|>", "de"]}));
         let (_, request) = prepare(&model, Endpoint::Completion, &completion).unwrap();
         assert_eq!(request.options.stop_ids, [turn_end], "`de` is text, `<turn|>` a special token");
@@ -163,6 +166,10 @@ mod tests {
         let room = body(serde_json::json!({"prompt": [2, 3], "max_tokens": 31}));
         let e = prepare(&model, Endpoint::Completion, &room).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("max_tokens"), "{}", e.message);
+        let room = body(serde_json::json!({"prompt": [2, 3], "max_completion_tokens": 31}));
+        let e = prepare(&model, Endpoint::Completion, &room).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_completion_tokens"), "{}", e.message);
+        assert!(e.message.contains("max_completion_tokens (31)"), "{}", e.message);
         let outside = body(serde_json::json!({"prompt": [2, 512]}));
         assert!(prepare(&model, Endpoint::Completion, &outside)
             .unwrap_err()

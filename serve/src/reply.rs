@@ -61,7 +61,7 @@ impl Reply {
     ) -> Reply {
         let (model, metrics) = (app.model.name.clone(), app.metrics.clone());
         let text = StopText::new(app.model.tokenizer.clone(), ask.stop.clone());
-        let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let created = crate::unix_seconds();
         Reply {
             id,
             ask,
@@ -196,6 +196,10 @@ impl Reply {
         });
         if self.ask.return_token_ids && !chunk {
             body["prompt_token_ids"] = json!(self.prompt_ids);
+        }
+        // As OpenAI: with `include_usage`, every chunk has `usage`, null until the last.
+        if self.ask.include_usage && chunk {
+            body["usage"] = Value::Null;
         }
         body
     }

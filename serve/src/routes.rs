@@ -8,8 +8,8 @@ use crate::worker::{Job, Queue};
 use crate::{metrics::Metrics, ModelInfo};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
-use axum::http::header;
+use axum::extract::{Path, State};
+use axum::http::{header, Method, Uri};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -30,6 +30,8 @@ pub struct App {
     pub draining: AtomicBool,
     /// Turns true when the requests still in flight after `--shutdown-grace` are cancelled.
     pub cancelled: tokio::sync::watch::Receiver<bool>,
+    /// When the server started, in seconds since the Unix epoch.
+    pub started: u64,
 }
 
 pub fn router(app: Arc<App>) -> Router {
@@ -37,9 +39,12 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
-        .fallback(|| async { ApiError::not_found("no such endpoint", "unknown_url") })
+        .fallback(|method: Method, uri: Uri| async move {
+            ApiError::not_found(format!("no such endpoint: {method} {}", uri.path()), "unknown_url")
+        })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .with_state(app)
 }
@@ -48,22 +53,28 @@ pub fn router(app: Arc<App>) -> Router {
 // error format, as everything else is, not in axum's plain text.
 async fn chat(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
     match body {
-        Ok(body) => generate(app, Endpoint::Chat, &body).await,
+        Ok(body) => generate(app, Endpoint::Chat, body).await,
         Err(rejected) => ApiError::unread_body(rejected).into_response(),
     }
 }
 
 async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
     match body {
-        Ok(body) => generate(app, Endpoint::Completion, &body).await,
+        Ok(body) => generate(app, Endpoint::Completion, body).await,
         Err(rejected) => ApiError::unread_body(rejected).into_response(),
     }
 }
 
 async fn models(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
-    let model = json!({"id": app.model.name, "object": "model", "created": 0, "owned_by": "g4c",
-                       "max_model_len": app.model.shape.context});
-    Json(json!({"object": "list", "data": [model]}))
+    Json(json!({"object": "list", "data": [app.model_object()]}))
+}
+
+async fn model(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
+    if id != app.model.name {
+        let message = format!("the model `{id}` does not exist; this server serves `{}`", app.model.name);
+        return ApiError::not_found(message, "model_not_found").into_response();
+    }
+    Json(app.model_object()).into_response()
 }
 
 async fn health(State(app): State<Arc<App>>) -> Response {
@@ -78,7 +89,7 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], app.metrics.render()).into_response()
 }
 
-async fn generate(app: Arc<App>, endpoint: Endpoint, body: &[u8]) -> Response {
+async fn generate(app: Arc<App>, endpoint: Endpoint, body: Bytes) -> Response {
     let arrived = Instant::now();
     let prefix = match endpoint {
         Endpoint::Chat => "chatcmpl",
@@ -86,7 +97,12 @@ async fn generate(app: Arc<App>, endpoint: Endpoint, body: &[u8]) -> Response {
     };
     let id = format!("{prefix}-{:016x}", rand::random::<u64>());
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let queued = app.prepare(endpoint, body).and_then(|(ask, request)| {
+    // Rendering and tokenizing a prompt of megabytes takes a while: off the async threads.
+    let preparing = app.clone();
+    let prepared = tokio::task::spawn_blocking(move || preparing.prepare(endpoint, &body))
+        .await
+        .unwrap_or_else(|e| Err(ApiError::server(format!("preparing the request failed: {e}"))));
+    let queued = prepared.and_then(|(ask, request)| {
         let prompt_ids = request.prompt.clone();
         app.queue.submit(Job { request, events: tx })?;
         Ok((ask, prompt_ids))
@@ -168,6 +184,12 @@ fn streamed(reply: Reply) -> Sse<impl futures_util::Stream<Item = Result<Event, 
 }
 
 impl App {
+    /// The served model as `/v1/models` lists it (`created`: when the server started).
+    fn model_object(&self) -> serde_json::Value {
+        json!({"id": self.model.name, "object": "model", "created": self.started, "owned_by": "g4c",
+               "max_model_len": self.model.shape.context})
+    }
+
     /// `prepare`, unless the server is stopping.
     fn prepare(&self, endpoint: Endpoint, body: &[u8]) -> Result<(Ask, SequenceRequest), ApiError> {
         if self.draining.load(Ordering::SeqCst) {

@@ -41,6 +41,10 @@ pub struct ServeArgs {
     /// Seconds requests in flight may take to finish after SIGTERM or Ctrl-C before they are cancelled
     #[arg(long, default_value_t = 30)]
     pub shutdown_grace: u64,
+    /// Web origins whose pages may call the server from a browser (CORS), comma-separated, e.g.
+    /// `http://localhost:3000`: `*` any (as vLLM's and llama.cpp's servers), `none` no page
+    #[arg(long, value_name = "LIST", default_value = "*")]
+    pub allowed_origins: String,
 }
 
 const DEFAULT_BATCH: usize = 8;
@@ -111,6 +115,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         listener,
         max_queue: args.max_queue,
         shutdown_grace: Duration::from_secs(args.shutdown_grace),
+        allowed_origins: g4c_serve::AllowedOrigins::parse(&args.allowed_origins)
+            .map_err(|e| anyhow::anyhow!("--allowed-origins: {e}"))?,
     };
     g4c_serve::serve(engine, model, options).map_err(anyhow::Error::msg)
 }
