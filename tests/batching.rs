@@ -425,3 +425,70 @@ fn each_row_goes_through_the_prefill_entry_point_its_own_prompt_needs() {
     assert_eq!(a.tokens(), long.generated_ids);
     assert_eq!(b.tokens(), window.generated_ids);
 }
+
+/// Requests arriving at random, fresh prompts and follow-ups of finished ones (so that rows are
+/// reused and follow-ups take their prefix from the caches), half of them generating to the end of
+/// the context: each generates what `generate` gives it alone, on a module of one row with the same
+/// shapes. The goldens pin `generate` to transformers; this pins the engine's row and prefix reuse
+/// to `generate`. Drawn from `G4C_FUZZ_SEED`.
+#[test]
+fn requests_at_random_generate_what_they_generate_alone() {
+    use proptest::prelude::Rng;
+    const REQUESTS: usize = 40;
+    let dir = golden_dir("tiny").join("published");
+    let options = SessionOptions { backend: Backend::Pjrt, use_cache: false, ..Default::default() };
+    let session = Session::open(&dir, options).unwrap();
+    let executor = |batch, prefill_len, context| {
+        let module = session.module(&Shapes { batch, prefill_len, context }).unwrap();
+        session.executor(module, &Feedback::silent()).unwrap().executor
+    };
+    let mut runner = crate::common::fuzz_runner();
+    let rng = runner.rng();
+    let mut draw = |n: usize| (rng.next_u64() % n as u64) as usize;
+    // The second context is a few times the sliding window: prompts and follow-ups wrap its ring.
+    for ((prefill_len, context), batch) in [((4, 40), 2), ((4, 40), 8), ((3, 12), 3), ((3, 12), 8)] {
+        let mut alone = executor(1, prefill_len, context);
+        let mut engine =
+            BatchEngine::new(executor(batch, prefill_len, context), session.source.config.sliding_window).unwrap();
+        let mut waiting = std::collections::VecDeque::new();
+        let mut admitted: Vec<(SequenceRequest, Vec<u32>, Recorder)> = vec![];
+        for _ in 0..10_000 {
+            let asked = admitted.len() + waiting.len();
+            if asked < REQUESTS && waiting.len() < 3 && draw(2) == 0 {
+                let finished: Vec<_> = admitted.iter().filter(|(_, _, r)| r.finished()).collect();
+                let prompt: Vec<u32> = if !finished.is_empty() && draw(3) != 0 {
+                    // The earlier prompt, (most of) its reply, and a few new tokens.
+                    let (earlier, reply, _) = finished[draw(finished.len())];
+                    let mut prompt = earlier.prompt.clone();
+                    prompt.extend(&reply[..reply.len().saturating_sub(draw(3))]);
+                    prompt.extend((0..draw(6)).map(|_| 3 + draw(500) as u32));
+                    prompt.truncate(context - 1);
+                    prompt
+                } else {
+                    std::iter::once(2).chain((1..1 + draw(context - 1)).map(|_| 3 + draw(500) as u32)).collect()
+                };
+                let room = context - prompt.len();
+                let request = greedy(&prompt, if draw(2) == 0 { room } else { 1 + draw(room) });
+                let alone = g4c_runtime::generate(alone.as_mut(), &request.prompt, &request.options, &mut |_| {});
+                waiting.push_back((request, alone.unwrap().generated_ids));
+            }
+            while engine.has_free_row() && !waiting.is_empty() && draw(3) != 0 {
+                let (request, want) = waiting.pop_front().unwrap();
+                let recorder = admit(&mut engine, request.clone());
+                admitted.push((request, want, recorder));
+            }
+            if engine.step().unwrap().is_none() && waiting.is_empty() && asked == REQUESTS {
+                break;
+            }
+        }
+        assert_eq!(admitted.len(), REQUESTS, "batch {batch}: every request was admitted");
+        let reused = admitted.iter().filter(|(_, _, r)| r.cached_tokens() > 0).count();
+        assert!(reused > 0, "batch {batch}: no follow-up took its prefix from the caches");
+        for (request, want, recorder) in &admitted {
+            let (prompt, cached) = (request.prompt.len(), recorder.cached_tokens());
+            assert!(recorder.finished(), "batch {batch}: a prompt of {prompt} tokens did not finish");
+            assert_eq!(&recorder.tokens(), want, "batch {batch}: a prompt of {prompt} tokens, {cached} cached");
+        }
+        eprintln!("batch {batch}, context {context}: {REQUESTS} requests, {reused} took a prefix from the caches");
+    }
+}
