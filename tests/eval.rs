@@ -138,3 +138,19 @@ fn eval_text_scores_what_the_tokenizer_makes_of_it() {
     let (a, b) = (by_text["perplexity"].as_f64().unwrap(), by_ids["perplexity"].as_f64().unwrap());
     assert!((a / b - 1.0).abs() < 1e-4, "--text {a}, --ids {b}");
 }
+
+/// `score` refuses a sequence longer than its module's context, whose full-attention slots would
+/// wrap and overwrite its first positions (the CLI sizes the module to the sequence; a library
+/// caller may not).
+#[test]
+fn scoring_past_the_modules_context_is_refused() {
+    use g4c_driver::{Feedback, Session, SessionOptions};
+    let options = SessionOptions { backend: crate::common::Backend::Interp, use_cache: false, ..Default::default() };
+    let session = Session::open(&golden_dir("tiny").join("published"), options).unwrap();
+    let module = session.source.scoring_module(4, 8).unwrap();
+    let mut executor = session.executor(module, &Feedback::silent()).unwrap().executor;
+    let ids: Vec<u32> = (0..16).map(|i| 2 + i * 7).collect();
+    let error = g4c_runtime::eval::score(executor.as_mut(), &ids).unwrap_err().to_string();
+    assert!(error.contains("16 tokens") && error.contains("context holds 8"), "{error}");
+    assert_eq!(g4c_runtime::eval::score(executor.as_mut(), &ids[..8]).unwrap().len(), 8);
+}

@@ -5,7 +5,7 @@
 
 use crate::error::{invalid, Result};
 use crate::executor::{Executor, StepInputs, StepOutput};
-use crate::generate::logits_row;
+use crate::generate::{context_of, logits_row};
 use g4c_ir::{EntryKind, ResultRole};
 
 /// The logits at every position of `ids` (row `i` predicts token `i + 1`), `[N][vocab]`.
@@ -17,6 +17,10 @@ pub fn score(exec: &mut dyn Executor, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
     let vocab = f.ty(f.result_with(ResultRole::Logits).expect("scorers return logits").value).shape[2];
     if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
         return invalid(format!("token id {bad} is outside the vocabulary (0..{vocab})"));
+    }
+    // Past it the full-attention slots would wrap and overwrite the sequence's first positions.
+    if let Some(context) = context_of(f).filter(|&c| ids.len() > c) {
+        return invalid(format!("the sequence has {} tokens; the scoring module's context holds {context}", ids.len()));
     }
     exec.reset()?;
     let mut rows = Vec::with_capacity(ids.len());

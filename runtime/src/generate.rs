@@ -6,7 +6,7 @@ use crate::error::{invalid, Result, RuntimeError};
 use crate::executor::{Executor, StepInputs, StepOutput};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tensor::Tensor;
-use g4c_ir::{AttentionKind, Module, ParamRole, ResultRole};
+use g4c_ir::{AttentionKind, Function, Module, ParamRole, ResultRole};
 use std::time::Instant;
 
 #[derive(Clone, Debug, Default)]
@@ -107,6 +107,12 @@ pub struct ModelShape {
     pub sliding_slots: Option<usize>,
 }
 
+/// The positions an entry point's sequences may reach: full-attention slots are never reused, so
+/// their count bounds them (`None` without full-attention layers).
+pub(crate) fn context_of(f: &Function) -> Option<usize> {
+    f.param_with(&ParamRole::SlotPositions(AttentionKind::Full)).map(|p| f.ty(p.value).shape[1])
+}
+
 impl ModelShape {
     pub fn of(module: &Module) -> Result<ModelShape> {
         let Some(decode) = module.decode() else { return invalid("the module has no decode entry point") };
@@ -121,10 +127,7 @@ impl ModelShape {
             let found = logits.map_or("none".to_string(), |t| t.to_string());
             return invalid(format!("the decode entry point's logits must be f32[B, V], found {found}"));
         };
-        // Full-attention slots are never reused, so their count bounds the positions.
-        let context = decode
-            .param_with(&ParamRole::SlotPositions(AttentionKind::Full))
-            .map(|p| decode.ty(p.value).shape[1])
+        let context = context_of(decode)
             .ok_or_else(|| RuntimeError::Invalid("the module has no full-attention slot positions".into()))?;
         let sliding_slots =
             decode.param_with(&ParamRole::SlotPositions(AttentionKind::Sliding)).map(|p| decode.ty(p.value).shape[1]);
