@@ -171,7 +171,7 @@ fn a_sequence_alone_and_beside_seven_others_generates_the_same_tokens() {
         options: GenerateOptions {
             max_new_tokens: 20,
             ignore_eos: true,
-            sampling: SamplingParams { temperature: 0.9, top_k: 40, top_p: 0.95, seed },
+            sampling: SamplingParams { temperature: 0.9, top_k: 40, top_p: 0.95, min_p: 0.05, seed },
             ..Default::default()
         },
     };

@@ -94,6 +94,7 @@ fn bad_invocations_get_one_line_errors() {
         (vec!["run", tiny, "--prompt-ids", "2,,3"], vec!["--prompt-ids", "empty entry", "`2,,3`"]),
         (vec!["run", tiny, "--prompt-ids", "2", "--chat"], vec!["--chat", "--prompt"]),
         (vec!["run", tiny, "--prompt-ids", "2", "--stop-ids", "9999"], vec!["--stop-ids", "9999", "vocabulary"]),
+        (vec!["run", tiny, "--prompt-ids", "2", "--min-p", "1.5"], vec!["--min-p", "[0, 1]", "1.5"]),
         (vec!["serve", tiny, "--prefill-len", "32", "--context", "16"], vec!["--prefill-len 32", "16"]),
         (
             vec!["run", tiny, "--prompt-ids", "2", "--logits-out", "/nonexistent/l.st"],
@@ -161,6 +162,9 @@ fn sampling_is_seeded_and_stop_ids_end_generation() {
     assert_eq!(a["generated_ids"], b["generated_ids"], "same seed, same tokens");
     assert_ne!(a["generated_ids"], c["generated_ids"], "another seed, other tokens");
     let greedy = run(&[]);
+    // min-p 1 keeps only the most likely token: greedy, however hot.
+    let sharpest = run(&[&hot[..], &["--seed", "11", "--min-p", "1"]].concat());
+    assert_eq!(sharpest["generated_ids"], greedy["generated_ids"], "--min-p 1 is greedy");
     let third = greedy["generated_ids"][2].as_u64().unwrap().to_string();
     let stopped = run(&["--stop-ids", &third]);
     assert_eq!(stopped["generated_ids"].as_array().unwrap().len(), 3, "{stopped}");

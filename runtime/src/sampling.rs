@@ -1,5 +1,5 @@
-//! Choosing the next token from logits: greedy, or seeded sampling with temperature, top-k and top-p
-//! (applied in that order, as in llama.cpp and vLLM).
+//! Choosing the next token from logits: greedy, or seeded sampling with temperature, then min-p,
+//! top-k and top-p (in that order, as vLLM's sampler).
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -12,6 +12,8 @@ pub struct SamplingParams {
     pub top_k: usize,
     /// Keep the smallest set of most likely tokens whose probability reaches p (1: all).
     pub top_p: f32,
+    /// Keep the tokens at least this likely relative to the most likely one (0: all).
+    pub min_p: f32,
     pub seed: u64,
 }
 
@@ -24,7 +26,7 @@ impl SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 }
+        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 0 }
     }
 }
 
@@ -43,7 +45,16 @@ impl Sampler {
         if p.is_greedy() {
             return argmax(logits) as u32;
         }
-        let weight = |logit: f32, max: f32| (((logit - max) / p.temperature) as f64).exp();
+        // A token's probability relative to the most likely one's, which min-p bounds below.
+        let min_p = p.min_p as f64;
+        let weight = |logit: f32, max: f32| {
+            let w = (((logit - max) / p.temperature) as f64).exp();
+            if w >= min_p {
+                w
+            } else {
+                0.0
+            }
+        };
         if p.top_k == 0 && p.top_p >= 1.0 {
             // The whole softmax, in id order: no candidate list to build or sort (a sort of a
             // 262,144-token vocabulary per token would cost a batch more than its decode call).
@@ -85,7 +96,8 @@ impl Sampler {
     fn draw(&mut self, candidates: impl Iterator<Item = (usize, f64)>, total: f64) -> u32 {
         let mut u = self.rng.random::<f64>() * total;
         let mut last = 0;
-        for (i, x) in candidates {
+        // Candidates of no weight (below min-p) are never drawn, not even by rounding at the end.
+        for (i, x) in candidates.filter(|&(_, x)| x > 0.0) {
             if u < x {
                 return i as u32;
             }
@@ -140,6 +152,12 @@ mod tests {
         assert!((top2[0] - 2.0 / 3.0).abs() < 0.02 && top2[2] == 0.0 && top2[3] == 0.0, "{top2:?}");
         let nucleus = draw(SamplingParams { temperature: 1.0, top_p: 0.7, seed: 7, ..Default::default() });
         assert!(nucleus[2] == 0.0 && nucleus[3] == 0.0 && nucleus[1] > 0.25, "{nucleus:?}");
+        // 0.25 and 0.125 are half and a quarter of the most likely token's 0.5.
+        let min_p = draw(SamplingParams { temperature: 1.0, min_p: 0.3, seed: 7, ..Default::default() });
+        assert!((min_p[0] - 2.0 / 3.0).abs() < 0.02 && min_p[2] == 0.0 && min_p[3] == 0.0, "{min_p:?}");
+        let min_p_top_p =
+            draw(SamplingParams { temperature: 1.0, min_p: 0.3, top_p: 0.6, seed: 7, ..Default::default() });
+        assert_eq!(min_p_top_p, [1.0, 0.0, 0.0, 0.0], "min-p first, then top-p of what it kept (0.5 / 0.75 ≥ 0.6)");
     }
 
     #[test]

@@ -47,6 +47,8 @@ pub struct Ask {
     pub top_p: f32,
     /// 0: all tokens.
     pub top_k: usize,
+    /// vLLM's `min_p` (0: off).
+    pub min_p: f32,
     pub seed: Option<u64>,
     pub stop: Vec<String>,
     pub stop_ids: Vec<u32>,
@@ -123,6 +125,7 @@ struct Common {
     temperature: Option<f64>,
     top_p: Option<f64>,
     top_k: Option<i64>,
+    min_p: Option<f64>,
     seed: Option<i64>,
     stop: Option<Stop>,
     stop_token_ids: Option<Vec<u32>>,
@@ -145,7 +148,6 @@ struct Common {
     // vLLM's and llama.cpp's own sampling and output fields, likewise.
     repetition_penalty: Option<f64>,
     repeat_penalty: Option<f64>,
-    min_p: Option<f64>,
     min_tokens: Option<u64>,
     include_stop_str_in_output: Option<bool>,
     skip_special_tokens: Option<bool>,
@@ -334,9 +336,6 @@ impl Common {
                 return unsupported(name, "a penalty");
             }
         }
-        if self.min_p.is_some_and(|p| p != 0.0) {
-            return unsupported("min_p", "min-p sampling");
-        }
         if self.min_tokens.is_some_and(|n| n != 0) {
             return unsupported("min_tokens", "a least number of tokens");
         }
@@ -390,6 +389,10 @@ impl Common {
         if !(top_p > 0.0 && top_p <= 1.0) {
             return Err(ApiError::param("top_p", format!("`top_p`: expected a number in (0, 1], found {top_p:?}")));
         }
+        let min_p = self.min_p.unwrap_or(0.0);
+        if !(0.0..=1.0).contains(&min_p) {
+            return Err(ApiError::param("min_p", format!("`min_p`: expected 0 to 1, found {min_p:?}")));
+        }
         let top_k = match self.top_k {
             None | Some(-1) | Some(0) => 0,
             Some(k) if k > 0 => k as usize,
@@ -421,6 +424,7 @@ impl Common {
             temperature: temperature as f32,
             top_p: top_p as f32,
             top_k,
+            min_p: min_p as f32,
             seed: self.seed.map(|s| s as u64),
             stop,
             stop_ids,
@@ -449,7 +453,7 @@ mod tests {
         let ask = chat(serde_json::json!({
             "model": "m", "messages": [{"role": "developer", "content": "be brief"},
                                        {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
-            "max_completion_tokens": 5, "temperature": 0.5, "top_p": 0.9, "top_k": 7, "seed": 3,
+            "max_completion_tokens": 5, "temperature": 0.5, "top_p": 0.9, "top_k": 7, "min_p": 0.05, "seed": 3,
             "stop": ["x", 17], "stream": true, "stream_options": {"include_usage": true}, "n": 1,
             "logprobs": false, "frequency_penalty": 0, "some_future_field": {"ignored": true}
         }))
@@ -464,6 +468,7 @@ mod tests {
             (Some(("max_completion_tokens", 5)), 0.5, 0.9, 7, Some(3))
         );
         assert_eq!((ask.stop, ask.stop_ids), (vec!["x".to_string()], vec![17]));
+        assert_eq!(ask.min_p, 0.05);
         assert!(ask.stream && ask.include_usage);
     }
 
@@ -494,6 +499,7 @@ mod tests {
             (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true}), "logprobs"),
             (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "stop": [""]}), "stop"),
             (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "top_k": -2}), "top_k"),
+            (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "min_p": 1.5}), "min_p"),
             (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "n": 0}), "n"),
             (serde_json::json!({"messages": [{"role": "user", "content": [{"type": "text"}]}]}), "messages"),
             (
@@ -530,7 +536,6 @@ mod tests {
         let nothing = [
             ("repetition_penalty", serde_json::json!(1.0)),
             ("repeat_penalty", serde_json::json!(1)),
-            ("min_p", serde_json::json!(0)),
             ("min_tokens", serde_json::json!(0)),
             ("include_stop_str_in_output", serde_json::json!(false)),
             ("skip_special_tokens", serde_json::json!(true)),
@@ -544,7 +549,6 @@ mod tests {
         let something = [
             ("repetition_penalty", serde_json::json!(1.2)),
             ("repeat_penalty", serde_json::json!(1.1)),
-            ("min_p", serde_json::json!(0.1)),
             ("min_tokens", serde_json::json!(10)),
             ("include_stop_str_in_output", serde_json::json!(true)),
             ("skip_special_tokens", serde_json::json!(false)),

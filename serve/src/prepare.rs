@@ -92,6 +92,7 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
             temperature: ask.temperature,
             top_k: ask.top_k,
             top_p: ask.top_p,
+            min_p: ask.min_p,
             seed: ask.seed.unwrap_or_else(rand::random),
         },
         forced: vec![],

@@ -44,6 +44,9 @@ pub struct RunArgs {
     /// Sample among the most likely tokens whose probabilities add up to P (1: all)
     #[arg(long, default_value_t = 1.0)]
     pub top_p: f32,
+    /// Sample among the tokens at least P times as likely as the most likely one (0: all)
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
     /// Seed of the sampler: the same seed gives the same tokens
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -141,6 +144,9 @@ pub fn run(args: RunArgs) -> Result<()> {
     if !(args.top_p > 0.0 && args.top_p <= 1.0) {
         bail!("--top-p: expected a number in (0, 1], found {}", args.top_p);
     }
+    if !(0.0..=1.0).contains(&args.min_p) {
+        bail!("--min-p: expected a number in [0, 1], found {}", args.min_p);
+    }
     let opts = GenerateOptions {
         max_new_tokens: args.max_new_tokens,
         eos_ids: config.eos_token_ids.clone(),
@@ -150,12 +156,14 @@ pub fn run(args: RunArgs) -> Result<()> {
             None => vec![],
         }
         .into_iter()
-        .chain(tokenizer.and_then(|t| t.turn_end()).filter(|_| args.chat))
+        // A chat reply ends with the model's turn, as at EOS (and --ignore-eos lets both pass).
+        .chain(tokenizer.and_then(|t| t.turn_end()).filter(|_| args.chat && !args.ignore_eos))
         .collect(),
         sampling: SamplingParams {
             temperature: args.temperature,
             top_k: args.top_k,
             top_p: args.top_p,
+            min_p: args.min_p,
             seed: args.seed,
         },
         forced: vec![],
