@@ -27,6 +27,8 @@ enum Command {
     Bench(commands::bench::BenchArgs),
     /// List, clear or verify the executable cache
     Cache(commands::cache::CacheArgs),
+    /// Hold a conversation: each line of stdin is a message, answered through the chat template, the turns before kept in the caches
+    Chat(commands::chat::ChatArgs),
     /// Run a target's pass pipeline, lower to StableHLO (and for CUDA targets plan the kernels and compile them to PTX and cubins), and compile the executables: into the executable cache, or with -o into an artifact
     Compile(commands::compile::CompileArgs),
     /// Score a token sequence (teacher forced): perplexity, and divergence from a reference's logits
@@ -78,6 +80,7 @@ fn main() -> ExitCode {
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Ir(args) => commands::ir::run(args),
         Command::Run(args) => commands::run::run(args),
+        Command::Chat(args) => commands::chat::run(args),
         Command::Serve(args) => commands::serve::run(args),
         Command::Synth(args) => commands::synth::run(args),
         Command::Targets(args) => commands::targets::run(args),

@@ -193,3 +193,43 @@ fn bench_project_prints_the_plans_roofline() {
         assert!(w > 0 && kv > 0 && act > 0, "{r}");
     }
 }
+
+/// `g4c chat` keeps the conversation in the caches: the second turn's prompt (the first turn, its
+/// reply, the new message) is partly found there, and its reply is what `run` generates from that
+/// prompt alone.
+#[test]
+fn chat_answers_each_line_and_keeps_the_turns_before_in_the_caches() {
+    use std::io::Write;
+    let (_tmp, dir) = crate::common::synth_tiny(3);
+    let dir = dir.to_str().unwrap();
+    let mut chat = std::process::Command::new(env!("CARGO_BIN_EXE_g4c"))
+        .env("G4C_CACHE_DIR", crate::common::test_cache())
+        .args(["chat", dir, "--max-new-tokens", "8", "--context", "256", "--json", "-q"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("g4c runs");
+    chat.stdin.take().unwrap().write_all(b"ba de\n\nfi ba\n").unwrap();
+    let out = chat.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let turns: Vec<serde_json::Value> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(turns.len(), 2, "one reply a message; the empty line is none: {turns:?}");
+    let ids =
+        |v: &serde_json::Value| -> Vec<u64> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect() };
+    let (first, second) = (&turns[0], &turns[1]);
+    let earlier = [ids(&first["prompt_ids"]), ids(&first["generated_ids"])].concat();
+    assert!(ids(&second["prompt_ids"]).starts_with(&earlier[..earlier.len() - 1]), "{second}");
+    assert!(second["cached_tokens"].as_u64().unwrap() > ids(&first["prompt_ids"]).len() as u64, "{second}");
+    let prompt: Vec<String> = ids(&second["prompt_ids"]).iter().map(u64::to_string).collect();
+    let alone =
+        g4c(&["run", dir, "--prompt-ids", &prompt.join(","), "--max-new-tokens", "8", "--context", "256", "--json"]);
+    assert!(alone.status.success(), "{}", String::from_utf8_lossy(&alone.stderr));
+    let alone: serde_json::Value = serde_json::from_slice(&alone.stdout).unwrap();
+    assert_eq!(second["generated_ids"], alone["generated_ids"], "the reply from the caches is the reply from scratch");
+
+    let golden = golden_dir("tiny").join("published");
+    let out = g4c(&["chat", golden.to_str().unwrap()]);
+    assert_one_line_error(&out, &["chat needs", "tokenizer.json"]);
+}

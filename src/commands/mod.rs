@@ -1,9 +1,11 @@
 pub mod bench;
 pub mod cache;
+pub mod chat;
 pub mod compile;
 pub mod eval;
 pub mod inspect;
 pub mod ir;
+pub mod printer;
 pub mod run;
 pub mod serve;
 pub mod sizes;
@@ -97,6 +99,43 @@ impl Backend {
             Backend::Cuda => g4c_driver::BackendKind::Cuda,
             Backend::CudaHost => g4c_driver::BackendKind::CudaHost,
         }
+    }
+}
+
+/// How the next token is chosen (`run`, `chat`).
+#[derive(Args)]
+pub struct SamplingArgs {
+    /// Sampling temperature (0: greedy, the default)
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Sample among the K most likely tokens only (0: all)
+    #[arg(long, default_value_t = 0, value_parser = sizes::top_k)]
+    pub top_k: usize,
+    /// Sample among the most likely tokens whose probabilities add up to P (1: all)
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Sample among the tokens at least P times as likely as the most likely one (0: all)
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Seed of the sampler: the same seed gives the same tokens
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> anyhow::Result<g4c_runtime::SamplingParams> {
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            anyhow::bail!("--temperature: expected a number >= 0, found {}", self.temperature);
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            anyhow::bail!("--top-p: expected a number in (0, 1], found {}", self.top_p);
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            anyhow::bail!("--min-p: expected a number in [0, 1], found {}", self.min_p);
+        }
+        let (temperature, top_k, top_p, min_p, seed) =
+            (self.temperature, self.top_k, self.top_p, self.min_p, self.seed);
+        Ok(g4c_runtime::SamplingParams { temperature, top_k, top_p, min_p, seed })
     }
 }
 

@@ -3,10 +3,9 @@ use anyhow::{bail, Result};
 use clap::builder::{OsStringValueParser, TypedValueParser};
 use clap::Args;
 use g4c_driver::Session;
-use g4c_frontend::{ChatMessage, ChatTemplate, Shapes, TextStream, TextTokenizer};
+use g4c_frontend::{ChatMessage, ChatTemplate, Shapes};
 use g4c_ir::Target;
-use g4c_runtime::{generate, GenerateOptions, Generation, ModelShape, SamplingParams};
-use std::io::Write;
+use g4c_runtime::{generate, GenerateOptions, Generation, ModelShape};
 use std::path::{Path, PathBuf};
 
 #[derive(Args)]
@@ -35,21 +34,8 @@ pub struct RunArgs {
     /// Comma-separated token ids that also end generation (even with --ignore-eos)
     #[arg(long, value_name = "LIST")]
     pub stop_ids: Option<String>,
-    /// Sampling temperature (0: greedy, the default)
-    #[arg(long, default_value_t = 0.0)]
-    pub temperature: f32,
-    /// Sample among the K most likely tokens only (0: all)
-    #[arg(long, default_value_t = 0, value_parser = super::sizes::top_k)]
-    pub top_k: usize,
-    /// Sample among the most likely tokens whose probabilities add up to P (1: all)
-    #[arg(long, default_value_t = 1.0)]
-    pub top_p: f32,
-    /// Sample among the tokens at least P times as likely as the most likely one (0: all)
-    #[arg(long, default_value_t = 0.0)]
-    pub min_p: f32,
-    /// Seed of the sampler: the same seed gives the same tokens
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    #[command(flatten)]
+    pub sampling: super::SamplingArgs,
     /// Print one JSON object (backend, prompt_ids, generated_ids, text (null without a tokenizer),
     /// stop_reason) instead of streaming
     #[arg(long)]
@@ -138,15 +124,6 @@ pub fn run(args: RunArgs) -> Result<()> {
     };
     let batch = fixed.as_ref().map_or(1, |s| s.batch);
     let module = session.module(&Shapes { batch, prefill_len, context })?;
-    if !(args.temperature >= 0.0 && args.temperature.is_finite()) {
-        bail!("--temperature: expected a number >= 0, found {}", args.temperature);
-    }
-    if !(args.top_p > 0.0 && args.top_p <= 1.0) {
-        bail!("--top-p: expected a number in (0, 1], found {}", args.top_p);
-    }
-    if !(0.0..=1.0).contains(&args.min_p) {
-        bail!("--min-p: expected a number in [0, 1], found {}", args.min_p);
-    }
     let opts = GenerateOptions {
         max_new_tokens: args.max_new_tokens,
         eos_ids: config.eos_token_ids.clone(),
@@ -159,18 +136,12 @@ pub fn run(args: RunArgs) -> Result<()> {
         // A chat reply ends with the model's turn, as at EOS (and --ignore-eos lets both pass).
         .chain(tokenizer.and_then(|t| t.turn_end()).filter(|_| args.chat && !args.ignore_eos))
         .collect(),
-        sampling: SamplingParams {
-            temperature: args.temperature,
-            top_k: args.top_k,
-            top_p: args.top_p,
-            min_p: args.min_p,
-            seed: args.seed,
-        },
+        sampling: args.sampling.params()?,
         forced: vec![],
         keep_logits: args.logits_out.is_some(),
     };
 
-    let mut printer = StreamPrinter::new(tokenizer, !args.json);
+    let mut printer = super::printer::StreamPrinter::new(tokenizer, !args.json);
     let mut ready = with_feedback(|feedback| session.executor(module.clone(), feedback))?;
     let generation = generate(ready.executor.as_mut(), &prompt, &opts, &mut |t| printer.push(t))?;
     printer.finish();
@@ -246,42 +217,4 @@ fn print_stats(backend: g4c_driver::BackendKind, target: &Target, shape: &ModelS
         rate,
         super::peak_memory().map_or("unknown".into(), super::fmt_bytes),
     );
-}
-
-/// Streams generated tokens to stdout: text when there is a tokenizer, else ids.
-struct StreamPrinter<'t> {
-    text: Option<TextStream<&'t TextTokenizer>>,
-    enabled: bool,
-    printed: usize,
-}
-
-impl<'t> StreamPrinter<'t> {
-    fn new(tokenizer: Option<&'t TextTokenizer>, enabled: bool) -> Self {
-        StreamPrinter { text: tokenizer.map(TextTokenizer::stream), enabled, printed: 0 }
-    }
-
-    fn push(&mut self, token: u32) {
-        if !self.enabled {
-            return;
-        }
-        let mut out = std::io::stdout().lock();
-        match &mut self.text {
-            Some(stream) => {
-                if let Ok(Some(new)) = stream.push(token) {
-                    let _ = write!(out, "{new}");
-                }
-            }
-            None => {
-                let _ = write!(out, "{}{token}", if self.printed > 0 { " " } else { "" });
-            }
-        }
-        self.printed += 1;
-        let _ = out.flush();
-    }
-
-    fn finish(&self) {
-        if self.enabled {
-            println!();
-        }
-    }
 }
