@@ -109,7 +109,7 @@ fn plain_types(reason: &str) -> String {
     [
         ("expected u64", "expected a non-negative integer"),
         ("expected u32", "expected a non-negative integer"),
-        ("expected i64", "expected an integer"),
+        ("expected i64", "expected an integer from -2^63 to 2^63 - 1"),
         ("expected f64", "expected a number"),
         ("expected a boolean", "expected true or false"),
     ]
