@@ -522,6 +522,8 @@ mod tests {
         assert!(
             message(serde_json::json!({"messages": [{"role": "user", "content": "x"}], "n": 0})).contains("expected 1")
         );
+        let seed = message(serde_json::json!({"messages": [{"role": "user", "content": "x"}], "seed": u64::MAX}));
+        assert!(seed.contains("`seed`") && seed.contains("from -2^63"), "{seed}");
     }
 
     /// vLLM's and llama.cpp's own fields are served at the values that ask for nothing, and refused,
