@@ -8,7 +8,7 @@ use crate::ui::with_feedback;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use g4c_driver::Session;
-use g4c_frontend::{ChatMessage, ChatTemplate, Shapes};
+use g4c_frontend::{ChatMessage, ChatTemplate};
 use g4c_runtime::{BatchEngine, GenerateOptions, ModelShape, SequenceEvent, SequenceRequest, SequenceSink, StopReason};
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
@@ -59,25 +59,8 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let sampling = args.sampling.params()?;
     let source = &session.source;
     let context = source.context(args.context, DEFAULT_CONTEXT)?;
-    let shapes = match source.fixed_shapes() {
-        Some(s) => {
-            if let Some(p) = args.prefill_len.filter(|&p| p != s.longest_prefill()) {
-                bail!(
-                    "--prefill-len {p}: artifact {} was compiled with prefill lengths {:?}",
-                    source.label,
-                    s.prefill_lens
-                );
-            }
-            Shapes { batch: s.batch, prefill_len: s.longest_prefill(), context }
-        }
-        None => {
-            let prefill_len = args.prefill_len.unwrap_or(DEFAULT_PREFILL.min(context));
-            if prefill_len > context {
-                bail!("--prefill-len {prefill_len}: expected at most the context ({context} positions)");
-            }
-            Shapes { batch: 1, prefill_len, context }
-        }
-    };
+    // One row: a conversation is one sequence.
+    let shapes = super::engine_shapes(source, (None, 1), (args.prefill_len, DEFAULT_PREFILL), context)?;
     let module = session.module(&shapes)?;
     let shape = ModelShape::of(&module)?;
     let ready = with_feedback(|feedback| session.executor(module, feedback))?;

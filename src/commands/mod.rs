@@ -102,6 +102,41 @@ impl Backend {
     }
 }
 
+/// The shapes of a batching engine's module (`serve`, `chat`): an artifact's own (refusing another
+/// `--max-batch` or `--prefill-len`), else `batch` rows and prefill calls of `prefill_len` tokens,
+/// each defaulting as given, in a context of `context` positions.
+pub fn engine_shapes(
+    source: &g4c_driver::ModelSource,
+    (batch, default_batch): (Option<usize>, usize),
+    (prefill_len, default_prefill): (Option<usize>, usize),
+    context: usize,
+) -> anyhow::Result<g4c_frontend::Shapes> {
+    use anyhow::bail;
+    Ok(match source.fixed_shapes() {
+        Some(s) => {
+            if let Some(b) = batch.filter(|&b| b != s.batch) {
+                bail!("--max-batch {b}: artifact {} was compiled for batch {}", source.label, s.batch);
+            }
+            if let Some(p) = prefill_len.filter(|&p| p != s.longest_prefill()) {
+                bail!(
+                    "--prefill-len {p}: artifact {} was compiled with prefill lengths {:?}",
+                    source.label,
+                    s.prefill_lens
+                );
+            }
+            g4c_frontend::Shapes { batch: s.batch, prefill_len: s.longest_prefill(), context }
+        }
+        None => {
+            if let Some(p) = prefill_len.filter(|&p| p > context) {
+                bail!("--prefill-len {p}: expected at most the context ({context} positions)");
+            }
+            let (batch, prefill_len) =
+                (batch.unwrap_or(default_batch), prefill_len.unwrap_or(default_prefill.min(context)));
+            g4c_frontend::Shapes { batch, prefill_len, context }
+        }
+    })
+}
+
 /// How the next token is chosen (`run`, `chat`).
 #[derive(Args)]
 pub struct SamplingArgs {

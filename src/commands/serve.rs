@@ -2,7 +2,7 @@ use crate::ui::with_feedback;
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use g4c_driver::Session;
-use g4c_frontend::{ChatTemplate, Shapes};
+use g4c_frontend::ChatTemplate;
 use g4c_runtime::BatchEngine;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -58,31 +58,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let mut session = Session::open(&args.model_dir, args.execution.session_options(&args.model_dir)?)?;
     let source = &session.source;
     let context = source.context(args.context, 4096)?;
-    let shapes = match source.fixed_shapes() {
-        Some(s) => {
-            if let Some(b) = args.max_batch.filter(|&b| b != s.batch) {
-                bail!("--max-batch {b}: artifact {} was compiled for batch {}", source.label, s.batch);
-            }
-            if let Some(p) = args.prefill_len.filter(|&p| p != s.longest_prefill()) {
-                bail!(
-                    "--prefill-len {p}: artifact {} was compiled with prefill lengths {:?}",
-                    source.label,
-                    s.prefill_lens
-                );
-            }
-            Shapes { batch: s.batch, prefill_len: s.longest_prefill(), context }
-        }
-        None => {
-            if let Some(p) = args.prefill_len.filter(|&p| p > context) {
-                bail!("--prefill-len {p}: expected at most the context ({context} positions)");
-            }
-            Shapes {
-                batch: args.max_batch.unwrap_or(DEFAULT_BATCH),
-                prefill_len: args.prefill_len.unwrap_or(DEFAULT_PREFILL.min(context)),
-                context,
-            }
-        }
-    };
+    let shapes =
+        super::engine_shapes(source, (args.max_batch, DEFAULT_BATCH), (args.prefill_len, DEFAULT_PREFILL), context)?;
     let module = session.module(&shapes)?;
     let ready = with_feedback(|feedback| session.executor(module, feedback))?;
     let engine = BatchEngine::new(ready.executor, session.source.config.sliding_window)?;
