@@ -78,6 +78,11 @@ fn an_artifact_keeps_its_target_and_shapes() {
     };
     assert_one_line_error(&run(&["--context", "128"]), &["compiled for a context of 64"]);
     assert_one_line_error(&run(&["--prefill-buckets", "16"]), &["prefill lengths [8]"]);
+    // serve (and chat, through the same check) take the artifact's batch and prefill length.
+    let serve = g4c_with_cache(&cache, &["serve", c, "--port", "0", "--max-batch", "3"]);
+    assert_one_line_error(&serve, &["--max-batch 3", "compiled for batch 1"]);
+    let serve = g4c_with_cache(&cache, &["serve", c, "--port", "0", "--prefill-len", "16"]);
+    assert_one_line_error(&serve, &["--prefill-len 16", "prefill lengths [8]"]);
 }
 
 #[test]
