@@ -513,6 +513,7 @@ mod tests {
             assert_eq!(err.param.as_deref(), Some(param), "{body}: {}", err.message);
         }
         assert_eq!(parse(Endpoint::Chat, b"{not json").unwrap_err().status, 400);
+        assert_eq!(parse(Endpoint::Chat, b"[1]").unwrap_err().status, 400);
         let message = |body: Value| chat(body).unwrap_err().message;
         let part = message(serde_json::json!({"messages": [{"role": "user", "content": [{"type": "text"}]}]}));
         assert!(part.contains("messages[0].content[0]: a text part without `text`"), "{part}");
@@ -569,6 +570,5 @@ mod tests {
             assert_eq!((err.status.as_u16(), err.param.as_deref()), (400, Some(field)), "{field}: {value}");
             assert!(err.message.contains("not supported"), "{field}: {}", err.message);
         }
-        assert_eq!(parse(Endpoint::Chat, b"[1]").unwrap_err().status, 400);
     }
 }

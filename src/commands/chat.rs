@@ -77,7 +77,8 @@ pub fn run(args: ChatArgs) -> Result<()> {
         eprintln!("g4c chat: one message a line; Ctrl-D ends the conversation");
     }
     let mut lines = stdin.lock().lines();
-    for turn in 0u64.. {
+    let mut turn = 0u64;
+    loop {
         if interactive {
             eprint!("> ");
             let _ = std::io::stderr().flush();
@@ -87,10 +88,11 @@ pub fn run(args: ChatArgs) -> Result<()> {
         if line.trim().is_empty() {
             continue;
         }
+        turn += 1;
         messages.push(ChatMessage { role: "user".into(), content: line });
         let prompt = tokenizer.encode(&template.render(&messages)?)?;
         if let Err(problem) = shape.check_prompt(&prompt, 1) {
-            bail!("turn {}: {problem}; start a new conversation", turn + 1);
+            bail!("turn {turn}: {problem}; start a new conversation");
         }
         let options = GenerateOptions {
             max_new_tokens: args.max_new_tokens.min(context - prompt.len()),
@@ -98,7 +100,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
             ignore_eos: false,
             stop_ids: stop_ids.clone(),
             // Each turn draws its own numbers, the conversation still repeatable from --seed.
-            sampling: g4c_runtime::SamplingParams { seed: sampling.seed.wrapping_add(turn), ..sampling },
+            sampling: g4c_runtime::SamplingParams { seed: sampling.seed.wrapping_add(turn - 1), ..sampling },
             forced: vec![],
             keep_logits: false,
         };
