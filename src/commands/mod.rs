@@ -34,7 +34,8 @@ impl ShapeArgs {
     }
 }
 
-/// Where and how a model runs: backend, target, plugin and pipeline options (`run`, `eval`).
+/// Where and how a model runs: backend, target, plugin and pipeline options (`run`, `chat`, `serve`,
+/// `eval`).
 #[derive(Args)]
 pub struct ExecutionArgs {
     /// Execution backend (default: `cuda` for an artifact compiled for a CUDA target, else `pjrt`)
