@@ -69,7 +69,7 @@ fn main() -> ExitCode {
         }
     };
     ui::init(ui::Ui { quiet: cli.quiet, verbose: cli.verbose });
-    if !matches!(cli.command, Command::Serve(_)) {
+    if !matches!(cli.command, Command::Serve(_) | Command::Chat(_)) {
         interrupt::remove_temporaries_on_signal();
     }
     let result = match cli.command {

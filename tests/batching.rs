@@ -52,7 +52,7 @@ struct Recorder {
 impl Recorder {
     fn tokens(&self) -> Vec<u32> {
         let events = self.events.lock().unwrap();
-        events.iter().filter_map(|e| if let SequenceEvent::Token(t) = e { Some(*t) } else { None }).collect()
+        events.iter().filter_map(|e| if let SequenceEvent::Token(t, _) = e { Some(*t) } else { None }).collect()
     }
 
     fn cached_tokens(&self) -> usize {

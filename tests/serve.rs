@@ -275,7 +275,8 @@ fn malformed_and_impossible_requests_get_openai_style_errors() {
         Some("max_tokens"),
         "`max_tokens`: invalid type",
     );
-    error(400, &json!({"messages": user("ba"), "logprobs": true}), Some("logprobs"), "not supported");
+    error(400, &json!({"messages": user("ba"), "logprobs": 2}), Some("logprobs"), "expected true or false");
+    error(400, &json!({"messages": user("ba"), "presence_penalty": 0.5}), Some("presence_penalty"), "not supported");
     error(400, &json!({"messages": user("ba xyzzy")}), Some("messages"), "not in the vocabulary");
     let long = vec!["ba"; 40].join(" ");
     error(
@@ -467,4 +468,57 @@ fn models_by_id_cors_and_usage_on_every_chunk() {
     let (last, rest) = chunks.split_last().unwrap();
     assert!(!rest.is_empty() && rest.iter().all(|c| c.get("usage") == Some(&Value::Null)), "{text}");
     assert_eq!(last["usage"]["completion_tokens"], 3, "{text}");
+}
+
+/// Log probabilities are the log-softmax of transformers' logits (the goldens): each generated
+/// token's, and the most likely tokens' at its step, in a completion's lists; a streamed chat
+/// reply's chunks carry one token's each, whose texts join into the reply.
+#[test]
+fn logprobs_are_the_log_softmax_of_transformers_logits() {
+    let server = Server::start_on(golden_model(), &["--max-batch", "2", "--context", "64", "--prefill-len", "8"]);
+    let case = golden_cases("tiny").into_iter().find(|c| c.name == "short").unwrap();
+    let steps = 4;
+    let ask = json!({"prompt": case.prompt_ids, "max_tokens": steps, "temperature": 0, "ignore_eos": true,
+                     "logprobs": 3});
+    let (status, _, reply) = server.post("/v1/completions", &ask);
+    assert_eq!(status, 200, "{reply}");
+    let (choice, logprobs) = (&reply["choices"][0], &reply["choices"][0]["logprobs"]);
+    for (step, row) in case.logits.iter().take(steps).enumerate() {
+        let log_sum = row.iter().map(|&x| (x as f64).exp()).sum::<f64>().ln();
+        let chosen = row[case.generated_ids[step] as usize] as f64 - log_sum;
+        let got = logprobs["token_logprobs"][step].as_f64().unwrap();
+        assert!((got - chosen).abs() < 0.05, "step {step}: {got} against transformers' {chosen}");
+        let mut want: Vec<f64> = row.iter().map(|&x| x as f64 - log_sum).collect();
+        want.sort_by(|a, b| b.total_cmp(a));
+        let mut top: Vec<f64> =
+            logprobs["top_logprobs"][step].as_object().unwrap().values().map(|v| v.as_f64().unwrap()).collect();
+        top.sort_by(|a, b| b.total_cmp(a));
+        assert_eq!(top.len(), 3, "{logprobs}");
+        for (got, want) in top.iter().zip(&want) {
+            assert!((got - want).abs() < 0.05, "step {step}: the most likely tokens' {top:?} against {want:?}");
+        }
+    }
+    let tokens: Vec<&str> = logprobs["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(tokens.concat(), choice["text"].as_str().unwrap(), "{logprobs}");
+
+    let chat = json!({"messages": [{"role": "user", "content": "ba de"}], "max_tokens": 5, "temperature": 0,
+                      "logprobs": true, "top_logprobs": 2, "stream": true});
+    let (status, _, text) = server.http("POST", "/v1/chat/completions", &chat.to_string());
+    assert_eq!(status, 200, "{text}");
+    let (mut reply, mut tokens) = (String::new(), String::new());
+    for data in sse_data(&text).iter().filter(|d| *d != "[DONE]") {
+        let chunk: Value = serde_json::from_str(data).unwrap();
+        let choice = &chunk["choices"][0];
+        reply += choice["delta"]["content"].as_str().unwrap_or("");
+        if let Some(content) = choice["logprobs"]["content"].as_array() {
+            assert_eq!(content.len(), 1, "{chunk}");
+            let (entry, top) = (&content[0], content[0]["top_logprobs"].as_array().unwrap());
+            assert_eq!(top.len(), 2, "{chunk}");
+            assert!(top[0]["logprob"].as_f64() >= top[1]["logprob"].as_f64(), "{chunk}");
+            assert!(entry["logprob"].as_f64().unwrap() <= top[0]["logprob"].as_f64().unwrap(), "{chunk}");
+            tokens += entry["token"].as_str().unwrap();
+        }
+    }
+    assert!(!reply.is_empty());
+    assert!(tokens.starts_with(&reply), "the tokens' texts join into the reply ({reply:?}), then its end: {tokens:?}");
 }

@@ -32,6 +32,14 @@ impl TextTokenizer {
     /// tokens. Empty text, and text the vocabulary cannot spell (it would silently become the
     /// unknown token), are errors.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let ids = self.encode_continuation(text)?;
+        let bos = self.bos.filter(|&b| ids.first() != Some(&b));
+        Ok(bos.into_iter().chain(ids).collect())
+    }
+
+    /// The ids of `text` that continues tokens before it (a conversation's next turn): as `encode`,
+    /// without a BOS.
+    pub fn encode_continuation(&self, text: &str) -> Result<Vec<u32>> {
         let invalid = |message: String| FrontendError::Invalid { message };
         if text.trim().is_empty() {
             return Err(invalid("the prompt text is empty".into()));
@@ -47,9 +55,7 @@ impl TextTokenizer {
                 }
             }
         }
-        let ids = enc.get_ids();
-        let bos = self.bos.filter(|&b| ids.first() != Some(&b));
-        Ok(bos.into_iter().chain(ids.iter().copied()).collect())
+        Ok(enc.get_ids().to_vec())
     }
 
     pub fn bos(&self) -> Option<u32> {

@@ -27,6 +27,7 @@
 use crate::error::{invalid, Result, RuntimeError};
 use crate::executor::{Executor, StepInputs, StepOutput};
 use crate::generate::{greedy_token, logits_row, GenerateOptions, ModelShape, StopReason};
+use crate::logprobs::TokenLogprobs;
 use crate::sampling::Sampler;
 use crate::tensor::Tensor;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -48,7 +49,8 @@ pub enum SequenceEvent {
         row: usize,
         cached_tokens: usize,
     },
-    Token(u32),
+    /// A generated token, with its log probabilities when the sequence asked for them.
+    Token(u32, Option<TokenLogprobs>),
     Finished(StopReason),
     /// The sequence ended because of an error (its own non-finite logits, or a failed call).
     Failed(String),
@@ -320,10 +322,13 @@ impl BatchEngine {
             }
             let what = || format!("row {index} at position {}", row.cached.len() - 1);
             let token = match output {
-                StepOutput::GreedyTokens => greedy_token(out, index, vocab, what),
-                StepOutput::Logits => logits_row(out, index, vocab, what).map(|l| seq.sampler.pick(l)),
+                StepOutput::GreedyTokens => greedy_token(out, index, vocab, what).map(|token| (token, None)),
+                StepOutput::Logits => logits_row(out, index, vocab, what).map(|logits| {
+                    let token = seq.sampler.pick(logits);
+                    (token, seq.options.logprobs.map(|n| TokenLogprobs::of(logits, token, n)))
+                }),
             };
-            let token = match token {
+            let (token, logprobs) = match token {
                 Ok(token) => token,
                 Err(e) => {
                     seq.sink.send(SequenceEvent::Failed(e.to_string()));
@@ -336,7 +341,7 @@ impl BatchEngine {
             seq.generated.push(token);
             let room = context - seq.prompt.len();
             let stop = seq.options.stop_after(token, seq.generated.len(), room);
-            let delivered = seq.sink.send(SequenceEvent::Token(token));
+            let delivered = seq.sink.send(SequenceEvent::Token(token, logprobs));
             if let Some(stop) = stop.filter(|_| delivered) {
                 seq.sink.send(SequenceEvent::Finished(stop));
             }

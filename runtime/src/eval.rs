@@ -6,6 +6,7 @@
 use crate::error::{invalid, Result};
 use crate::executor::{Executor, StepInputs, StepOutput};
 use crate::generate::{context_of, logits_row};
+use crate::logprobs::log_sum_exp;
 use g4c_ir::{EntryKind, ResultRole};
 
 /// The logits at every position of `ids` (row `i` predicts token `i + 1`), `[N][vocab]`.
@@ -32,12 +33,6 @@ pub fn score(exec: &mut dyn Executor, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
         }
     }
     Ok(rows)
-}
-
-/// `log Σ exp` of one row, in f64.
-fn log_sum_exp(row: &[f32]) -> f64 {
-    let max = row.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
-    max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln()
 }
 
 /// `log softmax` of one row, in f64.

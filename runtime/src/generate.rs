@@ -24,6 +24,9 @@ pub struct GenerateOptions {
     /// neither forces tokens nor keeps logits copies back each step's greedy token alone
     /// (`StepOutput::GreedyTokens`).
     pub keep_logits: bool,
+    /// For `BatchEngine`'s sequences: each token comes with its log probability and those of the
+    /// `n` most likely tokens at its step (`SequenceEvent::Token`).
+    pub logprobs: Option<usize>,
 }
 
 impl GenerateOptions {
@@ -45,7 +48,7 @@ impl GenerateOptions {
 
     /// What each call copies back: only the greedy tokens when they are all this generation reads.
     pub fn step_output(&self) -> StepOutput {
-        match self.sampling.is_greedy() && self.forced.is_empty() && !self.keep_logits {
+        match self.sampling.is_greedy() && self.forced.is_empty() && !self.keep_logits && self.logprobs.is_none() {
             true => StepOutput::GreedyTokens,
             false => StepOutput::Logits,
         }

@@ -1,7 +1,7 @@
 //! The request bodies of `/v1/chat/completions` and `/v1/completions`, parsed and checked into an
 //! `Ask`. As OpenAI does, unknown fields are ignored; a known field of the wrong type or out of range
-//! is a `400` naming it, and so is a feature this server does not have (`n` > 1, log probabilities,
-//! penalties, tools), rather than a request quietly served without it.
+//! is a `400` naming it, and so is a feature this server does not have (`n` > 1, penalties, tools,
+//! constrained decoding), rather than a request quietly served without it.
 
 use crate::error::ApiError;
 use g4c_frontend::ChatMessage;
@@ -59,6 +59,9 @@ pub struct Ask {
     pub ignore_eos: bool,
     /// vLLM's `return_token_ids`: choices carry the generated ids, the response the prompt's.
     pub return_token_ids: bool,
+    /// Each generated token's log probability, and those of this many most likely tokens
+    /// (completions' `logprobs: n`; chat's `logprobs: true` with `top_logprobs: n`).
+    pub logprobs: Option<usize>,
 }
 
 /// The most tokens a request may ask for: as many positions as any context has.
@@ -302,12 +305,7 @@ impl Common {
         if self.best_of.is_some_and(|n| n != 1) {
             return unsupported("best_of", "more than one candidate");
         }
-        if matches!(&self.logprobs, Some(v) if !(v.is_null() || v == &Value::Bool(false))) {
-            return unsupported("logprobs", "returning log probabilities");
-        }
-        if self.top_logprobs.is_some_and(|n| n > 0) {
-            return unsupported("top_logprobs", "returning log probabilities");
-        }
+        let logprobs = self.logprobs(endpoint)?;
         if self.echo == Some(true) {
             return unsupported("echo", "echoing the prompt");
         }
@@ -432,9 +430,60 @@ impl Common {
             include_usage: self.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
             ignore_eos: self.ignore_eos.unwrap_or(false),
             return_token_ids: self.return_token_ids.unwrap_or(false),
+            logprobs,
         })
     }
+
+    /// How many most likely tokens' log probabilities each token comes with, if any are asked for:
+    /// a completion's `logprobs` is that number, a chat's is `true` and `top_logprobs` the number.
+    fn logprobs(&self, endpoint: Endpoint) -> Result<Option<usize>, ApiError> {
+        let most = |name: &str, n: u64| match n {
+            0..=MAX_TOP_LOGPROBS => Ok(n as usize),
+            n => Err(ApiError::param(name, format!("`{name}`: expected 0 to {MAX_TOP_LOGPROBS}, found {n}"))),
+        };
+        let asked = self.logprobs.as_ref().filter(|v| !v.is_null());
+        match endpoint {
+            Endpoint::Completion => {
+                if self.top_logprobs.is_some() {
+                    return Err(ApiError::param(
+                        "top_logprobs",
+                        "`top_logprobs` is for chat; a completion's `logprobs` is the number",
+                    ));
+                }
+                match asked {
+                    None => Ok(None),
+                    Some(Value::Number(n)) if n.as_u64().is_some() => most("logprobs", n.as_u64().unwrap()).map(Some),
+                    Some(v) => Err(ApiError::param(
+                        "logprobs",
+                        format!("`logprobs`: expected a number of tokens, 0 to {MAX_TOP_LOGPROBS}, found {v}"),
+                    )),
+                }
+            }
+            Endpoint::Chat => {
+                let on = match asked {
+                    None | Some(Value::Bool(false)) => false,
+                    Some(Value::Bool(true)) => true,
+                    Some(v) => {
+                        return Err(ApiError::param(
+                            "logprobs",
+                            format!("`logprobs`: expected true or false, found {v}"),
+                        ))
+                    }
+                };
+                match (on, self.top_logprobs) {
+                    (true, n) => most("top_logprobs", n.unwrap_or(0)).map(Some),
+                    (false, Some(n)) if n > 0 => {
+                        Err(ApiError::param("top_logprobs", "`top_logprobs` needs `logprobs: true`"))
+                    }
+                    (false, _) => Ok(None),
+                }
+            }
+        }
+    }
 }
+
+/// The most alternatives a token's log probabilities may list (OpenAI's and vLLM's default limit).
+const MAX_TOP_LOGPROBS: u64 = 20;
 
 #[cfg(test)]
 mod tests {
@@ -473,6 +522,28 @@ mod tests {
     }
 
     #[test]
+    fn logprobs_as_each_endpoint_asks_for_them() {
+        let user = serde_json::json!([{"role": "user", "content": "x"}]);
+        let chat_logprobs = |extra: Value| {
+            let mut body = serde_json::json!({"messages": user});
+            body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            chat(body).map(|a| a.logprobs)
+        };
+        assert_eq!(chat_logprobs(serde_json::json!({})).unwrap(), None);
+        assert_eq!(chat_logprobs(serde_json::json!({"logprobs": true})).unwrap(), Some(0));
+        assert_eq!(chat_logprobs(serde_json::json!({"logprobs": true, "top_logprobs": 5})).unwrap(), Some(5));
+        assert_eq!(chat_logprobs(serde_json::json!({"logprobs": false, "top_logprobs": 0})).unwrap(), None);
+        let completion_logprobs =
+            |v: Value| completion(serde_json::json!({"prompt": "x", "logprobs": v})).map(|a| a.logprobs);
+        assert_eq!(completion_logprobs(Value::Null).unwrap(), None);
+        assert_eq!(completion_logprobs(serde_json::json!(0)).unwrap(), Some(0));
+        assert_eq!(completion_logprobs(serde_json::json!(3)).unwrap(), Some(3));
+        for bad in [serde_json::json!(true), serde_json::json!(-1), serde_json::json!(21)] {
+            assert_eq!(completion_logprobs(bad.clone()).unwrap_err().param.as_deref(), Some("logprobs"), "{bad}");
+        }
+    }
+
+    #[test]
     fn completion_prompts_text_ids_and_lists_of_one() {
         let prompt = |p: Value| completion(serde_json::json!({"prompt": p})).map(|a| a.prompt);
         assert_eq!(prompt("ba de".into()).unwrap(), PromptSpec::Text("ba de".into()));
@@ -496,7 +567,12 @@ mod tests {
             (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "top_p": 0}), "top_p"),
             (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}), "max_tokens"),
             (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "n": 2}), "n"),
-            (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true}), "logprobs"),
+            (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "logprobs": 2}), "logprobs"),
+            (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}), "top_logprobs"),
+            (
+                serde_json::json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}),
+                "top_logprobs",
+            ),
             (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "stop": [""]}), "stop"),
             (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "top_k": -2}), "top_k"),
             (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "min_p": 1.5}), "min_p"),

@@ -97,6 +97,7 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
         },
         forced: vec![],
         keep_logits: false,
+        logprobs: ask.logprobs,
     };
     Ok((ask, SequenceRequest { prompt, options }))
 }

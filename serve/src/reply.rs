@@ -7,11 +7,15 @@ use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::routes::App;
 use crate::text::StopText;
-use g4c_runtime::{SequenceEvent, StopReason};
+use g4c_frontend::TextTokenizer;
+use g4c_runtime::{SequenceEvent, StopReason, TokenLogprobs};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedReceiver;
+
+/// How many tokens before a token are decoded with it to find the text it adds.
+const TEXT_CONTEXT: usize = 4;
 
 /// What a reply has to say next.
 pub enum Part {
@@ -37,7 +41,13 @@ pub struct Reply {
     /// The server's cancellation of what is still running when its shutdown grace ends.
     cancelled: tokio::sync::watch::Receiver<bool>,
     text: StopText,
+    /// Token texts for log probabilities (without it, `token_id:N` as vLLM writes them).
+    tokenizer: Option<Arc<TextTokenizer>>,
     generated: Vec<u32>,
+    /// Each generated token's log probabilities (when asked for) and where its text starts, in
+    /// characters of the text before it.
+    logprobs: Vec<(TokenLogprobs, usize)>,
+    logprob_chars: usize,
     cached_tokens: usize,
     arrived: Instant,
     first_token: Option<Instant>,
@@ -71,7 +81,10 @@ impl Reply {
             events,
             cancelled: app.cancelled.clone(),
             text,
+            tokenizer: app.model.tokenizer.clone(),
             generated: vec![],
+            logprobs: vec![],
+            logprob_chars: 0,
             cached_tokens: 0,
             arrived,
             first_token: None,
@@ -110,10 +123,14 @@ impl Reply {
                     self.metrics.prompt_tokens.inc_by(self.prompt_ids.len() as u64);
                     self.metrics.cached_prompt_tokens.inc_by(cached_tokens as u64);
                 }
-                SequenceEvent::Token(id) => {
+                SequenceEvent::Token(id, logprobs) => {
                     let now = Instant::now();
                     self.first_token.get_or_insert(now);
                     self.last_token = Some(now);
+                    if let Some(logprobs) = logprobs {
+                        self.logprobs.push((logprobs, self.logprob_chars));
+                        self.logprob_chars += self.token_text(self.generated.len(), id).chars().count();
+                    }
                     self.generated.push(id);
                     self.metrics.generated_tokens.inc();
                     let text = match self.text.push(id) {
@@ -186,7 +203,59 @@ impl Reply {
         if self.ask.return_token_ids {
             choice["token_ids"] = json!(ids);
         }
+        // A choice's ids are the last ones generated: all of them, or a chunk's one.
+        if self.ask.logprobs.is_some() && !(chunk && ids.is_empty()) {
+            let from = self.generated.len() - ids.len();
+            choice["logprobs"] = self.logprobs_json(from, self.logprobs.get(from..).unwrap_or_default());
+        }
         choice
+    }
+
+    /// The text token `id` adds as the `at`-th generated token: what decoding it after the tokens
+    /// before adds (a token alone decodes without the space that joins it to them).
+    fn token_text(&self, at: usize, id: u32) -> String {
+        let Some(t) = &self.tokenizer else { return format!("token_id:{id}") };
+        let before = &self.generated[at.saturating_sub(TEXT_CONTEXT)..at];
+        let (Ok(head), Ok(whole)) = (t.decode(before), t.decode(&[before, &[id]].concat())) else {
+            return String::new();
+        };
+        match whole.strip_prefix(&head) {
+            Some(text) if !text.is_empty() => text.to_string(),
+            // Special tokens decode to nothing: their vocabulary entry (`<turn|>`) instead.
+            _ => t.token(id).unwrap_or_default(),
+        }
+    }
+
+    /// The log probabilities of the generated tokens from the `from`-th on, in the endpoint's form:
+    /// chat's `content` list, or a completion's parallel lists (`tokens`, `token_logprobs`,
+    /// `top_logprobs`, `text_offset`).
+    fn logprobs_json(&self, from: usize, logprobs: &[(TokenLogprobs, usize)]) -> Value {
+        let tokens = (from..).zip(logprobs).map(|(at, (lp, offset))| (at, self.generated[at], lp, *offset));
+        match self.ask.endpoint {
+            Endpoint::Chat => {
+                let entry = |at: usize, id: u32, logprob: f32| {
+                    let text = self.token_text(at, id);
+                    json!({"token": text, "logprob": logprob, "bytes": text.as_bytes()})
+                };
+                let content = tokens.map(|(at, id, lp, _)| {
+                    let mut e = entry(at, id, lp.logprob);
+                    e["top_logprobs"] = lp.top.iter().map(|&(top, logprob)| entry(at, top, logprob)).collect();
+                    e
+                });
+                json!({"content": content.collect::<Vec<_>>()})
+            }
+            Endpoint::Completion => {
+                let (mut texts, mut chosen, mut top, mut offsets) = (vec![], vec![], vec![], vec![]);
+                for (at, id, lp, offset) in tokens {
+                    texts.push(self.token_text(at, id));
+                    chosen.push(lp.logprob);
+                    let alternatives = lp.top.iter().map(|&(alt, logprob)| (self.token_text(at, alt), json!(logprob)));
+                    top.push(alternatives.collect::<serde_json::Map<_, _>>());
+                    offsets.push(offset);
+                }
+                json!({"tokens": texts, "token_logprobs": chosen, "top_logprobs": top, "text_offset": offsets})
+            }
+        }
     }
 
     fn envelope(&self, choices: Vec<Value>, chunk: bool) -> Value {

@@ -1,18 +1,20 @@
 //! `g4c chat`: a conversation on the terminal, as llama.cpp's `llama-cli -cnv` and MLC's `mlc_llm
-//! chat` hold one. Each line read is a user's message, rendered with the turns before it through
-//! the checkpoint's chat template; the reply streams out as it is generated. The conversation lives
-//! in one row of the batching engine, whose caches keep the turns before: a turn prefills only what
-//! its prompt adds to them.
+//! chat` hold one. Each line read is a user's message; the reply streams out as it is generated.
+//! The conversation lives in one row of the batching engine, whose caches keep the turns before,
+//! and in the tokens the model read and generated: a turn adds its own tokens to them (through the
+//! chat template), so it prefills only those, and the model reads its replies as it wrote them.
 
-use crate::ui::with_feedback;
-use anyhow::{bail, Context, Result};
+use crate::ui::{ui, with_feedback};
+use anyhow::{bail, Result};
 use clap::Args;
 use g4c_driver::Session;
-use g4c_frontend::{ChatMessage, ChatTemplate};
+use g4c_frontend::{ChatMessage, ChatTemplate, TextTokenizer};
 use g4c_runtime::{BatchEngine, GenerateOptions, ModelShape, SequenceEvent, SequenceRequest, SequenceSink, StopReason};
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
 
 #[derive(Args)]
 pub struct ChatArgs {
@@ -24,7 +26,7 @@ pub struct ChatArgs {
     #[arg(long)]
     pub system: Option<String>,
     /// Most tokens of each reply
-    #[arg(long, default_value_t = 1024, value_parser = super::sizes::new_tokens)]
+    #[arg(long, default_value_t = 1024, value_parser = super::sizes::positions)]
     pub max_new_tokens: usize,
     #[command(flatten)]
     pub sampling: super::SamplingArgs,
@@ -45,6 +47,13 @@ const DEFAULT_CONTEXT: usize = 4096;
 const DEFAULT_PREFILL: usize = 64;
 
 pub fn run(args: ChatArgs) -> Result<()> {
+    // On a terminal Ctrl-C stops a reply; piped, it ends the program as it ends the others.
+    let interactive = std::io::stdin().is_terminal();
+    let (replying, stop) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    match interactive {
+        true => crate::interrupt::stop_replies_on_ctrl_c(replying.clone(), stop.clone()),
+        false => crate::interrupt::remove_temporaries_on_signal(),
+    }
     let mut session = Session::open(&args.model_dir, args.execution.session_options(&args.model_dir)?)?;
     let Some(tokenizer) = session.source.tokenizer.take() else {
         bail!("chat needs {}/tokenizer.json, which does not exist", args.model_dir.display());
@@ -66,17 +75,21 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let ready = with_feedback(|feedback| session.executor(module, feedback))?;
     let mut engine = BatchEngine::new(ready.executor, session.source.config.sliding_window)?;
     let (events, received) = channel();
-    let stop_ids: Vec<u32> = tokenizer.turn_end().into_iter().collect();
-    let eos_ids = session.source.config.eos_token_ids.clone();
+    // A reply ends at EOS, or where the model ends its turn.
+    let (eos_ids, turn_end) = (session.source.config.eos_token_ids.clone(), tokenizer.turn_end());
+    let ends: Vec<u32> = eos_ids.iter().copied().chain(turn_end).collect();
 
-    let mut messages: Vec<ChatMessage> =
-        args.system.iter().map(|text| ChatMessage { role: "system".into(), content: text.clone() }).collect();
-    let stdin = std::io::stdin();
-    let interactive = stdin.is_terminal();
+    let system = args.system.iter().filter(|text| !text.trim().is_empty());
+    let mut conversation = Conversation {
+        messages: system.map(|text| ChatMessage { role: "system".into(), content: text.clone() }).collect(),
+        tokens: vec![],
+        tokenizer: &tokenizer,
+        template: &template,
+    };
     if interactive {
-        eprintln!("g4c chat: one message a line; Ctrl-D ends the conversation");
+        ui().note("one message a line; Ctrl-C stops a reply, Ctrl-D ends the conversation");
     }
-    let mut lines = stdin.lock().lines();
+    let mut lines = std::io::stdin().lock().split(b'\n');
     let mut turn = 0u64;
     loop {
         if interactive {
@@ -84,53 +97,132 @@ pub fn run(args: ChatArgs) -> Result<()> {
             let _ = std::io::stderr().flush();
         }
         let Some(line) = lines.next() else { break };
-        let line = line.context("reading a message from stdin")?;
-        if line.trim().is_empty() {
-            continue;
-        }
+        let line = line?;
+        let prompt = String::from_utf8(line)
+            .map_err(|_| anyhow::anyhow!("the message is not UTF-8 text"))
+            .map(|text| text.trim_end_matches('\r').to_string())
+            .and_then(|text| match text.trim().is_empty() {
+                true => Ok(None),
+                false => conversation.ask(text, &shape).map(Some),
+            });
+        let prompt = match prompt {
+            Ok(Some(prompt)) => prompt,
+            Ok(None) => continue,
+            // On a terminal one message's fault costs that message; piped, the conversation.
+            Err(e) if interactive => {
+                eprintln!("g4c: error: {e:#}");
+                continue;
+            }
+            Err(e) => bail!("message {}: {e:#}", turn + 1),
+        };
         turn += 1;
-        messages.push(ChatMessage { role: "user".into(), content: line });
-        let prompt = tokenizer.encode(&template.render(&messages)?)?;
-        if let Err(problem) = shape.check_prompt(&prompt, 1) {
-            bail!("turn {turn}: {problem}; start a new conversation");
-        }
         let options = GenerateOptions {
-            max_new_tokens: args.max_new_tokens.min(context - prompt.len()),
+            max_new_tokens: args.max_new_tokens,
             eos_ids: eos_ids.clone(),
-            ignore_eos: false,
-            stop_ids: stop_ids.clone(),
+            stop_ids: turn_end.into_iter().collect(),
             // Each turn draws its own numbers, the conversation still repeatable from --seed.
             sampling: g4c_runtime::SamplingParams { seed: sampling.seed.wrapping_add(turn - 1), ..sampling },
-            forced: vec![],
-            keep_logits: false,
+            ..Default::default()
         };
-        engine.admit(SequenceRequest { prompt: prompt.clone(), options }, Box::new(Events(events.clone())))?;
+        stop.store(false, Ordering::SeqCst);
+        let sink = Events { events: events.clone(), stop: stop.clone() };
+        engine.admit(SequenceRequest { prompt: prompt.clone(), options }, Box::new(sink))?;
+        replying.store(true, Ordering::SeqCst);
         let mut printer = super::printer::StreamPrinter::new(Some(&tokenizer), !args.json);
-        let reply = Reply::collect(&mut engine, &received, &mut |token| printer.push(token))?;
+        let reply = Reply::collect(&mut engine, &received, &mut |token| printer.push(token));
+        replying.store(false, Ordering::SeqCst);
+        let reply = reply?;
         printer.finish();
         let text = tokenizer.decode(&reply.generated)?;
         if args.json {
+            let stop_reason = reply.stop.map_or("interrupted", StopReason::name);
             let out = serde_json::json!({
                 "prompt_ids": prompt, "cached_tokens": reply.cached_tokens, "generated_ids": reply.generated,
-                "text": text, "stop_reason": reply.stop.name(),
+                "text": text, "stop_reason": stop_reason,
             });
-            println!("{out}");
+            if writeln!(std::io::stdout(), "{out}").is_err() {
+                // Whoever read the output has gone (`| head`): so has the conversation.
+                return Ok(());
+            }
         }
-        messages.push(ChatMessage { role: "assistant".into(), content: text });
+        conversation.answered(prompt, &reply.generated, text, &ends);
+    }
+    if interactive {
+        eprintln!();
     }
     Ok(())
 }
 
-/// A sequence's events, sent on to the conversation's loop.
-struct Events(Sender<SequenceEvent>);
+/// The conversation so far: its messages, and the tokens the model read and wrote for them.
+struct Conversation<'t> {
+    messages: Vec<ChatMessage>,
+    tokens: Vec<u32>,
+    tokenizer: &'t TextTokenizer,
+    template: &'t ChatTemplate,
+}
+
+/// Stands for the last reply in a rendering, where the text after it is the next turn's.
+const REPLY: &str = "\u{e000}g4c reply\u{e000}";
+
+impl Conversation<'_> {
+    /// The prompt for the user's `text`: the tokens so far, then what the template adds for it (the
+    /// end of the last reply's turn, the message, the start of the model's turn). Where the
+    /// template does not write the last reply as it is, the whole conversation rendered anew.
+    fn ask(&mut self, text: String, shape: &ModelShape) -> Result<Vec<u32>> {
+        self.messages.push(ChatMessage { role: "user".into(), content: text });
+        let prompt = self.prompt();
+        let checked = prompt.and_then(|prompt| match shape.check_prompt(&prompt, 1) {
+            Ok(()) => Ok(prompt),
+            Err(problem) => Err(anyhow::anyhow!("{problem}; start a new conversation")),
+        });
+        if checked.is_err() {
+            self.messages.pop();
+        }
+        checked
+    }
+
+    fn prompt(&self) -> Result<Vec<u32>> {
+        let whole = || -> Result<Vec<u32>> { Ok(self.tokenizer.encode(&self.template.render(&self.messages)?)?) };
+        let n = self.messages.len();
+        if self.tokens.is_empty() || n < 2 || self.messages[n - 2].role != "assistant" {
+            return whole();
+        }
+        let mut probe = self.messages.clone();
+        probe[n - 2].content = REPLY.into();
+        let rendered = self.template.render(&probe)?;
+        match rendered.split_once(REPLY) {
+            Some((_, next)) if !next.contains(REPLY) => {
+                Ok(self.tokens.iter().copied().chain(self.tokenizer.encode_continuation(next)?).collect())
+            }
+            _ => whole(),
+        }
+    }
+
+    /// Records the reply to the last message: `generated` after `prompt`, less a last token that
+    /// ended the turn (the template writes the end of the turn itself).
+    fn answered(&mut self, prompt: Vec<u32>, generated: &[u32], text: String, ends: &[u32]) {
+        let kept = match generated.last() {
+            Some(last) if ends.contains(last) => &generated[..generated.len() - 1],
+            _ => generated,
+        };
+        self.tokens = prompt.into_iter().chain(kept.iter().copied()).collect();
+        self.messages.push(ChatMessage { role: "assistant".into(), content: text });
+    }
+}
+
+/// A sequence's events, sent on to the conversation's loop; gone once Ctrl-C stops the reply.
+struct Events {
+    events: Sender<SequenceEvent>,
+    stop: Arc<AtomicBool>,
+}
 
 impl SequenceSink for Events {
     fn send(&mut self, event: SequenceEvent) -> bool {
-        self.0.send(event).is_ok()
+        self.events.send(event).is_ok() && !self.is_gone()
     }
 
     fn is_gone(&self) -> bool {
-        false
+        self.stop.load(Ordering::SeqCst)
     }
 }
 
@@ -138,11 +230,13 @@ impl SequenceSink for Events {
 struct Reply {
     cached_tokens: usize,
     generated: Vec<u32>,
-    stop: StopReason,
+    /// `None`: stopped by Ctrl-C.
+    stop: Option<StopReason>,
 }
 
 impl Reply {
-    /// Steps `engine` until the one sequence in it ends, passing each token to `on_token`.
+    /// Steps `engine` until the one sequence in it ends or is stopped, passing each token to
+    /// `on_token`.
     fn collect(
         engine: &mut BatchEngine,
         events: &Receiver<SequenceEvent>,
@@ -154,16 +248,16 @@ impl Reply {
             for event in events.try_iter() {
                 match event {
                     SequenceEvent::Admitted { cached_tokens: cached, .. } => cached_tokens = cached,
-                    SequenceEvent::Token(token) => {
+                    SequenceEvent::Token(token, _) => {
                         generated.push(token);
                         on_token(token);
                     }
-                    SequenceEvent::Finished(stop) => return Ok(Reply { cached_tokens, generated, stop }),
+                    SequenceEvent::Finished(stop) => return Ok(Reply { cached_tokens, generated, stop: Some(stop) }),
                     SequenceEvent::Failed(message) => bail!("{message}"),
                 }
             }
             if stepped.is_none() {
-                bail!("the engine stopped before the reply ended");
+                return Ok(Reply { cached_tokens, generated, stop: None });
             }
         }
     }

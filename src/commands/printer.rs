@@ -36,7 +36,8 @@ impl<'t> StreamPrinter<'t> {
 
     pub fn finish(&self) {
         if self.enabled {
-            println!();
+            // A reader gone (`| head`) is no error of ours.
+            let _ = writeln!(std::io::stdout());
         }
     }
 }

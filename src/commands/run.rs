@@ -139,6 +139,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         sampling: args.sampling.params()?,
         forced: vec![],
         keep_logits: args.logits_out.is_some(),
+        logprobs: None,
     };
 
     let mut printer = super::printer::StreamPrinter::new(tokenizer, !args.json);
@@ -171,7 +172,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             "stop_reason": generation.stop.name(),
             "backend": session.backend.name(),
         });
-        println!("{out}");
+        super::write_stdout(&format!("{out}\n"))?;
     }
     Ok(())
 }
