@@ -95,6 +95,7 @@ fn bad_invocations_get_one_line_errors() {
         (vec!["run", tiny, "--prompt-ids", "2", "--chat"], vec!["--chat", "--prompt"]),
         (vec!["run", tiny, "--prompt-ids", "2", "--stop-ids", "9999"], vec!["--stop-ids", "9999", "vocabulary"]),
         (vec!["run", tiny, "--prompt-ids", "2", "--min-p", "1.5"], vec!["--min-p", "[0, 1]", "1.5"]),
+        (vec!["run", tiny, "--prompt-ids", "2", "--temperature", "-1"], vec!["--temperature", ">= 0", "-1"]),
         (vec!["serve", tiny, "--prefill-len", "32", "--context", "16"], vec!["--prefill-len 32", "16"]),
         (
             vec!["run", tiny, "--prompt-ids", "2", "--logits-out", "/nonexistent/l.st"],

@@ -142,16 +142,16 @@ pub fn engine_shapes(
 #[derive(Args)]
 pub struct SamplingArgs {
     /// Sampling temperature (0: greedy, the default)
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub temperature: f32,
     /// Sample among the K most likely tokens only (0: all)
     #[arg(long, default_value_t = 0, value_parser = sizes::top_k)]
     pub top_k: usize,
     /// Sample among the most likely tokens whose probabilities add up to P (1: all)
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub top_p: f32,
     /// Sample among the tokens at least P times as likely as the most likely one (0: all)
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub min_p: f32,
     /// Seed of the sampler: the same seed gives the same tokens
     #[arg(long, default_value_t = 0)]
