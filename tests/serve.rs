@@ -164,10 +164,15 @@ impl Drop for Server {
 
 /// Sends a request and returns the open connection, to read the response as it comes.
 fn send(port: u16, method: &str, path: &str, body: &str) -> TcpStream {
+    send_with_headers(port, method, path, "", body)
+}
+
+/// `send` with more header lines (each ending in `\r\n`).
+fn send_with_headers(port: u16, method: &str, path: &str, headers: &str, body: &str) -> TcpStream {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
     let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     stream.write_all(request.as_bytes()).unwrap();
@@ -439,14 +444,10 @@ fn models_by_id_cors_and_usage_on_every_chunk() {
     assert!(unknown.contains("no such endpoint: GET /v2/nothing"), "{unknown}");
 
     let preflight = |port: u16, origin: &str| {
-        let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-        let request = format!(
-            "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: {origin}\r\n\
-             Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: content-type\r\n\
-             Connection: close\r\n\r\n"
+        let headers = format!(
+            "Origin: {origin}\r\nAccess-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: content-type\r\n"
         );
-        stream.write_all(request.as_bytes()).unwrap();
+        let mut stream = send_with_headers(port, "OPTIONS", "/v1/chat/completions", &headers, "");
         let mut response = String::new();
         stream.read_to_string(&mut response).unwrap();
         response.to_lowercase()
