@@ -3,14 +3,14 @@
 //! transformers generated for it alone (the goldens), and a reused row's stale cache entries are
 //! never seen; a fault in one call or one row ends only the sequences it touched.
 
-use crate::common::{cuda_host_session, golden_cases, golden_dir, Backend, GoldenCase};
+use crate::common::{cuda_host_session, golden_cases, golden_dir, kernel_session, Backend, GoldenCase};
 use g4c_driver::{Feedback, Session, SessionOptions};
 use g4c_frontend::Shapes;
 use g4c_ir::Target;
 use g4c_runtime::batching::CallKind;
 use g4c_runtime::{
-    BatchEngine, Executor, GenerateOptions, SamplingParams, SequenceEvent, SequenceRequest, SequenceSink, StepInputs,
-    StepOutput, Tensor,
+    BatchEngine, Executor, GenerateOptions, ModelShape, SamplingParams, SequenceEvent, SequenceRequest, SequenceSink,
+    StepInputs, StepOutput, Tensor,
 };
 use std::sync::{Arc, Mutex};
 
@@ -271,15 +271,16 @@ fn requests_the_module_cannot_run_are_refused() {
     refuse(&mut engine, greedy(&[2], 4), "every row holds a sequence");
 }
 
-/// The tiny model's executor, with a fault: row `row`'s logits are NaN from call `nan_from` on (or
-/// its greedy token says so), or
-/// the call numbered `panic_at` panics.
+/// The tiny model's executor, with a fault: row `row`'s logits are NaN at call `nan_at` (or its
+/// greedy token says so), or the call numbered `panic_at` panics.
 struct Faulty {
     inner: Box<dyn Executor>,
     vocab: usize,
     calls: usize,
     nan: Option<(usize, usize)>,
     panic_at: Option<usize>,
+    /// The rows `reset_row` was asked to reset, in order.
+    resets: Vec<usize>,
 }
 
 impl Executor for Faulty {
@@ -291,13 +292,18 @@ impl Executor for Faulty {
         self.inner.reset()
     }
 
+    fn reset_row(&mut self, row: usize) -> g4c_runtime::Result<()> {
+        self.resets.push(row);
+        self.inner.reset_row(row)
+    }
+
     fn step(&mut self, entry: &str, inputs: &StepInputs, output: StepOutput) -> g4c_runtime::Result<Tensor> {
         self.calls += 1;
         if self.panic_at == Some(self.calls) {
             panic!("an injected fault");
         }
         let out = self.inner.step(entry, inputs, output)?;
-        let Some((row, _)) = self.nan.filter(|&(_, from)| self.calls >= from) else { return Ok(out) };
+        let Some((row, _)) = self.nan.filter(|&(_, at)| self.calls == at) else { return Ok(out) };
         // A NaN logit, or as greedy tokens report one: token -1.
         let vocab = self.vocab;
         match output {
@@ -321,7 +327,7 @@ fn faulty_engine(nan: Option<(usize, usize)>, panic_at: Option<usize>) -> BatchE
     let session = Session::open(&dir, options).unwrap();
     let module = session.module(&Shapes { batch: 2, prefill_len: 4, context: 40 }).unwrap();
     let inner = session.executor(module, &Feedback::silent()).unwrap().executor;
-    let faulty = Faulty { inner, vocab: session.source.config.vocab_size, calls: 0, nan, panic_at };
+    let faulty = Faulty { inner, vocab: session.source.config.vocab_size, calls: 0, nan, panic_at, resets: vec![] };
     BatchEngine::new(Box::new(faulty), session.source.config.sliding_window).unwrap()
 }
 
@@ -345,15 +351,51 @@ fn one_sequences_non_finite_logits_end_it_alone() {
         engine.step().unwrap().expect("row 1 fails before the engine idles");
     }
     assert!(failure(&poisoned).contains("not finite"), "{}", failure(&poisoned));
-    // Row 1's caches may hold NaN: it takes no sequence until they are emptied, once row 0 is done.
-    assert!(!engine.has_free_row());
+    // Row 1's caches may hold NaN: they are emptied, and it takes the next sequence at once, while
+    // row 0 is still generating, from scratch.
+    assert!(engine.has_free_row());
+    let next = admit(&mut engine, greedy(&long.prompt_ids, 24));
+    assert_eq!(next.events.lock().unwrap()[0], SequenceEvent::Admitted { row: 1, cached_tokens: 0 });
     drain(&mut engine);
     assert_eq!(healthy.tokens(), long.generated_ids);
-    assert!(engine.has_free_row());
-    // Both rows take sequences again.
-    for _ in 0..2 {
-        let next = admit(&mut engine, greedy(&[2], 3));
-        assert!(matches!(next.events.lock().unwrap()[0], SequenceEvent::Admitted { .. }));
+    assert_eq!(next.tokens(), long.generated_ids);
+}
+
+/// `Executor::reset_row` empties one row's caches and leaves the other rows' as they are, on every
+/// backend: after a prompt fills rows 0 and 1 and row 1 is reset, the next call gives row 0 the
+/// logits of its prompt going on and row 1 those of a row that was never filled.
+#[test]
+fn resetting_a_row_empties_its_caches_alone() {
+    let cases = golden_cases("tiny");
+    let prompt = &case(&cases, "long").prompt_ids[..4];
+    let dir = golden_dir("tiny").join("hf");
+    let t4g = Target::by_name("t4g").unwrap();
+    for backend in [Backend::Interp, Backend::Pjrt, Backend::Plan, Backend::CudaHost] {
+        let session = match backend {
+            Backend::Plan | Backend::CudaHost => kernel_session(&dir, backend, t4g),
+            _ => Session::open(&dir, SessionOptions { backend, use_cache: false, ..Default::default() }).unwrap(),
+        };
+        let module = session.source.emit(&Shapes { batch: 2, prefill_len: 4, context: 40 }).unwrap();
+        let mut exec = session.executor(Arc::new(module), &Feedback::silent()).unwrap().executor;
+        let shape = ModelShape::of(exec.module()).unwrap();
+        // The decode call after the prefill: each row's next token at position 4.
+        let mut decode_after = |prefilled: &[(usize, &[u32])], reset: Option<usize>| {
+            exec.reset().unwrap();
+            exec.step(&shape.prefills[0].1, &StepInputs::padded(4, prefilled, true), StepOutput::Logits).unwrap();
+            if let Some(row) = reset {
+                exec.reset_row(row).unwrap();
+            }
+            let next = StepInputs::padded(1, &[(4, &[7]), (4, &[7])], false);
+            exec.step(&shape.decode, &next, StepOutput::Logits).unwrap().as_f32().unwrap().to_vec()
+        };
+        let reference = decode_after(&[(0, prompt), (0, &[])], None);
+        let both = decode_after(&[(0, prompt), (0, prompt)], None);
+        let reset = decode_after(&[(0, prompt), (0, prompt)], Some(1));
+        let vocab = reference.len() / 2;
+        let (row0, row1) = (..vocab, vocab..);
+        assert!(both[row1.clone()] != reference[row1.clone()], "{backend:?}: the prompt in row 1 changes its logits");
+        assert!(reset[row0.clone()] == reference[row0], "{backend:?}: row 0 is not left as it was");
+        assert!(reset[row1.clone()] == reference[row1], "{backend:?}: row 1 is not as if never filled");
     }
 }
 

@@ -70,6 +70,9 @@ pub trait Executor: Send {
     fn module(&self) -> &Module;
     /// Puts every state back to its initial value (empty caches).
     fn reset(&mut self) -> Result<()>;
+    /// Puts row `row` of every state back to its initial value (that sequence's caches emptied),
+    /// leaving the other rows as they are.
+    fn reset_row(&mut self, row: usize) -> Result<()>;
     /// Runs entry point `entry` on `inputs` and the current state, keeps the next state, and returns
     /// its result of role `output.role()`.
     fn step(&mut self, entry: &str, inputs: &StepInputs, output: StepOutput) -> Result<Tensor>;
@@ -173,9 +176,7 @@ fn host_rows(module: &Module, store: &dyn WeightStore, table: &str, ids: &Tensor
 
 /// The state of the module's entry points (they all share it), every element at its initial value.
 pub fn initial_state(module: &Module) -> Result<Vec<(String, Tensor)>> {
-    let Some(decode) = module.functions.iter().find(|f| f.entry_kind().is_some()) else {
-        return invalid("the module has no entry point");
-    };
+    let decode = first_entry(module)?;
     Ok(decode
         .state_params()
         .map(|p| {
@@ -183,4 +184,74 @@ pub fn initial_state(module: &Module) -> Result<Vec<(String, Tensor)>> {
             (decode.param_name(p).to_string(), Tensor::filled(decode.ty(p.value).clone(), init))
         })
         .collect())
+}
+
+fn first_entry(module: &Module) -> Result<&Function> {
+    module
+        .functions
+        .iter()
+        .find(|f| f.entry_kind().is_some())
+        .ok_or_else(|| RuntimeError::Invalid("the module has no entry point".into()))
+}
+
+/// One row of one state: where its bytes lie in the state's (states are `[B, …]`, row-major, as the
+/// ABI has them) and what they hold initially.
+pub struct StateRow {
+    pub name: String,
+    /// The whole state's type.
+    pub ty: TensorType,
+    pub bytes: std::ops::Range<usize>,
+    pub initial: Vec<u8>,
+}
+
+impl StateRow {
+    /// Writes the row's initial value into `state`, the whole state's bytes.
+    pub fn reset_in(&self, state: &mut [u8]) -> Result<()> {
+        match state.get_mut(self.bytes.clone()) {
+            Some(row) => Ok(row.copy_from_slice(&self.initial)),
+            None => invalid(format!(
+                "state {} holds {} bytes, not the {} its rows take",
+                self.name,
+                state.len(),
+                self.bytes.end
+            )),
+        }
+    }
+}
+
+/// Row `row` of every state of `module`, at its initial value.
+pub fn initial_rows(module: &Module, row: usize) -> Result<Vec<StateRow>> {
+    let f = first_entry(module)?;
+    let ids = f.params.iter().find(|p| p.role == ParamRole::TokenIds);
+    let Some(batch) = ids.map(|p| f.ty(p.value).shape[0]) else {
+        return invalid(format!("@{} has no token ids", f.name));
+    };
+    if row >= batch {
+        return invalid(format!("row {row} is past the module's {batch} rows"));
+    }
+    f.state_params()
+        .map(|p| {
+            let (name, ty) = (f.param_name(p), f.ty(p.value));
+            if ty.shape.first() != Some(&batch) {
+                return invalid(format!("state {name} of type {ty} does not lead with the module's {batch} rows"));
+            }
+            let row_type = TensorType { shape: ty.shape[1..].to_vec(), ..ty.clone() };
+            let initial = Tensor::filled(row_type, p.role.initial_value().expect("a state")).to_bytes();
+            let start = row * initial.len();
+            Ok(StateRow { name: name.to_string(), ty: ty.clone(), bytes: start..start + initial.len(), initial })
+        })
+        .collect()
+}
+
+/// Resets row `row` of a state kept as host tensors (`Executor::reset_row` of the host executors).
+pub fn reset_host_row(module: &Module, state: &mut HashMap<String, Tensor>, row: usize) -> Result<()> {
+    for r in initial_rows(module, row)? {
+        let t = state
+            .get_mut(&r.name)
+            .ok_or_else(|| RuntimeError::Invalid(format!("state {} is not there yet", r.name)))?;
+        let mut bytes = t.to_bytes();
+        r.reset_in(&mut bytes)?;
+        *t = Tensor::from_bytes(t.ty.clone(), &bytes).map_err(RuntimeError::Invalid)?;
+    }
+    Ok(())
 }

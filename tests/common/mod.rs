@@ -187,12 +187,14 @@ fn generate_in_context(
 /// A session running `target`'s CUDA kernels in the host emulator, `target` given whole (a real GPU's
 /// description changed, such as a t4g of one SM), for the checkpoint in `dir`.
 pub fn cuda_host_session(dir: &Path, target: &'static g4c_ir::Target) -> Session {
-    let options = SessionOptions {
-        backend: Backend::CudaHost,
-        target: Some(target.name.to_string()),
-        use_cache: false,
-        ..Default::default()
-    };
+    kernel_session(dir, Backend::CudaHost, target)
+}
+
+/// A session on `dir` whose `backend` runs `target`'s kernel plan (`Plan` or `CudaHost`), with no
+/// cache.
+pub fn kernel_session(dir: &Path, backend: Backend, target: &'static g4c_ir::Target) -> Session {
+    let options =
+        SessionOptions { backend, target: Some(target.name.to_string()), use_cache: false, ..Default::default() };
     let mut session = Session::open(dir, options).unwrap_or_else(|e| panic!("{e}"));
     session.source.target = target;
     session

@@ -7,7 +7,7 @@
 
 use super::interp::host_tensors;
 use crate::error::{invalid, Result, RuntimeError};
-use crate::executor::{bind_args, initial_state, keep_outputs, Executor, StepInputs, StepOutput};
+use crate::executor::{bind_args, initial_state, keep_outputs, reset_host_row, Executor, StepInputs, StepOutput};
 use crate::tensor::Tensor;
 use crate::weights::WeightStore;
 use crate::Interpreter;
@@ -40,6 +40,10 @@ impl Executor for PlanExecutor {
     fn reset(&mut self) -> Result<()> {
         self.state = initial_state(&self.module)?.into_iter().collect();
         Ok(())
+    }
+
+    fn reset_row(&mut self, row: usize) -> Result<()> {
+        reset_host_row(&self.module, &mut self.state, row)
     }
 
     fn step(&mut self, entry: &str, inputs: &StepInputs, output: StepOutput) -> Result<Tensor> {

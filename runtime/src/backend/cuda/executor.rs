@@ -6,7 +6,7 @@
 use super::device::{launch_bindings, launch_of, Buffer, Device, DeviceProgram, KernelBinding, Launch, LaunchSequence};
 use crate::bench::CallTraffic;
 use crate::error::{invalid, Result, RuntimeError};
-use crate::executor::{bind_args, initial_state, missing_output, Arg, Executor, StepInputs, StepOutput};
+use crate::executor::{bind_args, initial_rows, initial_state, missing_output, Arg, Executor, StepInputs, StepOutput};
 use crate::tensor::Tensor;
 use crate::weights::WeightStore;
 use g4c_ir::plan::{EntryPlan, KernelPlan, Slot};
@@ -182,6 +182,20 @@ impl<D: Device> Executor for DeviceExecutor<D> {
             self.device.upload(b, &bytes)?;
             self.state_buffers.insert(name.clone(), b);
             self.state.insert(name, b);
+        }
+        Ok(())
+    }
+
+    /// Through the host, as `reset` uploads: each state comes down, has the row's initial bytes
+    /// written in, and goes back into its own buffer (which the recorded graphs read).
+    fn reset_row(&mut self, row: usize) -> Result<()> {
+        for r in initial_rows(&self.module, row)? {
+            let Some(&b) = self.state.get(&r.name) else {
+                return invalid(format!("state {} is not there yet", r.name));
+            };
+            let mut bytes = self.device.download(b, r.ty.byte_size() as usize)?;
+            r.reset_in(&mut bytes)?;
+            self.device.upload(b, &bytes)?;
         }
         Ok(())
     }

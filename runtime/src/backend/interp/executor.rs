@@ -2,7 +2,7 @@
 
 use super::Interpreter;
 use crate::error::{Result, RuntimeError};
-use crate::executor::{bind_args, initial_state, keep_outputs, Arg, Executor, StepInputs, StepOutput};
+use crate::executor::{bind_args, initial_state, keep_outputs, reset_host_row, Arg, Executor, StepInputs, StepOutput};
 use crate::tensor::Tensor;
 use g4c_ir::Module;
 use std::collections::HashMap;
@@ -26,6 +26,10 @@ impl Executor for InterpExecutor {
     fn reset(&mut self) -> Result<()> {
         self.state = initial_state(self.interp.module())?.into_iter().collect();
         Ok(())
+    }
+
+    fn reset_row(&mut self, row: usize) -> Result<()> {
+        reset_host_row(self.interp.module(), &mut self.state, row)
     }
 
     fn step(&mut self, entry: &str, inputs: &StepInputs, output: StepOutput) -> Result<Tensor> {

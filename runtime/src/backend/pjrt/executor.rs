@@ -4,8 +4,8 @@
 //! the order codegen gives `@main`.
 
 use super::{Buffer, Client, EntryExecutable, Executable};
-use crate::error::{Result, RuntimeError};
-use crate::executor::{bind_args, initial_state, keep_outputs, Arg, Executor, StepInputs, StepOutput};
+use crate::error::{invalid, Result, RuntimeError};
+use crate::executor::{bind_args, initial_rows, initial_state, keep_outputs, Arg, Executor, StepInputs, StepOutput};
 use crate::progress::{Progress, Unit};
 use crate::tensor::Tensor;
 use crate::weights::WeightStore;
@@ -82,6 +82,21 @@ impl Executor for PjrtExecutor {
     fn reset(&mut self) -> Result<()> {
         let state = initial_state(&self.module)?;
         self.state = state.iter().map(|(n, t)| Ok((n.clone(), self.upload(t)?))).collect::<Result<_>>()?;
+        Ok(())
+    }
+
+    /// Through the host: the state comes down, has the row's initial bytes written in, and goes back
+    /// up (a rare call: a sequence whose caches may hold non-finite values).
+    fn reset_row(&mut self, row: usize) -> Result<()> {
+        for r in initial_rows(&self.module, row)? {
+            let Some(buffer) = self.state.get(&r.name) else {
+                return invalid(format!("state {} is not there yet", r.name));
+            };
+            let mut bytes = buffer.to_host()?;
+            r.reset_in(&mut bytes)?;
+            let fresh = self.client.buffer(r.ty.dtype, &r.ty.shape, &bytes)?;
+            self.state.insert(r.name, fresh);
+        }
         Ok(())
     }
 
