@@ -1,6 +1,7 @@
 //! The g4c IR: a small typed SSA form for statically shaped tensor programs.
 //!
-//! A [`Module`] holds named checkpoint weights and entry-point [`Function`]s (`prefill`, `decode`).
+//! A [`Module`] holds named checkpoint weights and entry-point [`Function`]s (`prefill` or
+//! `prefill_{T}` per prefill length, `decode`, and `eval`'s `score`).
 //! State that outlives a call (KV caches and the absolute position stored in every cache slot) is
 //! explicit: a state parameter in, a result of the same name out; every parameter and result has a
 //! role (`abi`) that says what it carries. The text form round-trips

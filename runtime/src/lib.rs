@@ -1,6 +1,8 @@
 //! The g4c runtime: host tensors, weight stores, the backend-neutral executor interface over the
-//! entry-point ABI, the backends behind it (the reference interpreter and PJRT), the executable
-//! cache, compiled artifacts, the generation loop and the measurements behind `g4c bench`. It does
+//! entry-point ABI, the backends behind it (the reference interpreter, PJRT, a kernel plan run by
+//! the interpreter, and CUDA: on a GPU or in the host emulator), the executable cache, compiled
+//! artifacts, the generation loop with sampling and log probabilities, continuous batching, and the
+//! measurements behind `g4c bench`. It does
 //! not lower IR: the programs a backend compiles come from codegen, through the driver.
 
 pub mod artifact;

@@ -3,7 +3,7 @@
 
 Seeds are small valid inputs that reach deep into each parser: the modules of the filetests, the golden
 models' configs (multimodal, text-only, pack-quantized), a small safetensors file and its index, an
-artifact manifest and a cache entry. Inputs that once failed are kept beside them as crash-* files
+artifact manifest, a cache entry and `g4c serve`'s request bodies. Inputs that once failed are kept beside them as crash-* files
 (written by the fuzz run itself). Run from the repository root; needs only the standard library and a
 built g4c (for the manifest): `python3 scripts/fuzz/make_corpus.py`.
 """

@@ -25,7 +25,7 @@ pub struct ChatArgs {
     /// A system message before the conversation
     #[arg(long)]
     pub system: Option<String>,
-    /// Most tokens of each reply
+    /// Most tokens of each reply (at least 1)
     #[arg(long, default_value_t = 1024, value_parser = super::sizes::positions)]
     pub max_new_tokens: usize,
     #[command(flatten)]

@@ -8,6 +8,9 @@ use serde_json::json;
 use std::path::{Path, PathBuf};
 
 #[derive(Args)]
+// `eval` scores a checkpoint, never an artifact: the shared flags' help says what they mean here.
+#[command(mut_arg("backend", |a| a.help("Execution backend (default: pjrt)")))]
+#[command(mut_arg("target", |a| a.help("Target whose pass pipeline prepares the IR (see `g4c targets`; default `cpu`); with `--backend interp` and a narrower target the interpreter emulates its rounding")))]
 pub struct EvalArgs {
     /// Checkpoint directory
     pub model_dir: PathBuf,

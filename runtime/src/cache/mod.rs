@@ -1,5 +1,6 @@
 //! A content-addressed directory of compiled executables, one file per (program, environment):
-//! the user's cache (`$G4C_CACHE_DIR`, default `~/.cache/g4c`) or an artifact's `executables/`.
+//! the user's cache (`$G4C_CACHE_DIR`, else `$XDG_CACHE_HOME/g4c`, else `~/.cache/g4c`) or an
+//! artifact's `executables/`.
 //! Entries are written atomically (temporary file, then rename), so concurrent compiles of one model
 //! leave one valid entry; an entry that fails its header or checksum is reported, removed and rebuilt.
 
