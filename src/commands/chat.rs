@@ -89,16 +89,23 @@ pub fn run(args: ChatArgs) -> Result<()> {
     if interactive {
         ui().note("one message a line; Ctrl-C stops a reply, Ctrl-D ends the conversation");
     }
-    let mut lines = std::io::stdin().lock().split(b'\n');
+    let mut stdin = std::io::stdin().lock();
+    let mut line = vec![];
     let mut turn = 0u64;
     loop {
         if interactive {
             eprint!("> ");
             let _ = std::io::stderr().flush();
         }
-        let Some(line) = lines.next() else { break };
-        let line = line?;
-        let prompt = String::from_utf8(line)
+        line.clear();
+        if stdin.read_until(b'\n', &mut line)? == 0 {
+            break;
+        }
+        if line.pop_if(|c| *c == b'\n').is_none() && interactive {
+            // Ended by Ctrl-D rather than Enter: the reply starts on a line of its own all the same.
+            eprintln!();
+        }
+        let prompt = String::from_utf8(line.clone())
             .map_err(|_| anyhow::anyhow!("the message is not UTF-8 text"))
             .map(|text| text.trim_end_matches('\r').to_string())
             .and_then(|text| match text.trim().is_empty() {
