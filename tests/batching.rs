@@ -394,7 +394,7 @@ fn resetting_a_row_empties_its_caches_alone() {
         let vocab = reference.len() / 2;
         let (row0, row1) = (..vocab, vocab..);
         assert!(both[row1.clone()] != reference[row1.clone()], "{backend:?}: the prompt in row 1 changes its logits");
-        assert!(reset[row0.clone()] == reference[row0], "{backend:?}: row 0 is not left as it was");
+        assert!(reset[row0] == reference[row0], "{backend:?}: row 0 is not left as it was");
         assert!(reset[row1.clone()] == reference[row1], "{backend:?}: row 1 is not as if never filled");
     }
 }

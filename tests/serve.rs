@@ -523,3 +523,46 @@ fn logprobs_are_the_log_softmax_of_transformers_logits() {
     assert!(!reply.is_empty());
     assert!(tokens.starts_with(&reply), "the tokens' texts join into the reply ({reply:?}), then its end: {tokens:?}");
 }
+
+/// vLLM's `/tokenize` gives a prompt's ids exactly as the generation endpoints take them (a chat's
+/// rendered by the template, a text's with BOS first), and `/detokenize` their text.
+#[test]
+fn tokenize_gives_the_ids_generation_takes_and_detokenize_their_text() {
+    let server = Server::start(&["--max-batch", "1", "--context", "32", "--prefill-len", "8"]);
+    let messages = json!([{"role": "system", "content": "ba"}, {"role": "user", "content": "de fi"}]);
+    let ok = |path: &str, body: Value| {
+        let (status, _, reply) = server.post(path, &body);
+        assert_eq!(status, 200, "{path} {body}: {reply}");
+        reply
+    };
+    let chat = ok("/v1/chat/completions", json!({"messages": messages, "max_tokens": 1, "return_token_ids": true}));
+    let tokenized = ok("/tokenize", json!({"messages": messages, "return_token_strs": true}));
+    assert_eq!(tokenized["tokens"], chat["prompt_token_ids"], "{tokenized} {chat}");
+    assert_eq!(tokenized["count"], chat["usage"]["prompt_tokens"]);
+    assert_eq!(tokenized["max_model_len"], 32);
+    let strs = tokenized["token_strs"].as_array().unwrap();
+    assert_eq!((strs[0].as_str(), strs.len()), (Some("<bos>"), tokenized["tokens"].as_array().unwrap().len()));
+
+    let completion = ok("/v1/completions", json!({"prompt": "ba de", "max_tokens": 1, "return_token_ids": true}));
+    let tokenized = ok("/tokenize", json!({"prompt": "ba de", "model": "tiny"}));
+    assert_eq!(tokenized["tokens"], completion["prompt_token_ids"], "{tokenized} {completion}");
+    assert_eq!(tokenized["token_strs"], Value::Null);
+    let bare = ok("/tokenize", json!({"prompt": "ba de", "add_special_tokens": false}));
+    assert_eq!(bare["tokens"].as_array().unwrap()[..], tokenized["tokens"].as_array().unwrap()[1..]);
+    assert_eq!(ok("/detokenize", json!({"tokens": tokenized["tokens"]}))["prompt"], "ba de");
+
+    for (path, body, param) in [
+        ("/tokenize", json!({"prompt": "ba", "messages": messages}), None),
+        ("/tokenize", json!({}), None),
+        ("/tokenize", json!({"prompt": "qqq"}), Some("prompt")),
+        ("/tokenize", json!({"messages": messages, "add_generation_prompt": false}), Some("add_generation_prompt")),
+        ("/detokenize", json!({"tokens": [2, 512]}), Some("tokens")),
+        ("/detokenize", json!({"tokens": "ba"}), Some("tokens")),
+    ] {
+        let (status, _, reply) = server.post(path, &body);
+        assert_eq!(status, 400, "{path} {body}: {reply}");
+        assert_eq!(reply["error"]["param"].as_str(), param, "{path} {body}: {reply}");
+    }
+    let (status, _, reply) = server.post("/tokenize", &json!({"prompt": "ba", "model": "gpt-4"}));
+    assert_eq!((status, &reply["error"]["code"]), (404, &json!("model_not_found")), "{reply}");
+}

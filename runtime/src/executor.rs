@@ -208,7 +208,10 @@ impl StateRow {
     /// Writes the row's initial value into `state`, the whole state's bytes.
     pub fn reset_in(&self, state: &mut [u8]) -> Result<()> {
         match state.get_mut(self.bytes.clone()) {
-            Some(row) => Ok(row.copy_from_slice(&self.initial)),
+            Some(row) => {
+                row.copy_from_slice(&self.initial);
+                Ok(())
+            }
             None => invalid(format!(
                 "state {} holds {} bytes, not the {} its rows take",
                 self.name,

@@ -91,7 +91,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Ask, ApiError> {
 
 /// `value` (field `what` of the body, or `request`: the body) as `T`, or a `400` naming the field
 /// at fault and serde's reason.
-fn typed<T: serde::de::DeserializeOwned>(value: &Value, what: &str) -> Result<T, ApiError> {
+pub(crate) fn typed<T: serde::de::DeserializeOwned>(value: &Value, what: &str) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let inner = e.path().to_string();
         let field = match (what, inner.as_str()) {
@@ -186,7 +186,7 @@ enum StopItem {
 }
 
 #[derive(Deserialize)]
-struct MessageBody {
+pub(crate) struct MessageBody {
     role: String,
     content: Option<Content>,
 }
@@ -219,7 +219,7 @@ enum Prompt {
     IdLists(Vec<Vec<u32>>),
 }
 
-fn chat_messages(messages: Vec<MessageBody>) -> Result<Vec<ChatMessage>, ApiError> {
+pub(crate) fn chat_messages(messages: Vec<MessageBody>) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::param("messages", "`messages` is empty: give at least one message"));
     }

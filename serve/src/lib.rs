@@ -12,6 +12,7 @@ pub mod prepare;
 mod reply;
 mod routes;
 pub mod text;
+pub mod tokenize;
 mod worker;
 
 use g4c_frontend::{ChatTemplate, TextTokenizer};

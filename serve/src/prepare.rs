@@ -2,6 +2,7 @@
 
 use crate::api::{self, Ask, Endpoint, PromptSpec};
 use crate::error::ApiError;
+use crate::tokenize::check_model;
 use crate::ModelInfo;
 use g4c_runtime::{GenerateOptions, PromptProblem, SamplingParams, SequenceRequest};
 
@@ -10,10 +11,7 @@ use g4c_runtime::{GenerateOptions, PromptProblem, SamplingParams, SequenceReques
 /// vocabulary, and the stop and sampling options set.
 pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(Ask, SequenceRequest), ApiError> {
     let ask = api::parse(endpoint, body)?;
-    if let Some(asked) = ask.model.as_ref().filter(|m| **m != model.name) {
-        let message = format!("the model `{asked}` does not exist; this server serves `{}`", model.name);
-        return Err(ApiError::not_found(message, "model_not_found"));
-    }
+    check_model(model, ask.model.as_deref())?;
     let tokenizer = model.tokenizer.as_deref();
     if tokenizer.is_none() && !ask.return_token_ids {
         return Err(ApiError::invalid(
@@ -23,24 +21,7 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
     if tokenizer.is_none() && !ask.stop.is_empty() {
         return Err(ApiError::param("stop", "`stop`: stop strings need the model's tokenizer.json, which it lacks"));
     }
-    let prompt = match &ask.prompt {
-        PromptSpec::Messages(messages) => {
-            let (Some(tokenizer), Some(template)) = (tokenizer, model.chat_template.as_ref()) else {
-                return Err(ApiError::invalid(
-                    "this model has no chat template (chat_template.jinja or tokenizer_config.json); use /v1/completions",
-                ));
-            };
-            let text = template.render(messages).map_err(|e| ApiError::param("messages", e.to_string()))?;
-            tokenizer.encode(&text).map_err(|e| ApiError::param("messages", e.to_string()))?
-        }
-        PromptSpec::Text(text) => match tokenizer {
-            Some(t) => t.encode(text).map_err(|e| ApiError::param("prompt", e.to_string()))?,
-            None => {
-                return Err(ApiError::param("prompt", "`prompt`: this model has no tokenizer.json; give token ids"))
-            }
-        },
-        PromptSpec::Ids(ids) => ids.clone(),
-    };
+    let prompt = prompt_ids(model, &ask.prompt)?;
     let shape = &model.shape;
     let param = if endpoint == Endpoint::Chat { "messages" } else { "prompt" };
     shape.check_prompt(&prompt, 1).map_err(|problem| {
@@ -100,6 +81,29 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
         logprobs: ask.logprobs,
     };
     Ok((ask, SequenceRequest { prompt, options }))
+}
+
+/// The token ids of `prompt`: chat messages rendered by the model's template, text with BOS first.
+pub fn prompt_ids(model: &ModelInfo, prompt: &PromptSpec) -> Result<Vec<u32>, ApiError> {
+    let tokenizer = model.tokenizer.as_deref();
+    Ok(match prompt {
+        PromptSpec::Messages(messages) => {
+            let (Some(tokenizer), Some(template)) = (tokenizer, model.chat_template.as_ref()) else {
+                return Err(ApiError::invalid(
+                    "this model has no chat template (chat_template.jinja or tokenizer_config.json); use /v1/completions",
+                ));
+            };
+            let text = template.render(messages).map_err(|e| ApiError::param("messages", e.to_string()))?;
+            tokenizer.encode(&text).map_err(|e| ApiError::param("messages", e.to_string()))?
+        }
+        PromptSpec::Text(text) => match tokenizer {
+            Some(t) => t.encode(text).map_err(|e| ApiError::param("prompt", e.to_string()))?,
+            None => {
+                return Err(ApiError::param("prompt", "`prompt`: this model has no tokenizer.json; give token ids"))
+            }
+        },
+        PromptSpec::Ids(ids) => ids.clone(),
+    })
 }
 
 #[cfg(test)]

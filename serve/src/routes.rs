@@ -1,9 +1,10 @@
 //! The HTTP endpoints: OpenAI's `/v1/chat/completions`, `/v1/completions` and `/v1/models`, plus
-//! `/health` and `/metrics`.
+//! vLLM's `/tokenize` and `/detokenize`, `/health` and `/metrics`.
 
 use crate::api::{Ask, Endpoint};
 use crate::error::ApiError;
 use crate::reply::{Part, Reply};
+use crate::tokenize::check_model;
 use crate::worker::{Job, Queue};
 use crate::{metrics::Metrics, ModelInfo};
 use axum::body::Bytes;
@@ -40,6 +41,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(|method: Method, uri: Uri| async move {
@@ -70,11 +73,37 @@ async fn models(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
 }
 
 async fn model(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
-    if id != app.model.name {
-        let message = format!("the model `{id}` does not exist; this server serves `{}`", app.model.name);
-        return ApiError::not_found(message, "model_not_found").into_response();
+    match check_model(&app.model, Some(&id)) {
+        Ok(()) => Json(app.model_object()).into_response(),
+        Err(e) => e.into_response(),
     }
-    Json(app.model_object()).into_response()
+}
+
+async fn tokenize(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
+    tokenizing(app, body, crate::tokenize::tokenize).await
+}
+
+async fn detokenize(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
+    tokenizing(app, body, crate::tokenize::detokenize).await
+}
+
+/// `/tokenize` or `/detokenize` (`answer`), off the async threads as a generation's prompt is.
+async fn tokenizing(
+    app: Arc<App>,
+    body: Result<Bytes, BytesRejection>,
+    answer: fn(&ModelInfo, &[u8]) -> Result<serde_json::Value, ApiError>,
+) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        Err(rejected) => return ApiError::unread_body(rejected).into_response(),
+    };
+    let answered = tokio::task::spawn_blocking(move || answer(&app.model, &body))
+        .await
+        .unwrap_or_else(|e| Err(ApiError::server(format!("tokenizing failed: {e}"))));
+    match answered {
+        Ok(value) => Json(value).into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
 async fn health(State(app): State<Arc<App>>) -> Response {
