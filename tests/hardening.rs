@@ -3,6 +3,7 @@
 //! argument errors, read-only caches, `inspect`, and messages that point the wrong way.
 
 use crate::common::{assert_one_line_error, g4c, golden_dir};
+use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 
 fn tiny() -> String {
@@ -515,4 +516,34 @@ fn counts_units_and_help_read_right() {
     assert!(summary.contains("1.5 kB KV per token") && !summary.contains("KiB"), "{summary}");
     let help = String::from_utf8_lossy(&g4c(&["synth", "--help"]).stdout).into_owned();
     assert!(help.contains("for commands that compile"), "{help}");
+}
+
+/// An output path that is not a regular file (a FIFO, a symlink, a device such as `/dev/full`) was
+/// replaced by the rename that commits the written file; it is refused before any work, in one
+/// line naming the flag, and left as it was.
+#[test]
+fn outputs_that_are_not_regular_files_are_refused_and_left_alone() {
+    let tiny = tiny();
+    let dir = tempfile::tempdir().unwrap();
+    let (fifo, link, sub) = (dir.path().join("fifo"), dir.path().join("link"), dir.path().join("sub"));
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    std::os::unix::fs::symlink("elsewhere", &link).unwrap();
+    std::fs::create_dir(&sub).unwrap();
+    let ids = dir.path().join("ids.txt");
+    std::fs::write(&ids, "2 4 5 6").unwrap();
+    let missing = dir.path().join("missing/x");
+    for (path, needle) in [
+        (&fifo, "a FIFO, socket or device"),
+        (&link, "a symbolic link"),
+        (&sub, "is a directory"),
+        (&missing, "does not exist"),
+    ] {
+        let path = path.to_str().unwrap();
+        let run = ["run", &tiny, "--backend", "interp", "--prompt-ids", "2,4", "--max-new-tokens", "2"];
+        assert_one_line_error(&g4c(&[&run[..], &["--logits-out", path]].concat()), &["--logits-out", path, needle]);
+        let eval = ["eval", &tiny, "--backend", "interp", "--ids", ids.to_str().unwrap(), "--save-logits", path];
+        assert_one_line_error(&g4c(&eval), &["--save-logits", path, needle]);
+    }
+    assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo(), "the FIFO is still one");
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link is still one");
 }

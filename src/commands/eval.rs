@@ -40,6 +40,10 @@ pub struct EvalArgs {
 }
 
 pub fn run(args: EvalArgs) -> Result<()> {
+    // Before scoring, not after: a path that cannot be written would lose the run.
+    if let Some(path) = &args.save_logits {
+        super::check_output("--save-logits", path)?;
+    }
     let session = Session::open(&args.model_dir, args.execution.session_options(&args.model_dir)?)?;
     let ids: Vec<u32> = match (&args.ids, &args.text) {
         (Some(path), _) => {

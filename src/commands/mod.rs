@@ -200,6 +200,11 @@ pub fn write_stdout(text: &str) -> anyhow::Result<()> {
     }
 }
 
+/// Refuses, before any work, an output path that the command could not write at its end.
+pub fn check_output(flag: &str, path: &std::path::Path) -> anyhow::Result<()> {
+    g4c_util::atomic::check_destination(path).map_err(|e| anyhow::anyhow!("{flag}: {e}"))
+}
+
 /// Writes a file atomically (`g4c_util::atomic`), naming the file in the error.
 pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
     use anyhow::Context;

@@ -6,7 +6,7 @@ use g4c_driver::Session;
 use g4c_frontend::{ChatMessage, ChatTemplate, Shapes};
 use g4c_ir::Target;
 use g4c_runtime::{generate, GenerateOptions, Generation, ModelShape};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -66,10 +66,8 @@ pub fn run(args: RunArgs) -> Result<()> {
         bail!("--chat renders --prompt text through the chat template; --prompt-ids are used as given");
     }
     // Before generating, not after: a path that cannot be written would lose the run.
-    if let Some(dir) = args.logits_out.as_deref().and_then(Path::parent).filter(|d| !d.as_os_str().is_empty()) {
-        if !dir.is_dir() {
-            bail!("--logits-out: {} is not a directory", dir.display());
-        }
+    if let Some(path) = &args.logits_out {
+        super::check_output("--logits-out", path)?;
     }
     let session = Session::open(&args.model_dir, args.execution.session_options(&args.model_dir)?)?;
     let source = &session.source;

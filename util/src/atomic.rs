@@ -90,8 +90,37 @@ pub struct AtomicFile {
     path: PathBuf,
 }
 
+/// Whether a file can be written at `path`: its directory exists, and the path is free or a regular
+/// file. Anything else there (a directory, a symlink, a FIFO, a device such as `/dev/full`) would be
+/// replaced by the rename, not written through, so it is refused.
+pub fn check_destination(path: &Path) -> io::Result<()> {
+    let refuse = |what: String| Err(io::Error::new(io::ErrorKind::InvalidInput, what));
+    let parent = parent_of(path);
+    match std::fs::metadata(parent) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return refuse(format!("{}: {} is not a directory", path.display(), parent.display())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return refuse(format!("{}: the directory {} does not exist", path.display(), parent.display()))
+        }
+        Err(e) => return Err(e),
+    }
+    let kind = match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_file() => return Ok(()),
+        Ok(m) if m.is_dir() => return refuse(format!("{} is a directory", path.display())),
+        Ok(m) if m.file_type().is_symlink() => "a symbolic link",
+        Ok(_) => "a FIFO, socket or device",
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    refuse(format!(
+        "{} is {kind}, which the written file would replace (g4c writes regular files only)",
+        path.display()
+    ))
+}
+
 impl AtomicFile {
     pub fn create(path: &Path) -> io::Result<AtomicFile> {
+        check_destination(path)?;
         remove_stale_temporaries(parent_of(path));
         let tmp = InProgress::new(temp_sibling(path));
         let file = io::BufWriter::with_capacity(1 << 20, File::create(tmp.path())?);
