@@ -334,7 +334,13 @@ fn non_finite_numbers_are_errors() {
 /// `g4c` that is killed (and the test failed) if it has not finished in `seconds`: for inputs that
 /// once made it hang.
 fn g4c_within(seconds: u64, args: &[&str]) -> std::process::Output {
+    g4c_within_cache(seconds, crate::common::test_cache(), args)
+}
+
+/// `g4c_within`, its executable cache in `cache`.
+fn g4c_within_cache(seconds: u64, cache: &Path, args: &[&str]) -> std::process::Output {
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_g4c"))
+        .env("G4C_CACHE_DIR", cache)
         .args(args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -546,4 +552,54 @@ fn outputs_that_are_not_regular_files_are_refused_and_left_alone() {
     }
     assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo(), "the FIFO is still one");
     assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link is still one");
+}
+
+/// A FIFO in place of a cache entry made `run`, `cache ls` and `cache verify` block for ever in
+/// `open`; it is a corrupt entry now, reported and removed, and so is a directory in place of an
+/// artifact's executable, which was skipped silently.
+#[test]
+fn entries_that_are_not_regular_files_are_corrupt_not_waited_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let tiny = tiny();
+    let run = ["run", &tiny, "--prompt-ids", "2,4", "--max-new-tokens", "2", "--context", "64"];
+    let good = g4c_within_cache(120, &cache, &run);
+    assert!(good.status.success(), "{}", String::from_utf8_lossy(&good.stderr));
+    let entry = std::fs::read_dir(cache.join("executables")).unwrap().flatten().next().unwrap().path();
+    let fifo = |path: &Path| {
+        let _ = std::fs::remove_file(path);
+        assert!(std::process::Command::new("mkfifo").arg(path).status().unwrap().success());
+    };
+    fifo(&entry);
+    let listed = g4c_within_cache(20, &cache, &["cache", "ls"]);
+    assert!(String::from_utf8_lossy(&listed.stdout).contains("FIFO"), "{listed:?}");
+    let verified = g4c_within_cache(20, &cache, &["cache", "verify"]);
+    assert_one_line_error_after_notes(&verified, "FIFO");
+    assert!(!entry.exists(), "verify removed it");
+    fifo(&entry);
+    let rerun = g4c_within_cache(120, &cache, &run);
+    let stderr = String::from_utf8_lossy(&rerun.stderr);
+    assert!(rerun.status.success() && stderr.contains("FIFO") && stderr.contains("removed"), "{stderr}");
+    assert_eq!(rerun.stdout, good.stdout);
+
+    let artifact = tmp.path().join("artifact");
+    let compiled =
+        g4c_within_cache(120, &cache, &["compile", &tiny, "-o", artifact.to_str().unwrap(), "--context", "64"]);
+    assert!(compiled.status.success(), "{}", String::from_utf8_lossy(&compiled.stderr));
+    let exe = std::fs::read_dir(artifact.join("executables")).unwrap().flatten().next().unwrap().path();
+    std::fs::remove_file(&exe).unwrap();
+    std::fs::create_dir(&exe).unwrap();
+    let a = artifact.to_str().unwrap();
+    let out = g4c_within_cache(120, &cache, &["run", a, "--prompt-ids", "2,4", "--max-new-tokens", "2"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && stderr.contains("found a directory"), "{stderr}");
+    assert_eq!(out.stdout, good.stdout);
+}
+
+/// A failed command whose last line (after what it reported) is an error, and that mentions `what`.
+fn assert_one_line_error_after_notes(out: &std::process::Output, what: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.trim_end().lines().last().unwrap_or("").starts_with("g4c: error:"), "{stderr}");
+    assert!(stderr.contains(what), "{stderr}");
 }

@@ -44,7 +44,7 @@ pub fn run(args: CompileArgs) -> Result<()> {
         anyhow::bail!("{} is an artifact, compiled already; compile {source} instead", args.model_dir.display());
     }
     let target = Target::by_name(&args.target).map_err(anyhow::Error::msg)?;
-    let shapes = &args.shapes;
+    let shapes = args.shapes.shapes();
     let prefill_lens = match &args.prefill_buckets {
         Some(list) => super::parse_buckets(list, shapes.context)?,
         None => vec![shapes.prefill_len],

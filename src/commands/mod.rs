@@ -20,17 +20,21 @@ pub struct ShapeArgs {
     /// Sequences per call
     #[arg(long, default_value_t = 1, value_parser = sizes::batch)]
     pub batch: usize,
-    /// Tokens per sequence in one prefill call
-    #[arg(long, default_value_t = 128, value_parser = sizes::positions)]
-    pub prefill_len: usize,
+    /// Tokens per sequence in one prefill call (default: 128, or the context if shorter)
+    #[arg(long, value_parser = sizes::positions)]
+    pub prefill_len: Option<usize>,
     /// Positions a sequence may reach (sizes the full-attention caches)
     #[arg(long, default_value_t = 4096, value_parser = sizes::positions)]
     pub context: usize,
 }
 
+/// Tokens per prefill call unless a command is told otherwise.
+const DEFAULT_PREFILL: usize = 128;
+
 impl ShapeArgs {
     pub fn shapes(&self) -> g4c_frontend::Shapes {
-        g4c_frontend::Shapes { batch: self.batch, prefill_len: self.prefill_len, context: self.context }
+        let prefill_len = self.prefill_len.unwrap_or(DEFAULT_PREFILL.min(self.context));
+        g4c_frontend::Shapes { batch: self.batch, prefill_len, context: self.context }
     }
 }
 

@@ -113,9 +113,13 @@ impl ExecutableCache {
 
     pub fn lookup(&self, program: &ProgramKey, env: &Environment) -> Lookup {
         let path = self.dir.join(file_name(program, &env.digest()));
-        let bytes = match std::fs::read(&path) {
+        // Only a regular file is read: a FIFO in its place would block for ever.
+        let bytes = match g4c_util::files::read(&path) {
             Ok(bytes) => bytes,
-            Err(_) => return Lookup::Miss(self.foreign_entries(program, env)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Lookup::Miss(self.foreign_entries(program, env))
+            }
+            Err(e) => return Lookup::Miss(self.corrupt(path, e.to_string())),
         };
         match entry::decode(&bytes) {
             Ok((meta, body)) if meta.str("program") == program.0 && meta.str("environment") == env.digest() => {
@@ -188,7 +192,7 @@ impl ExecutableCache {
         let mut good = 0;
         let mut bad = vec![];
         for path in self.files()? {
-            let checked = std::fs::read(&path).map_err(|e| e.to_string()).and_then(|bytes| {
+            let checked = g4c_util::files::read(&path).map_err(|e| e.to_string()).and_then(|bytes| {
                 let (meta, _) = entry::decode(&bytes).map_err(|e| e.to_string())?;
                 let expected = format!(
                     "{}-{}.{EXTENSION}",
@@ -303,6 +307,6 @@ fn is_temporary(path: &Path) -> bool {
 fn read_prefix(path: &Path, len: usize) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     let mut buf = Vec::with_capacity(len);
-    std::fs::File::open(path)?.take(len as u64).read_to_end(&mut buf)?;
+    g4c_util::files::open(path)?.take(len as u64).read_to_end(&mut buf)?;
     Ok(buf)
 }
