@@ -603,3 +603,20 @@ fn assert_one_line_error_after_notes(out: &std::process::Output, what: &str) {
     assert!(stderr.trim_end().lines().last().unwrap_or("").starts_with("g4c: error:"), "{stderr}");
     assert!(stderr.contains(what), "{stderr}");
 }
+
+/// A streaming `run` ignored failed writes to stdout and exited 0; every command now ends with one
+/// line saying so (`/dev/full`: no space left).
+#[test]
+fn a_stdout_that_cannot_be_written_is_an_error() {
+    let tiny = tiny();
+    let ids = ["run", &tiny, "--prompt-ids", "2,4", "--max-new-tokens", "3", "--context", "64"];
+    for args in [&ids[..], &[&ids[..], &["--json"]].concat(), &["targets"]] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_g4c"))
+            .env("G4C_CACHE_DIR", crate::common::test_cache())
+            .args(args)
+            .stdout(std::fs::File::create("/dev/full").unwrap())
+            .output()
+            .unwrap();
+        assert_one_line_error(&out, &["writing to stdout", "No space left"]);
+    }
+}

@@ -139,7 +139,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
         let reply = Reply::collect(&mut engine, &received, &mut |token| printer.push(token));
         replying.store(false, Ordering::SeqCst);
         let reply = reply?;
-        printer.finish();
+        printer.finish()?;
         let text = tokenizer.decode(&reply.generated)?;
         if args.json {
             let stop_reason = reply.stop.map_or("interrupted", StopReason::name);

@@ -199,7 +199,7 @@ impl PipelineArgs {
 pub fn write_stdout(text: &str) -> anyhow::Result<()> {
     use std::io::Write;
     match std::io::stdout().lock().write_all(text.as_bytes()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(anyhow::anyhow!("writing to stdout: {e}")),
         _ => Ok(()),
     }
 }

@@ -143,7 +143,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let mut printer = super::printer::StreamPrinter::new(tokenizer, !args.json);
     let mut ready = with_feedback(|feedback| session.executor(module.clone(), feedback))?;
     let generation = generate(ready.executor.as_mut(), &prompt, &opts, &mut |t| printer.push(t))?;
-    printer.finish();
+    printer.finish()?;
     if args.stats {
         let compiled = ready.compiled.as_ref().map(|c| format!("compile: {}; ", c.describe()));
         eprintln!(
