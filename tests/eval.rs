@@ -104,6 +104,19 @@ fn eval_rejects_bad_input_in_one_line() {
         assert_one_line_error(&g4c(&args), &needles);
     }
     assert_one_line_error(&g4c(&["eval", path(&model), "--text", path(&reference)]), &["tokenizer.json", "--ids"]);
+
+    // Reference logits with a NaN read as perfect agreement (KL 0): refused, naming the element.
+    let ids = write("nan.txt", b"1,2,3");
+    let saved = tmp.path().join("saved.safetensors");
+    let out = g4c(&["eval", path(&model), "--ids", path(&ids), "--save-logits", path(&saved)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut bytes = std::fs::read(&saved).unwrap();
+    let header = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let at = header + (512 + 7) * 4; // row 1, column 7 of `logits`, the first tensor of the data
+    bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&saved, &bytes).unwrap();
+    let out = g4c(&["eval", path(&model), "--ids", path(&ids), "--reference", path(&saved)]);
+    assert_one_line_error(&out, &["saved.safetensors", "`logits` [1, 7]", "NaN", "finite"]);
 }
 
 #[test]

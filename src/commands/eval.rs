@@ -138,5 +138,10 @@ fn read_reference(path: &Path, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
         }
     }
     let values: Vec<f32> = logits.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    // A divergence from NaN logits would read as perfect agreement (every comparison false).
+    if let Some(i) = values.iter().position(|x| !x.is_finite()) {
+        let (row, column) = (i / vocab.max(1), i % vocab.max(1));
+        bail!("{}: `logits` [{row}, {column}] is {}, expected a finite number", path.display(), values[i]);
+    }
     Ok(values.chunks(vocab.max(1)).map(|r| r.to_vec()).collect())
 }
