@@ -620,3 +620,18 @@ fn a_stdout_that_cannot_be_written_is_an_error() {
         assert_one_line_error(&out, &["writing to stdout", "No space left"]);
     }
 }
+
+/// A ptxas that failed without an `error` line left `ptxas failed for sm_75:` and nothing after;
+/// the message now says which ptxas, how it ended and what it said.
+#[test]
+fn a_failing_ptxas_is_quoted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ptxas = tmp.path().join("ptxas");
+    std::fs::write(&ptxas, "#!/bin/sh\necho 'ptxas fatal : out of cheese' >&2\nexit 3\n").unwrap();
+    std::fs::set_permissions(&ptxas, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out_dir = tmp.path().join("t4g.g4c");
+    let args = ["compile", &tiny(), "--target", "t4g", "--context", "64", "-o", out_dir.to_str().unwrap()];
+    let out = g4c_in(tmp.path(), tmp.path(), &[("G4C_PTXAS", ptxas.as_os_str())], &args);
+    assert_one_line_error(&out, &["ptxas failed for sm_75", "ptxas exited with exit status: 3", "out of cheese"]);
+    assert!(!out_dir.exists());
+}

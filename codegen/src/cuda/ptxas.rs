@@ -56,8 +56,14 @@ pub fn assemble(ptx: &str, sm: (u32, u32)) -> Result<Cubin, CudaError> {
         .map_err(|e| fail(format!("running {}: {e}", ptxas.display())))?;
     let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     if !out.status.success() {
-        let first: Vec<&str> = report.lines().filter(|l| l.contains("error")).take(3).collect();
-        return Err(fail(first.join(" | ")));
+        // Its error lines, else whatever it said first (a fatal message, a crash's last words).
+        let errors: Vec<&str> = report.lines().filter(|l| l.contains("error")).take(3).collect();
+        let said: Vec<&str> = match errors.is_empty() {
+            true => report.lines().map(str::trim).filter(|l| !l.is_empty()).take(3).collect(),
+            false => errors,
+        };
+        let said = if said.is_empty() { "nothing on stdout or stderr".to_string() } else { said.join(" | ") };
+        return Err(fail(format!("{} exited with {}: {said}", ptxas.display(), out.status)));
     }
     let bytes = std::fs::read(&output).map_err(|e| fail(format!("reading {}: {e}", output.display())))?;
     Ok(Cubin { bytes, kernels: parse_report(&report) })
