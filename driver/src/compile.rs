@@ -201,6 +201,12 @@ fn build_for_target(
     };
     let executables = match plugin {
         Some(path) => {
+            // Before compiling, not after: without -o the cache is where the work is kept.
+            if req.out.is_none() {
+                ExecutableCache::user().and_then(|cache| cache.check_writable()).map_err(|e| {
+                    anyhow::anyhow!("{e}; without -o, compile keeps its executables there (give -o DIR)")
+                })?;
+            }
             let client = open_client(Some(path))?;
             check_platform(&client, target, "compiling for")?;
             Some(executables(&client, programs, target, &label, &caches, feedback)?.1)

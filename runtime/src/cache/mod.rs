@@ -147,6 +147,21 @@ impl ExecutableCache {
         g4c_util::lock::FileLock::exclusive(&self.dir.join(format!("{name}.lock"))).ok()
     }
 
+    /// Whether entries can be stored here: the directory is made if missing, and a file created in
+    /// it and removed.
+    pub fn check_writable(&self) -> Result<()> {
+        let cannot = |e: std::io::Error| {
+            RuntimeError::Invalid(format!("the executable cache {} cannot be written: {e}", self.dir.display()))
+        };
+        if !self.writable {
+            return Err(cannot(std::io::Error::other("it is read-only here")));
+        }
+        std::fs::create_dir_all(&self.dir).map_err(cannot)?;
+        // A temporary, never committed: dropping it removes it.
+        g4c_util::atomic::AtomicFile::create(&self.dir.join("writable")).map_err(cannot)?;
+        Ok(())
+    }
+
     /// Stores a serialized executable; `meta` describes it for listings (model, entry, target, …).
     pub fn store(
         &self,
