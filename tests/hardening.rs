@@ -635,3 +635,18 @@ fn a_failing_ptxas_is_quoted() {
     assert_one_line_error(&out, &["ptxas failed for sm_75", "ptxas exited with exit status: 3", "out of cheese"]);
     assert!(!out_dir.exists());
 }
+
+/// `--backend cuda` on a CPU target said there was no CUDA driver and pointed at `cuda-host`, which
+/// then failed for want of a kernel plan: the target is checked first, for every backend that runs
+/// kernels.
+#[test]
+fn kernel_backends_name_the_target_before_the_driver() {
+    let tiny = tiny();
+    for backend in ["cuda", "cuda-host", "plan"] {
+        let out = g4c(&["run", &tiny, "--backend", backend, "--prompt-ids", "2"]);
+        assert_one_line_error(
+            &out,
+            &[&format!("--backend {backend} runs a CUDA target's kernels"), "target is cpu", "--target t4g"],
+        );
+    }
+}

@@ -123,9 +123,10 @@ impl Session {
             BackendKind::Cuda | BackendKind::CudaHost => {
                 let target = self.source.target;
                 let gpu = self.backend == BackendKind::Cuda;
+                self.check_cuda_target()?;
                 // Without a driver there is nothing to compile for: say so before compiling.
                 if let (true, Some(problem)) = (gpu, cuda_driver_problem()) {
-                    bail!("--backend cuda: {problem}; `--backend cuda-host` runs the same kernels on the CPU, slowly");
+                    bail!("--backend cuda: {problem}; `g4c run --backend cuda-host` runs the same kernels on the CPU, slowly");
                 }
                 let plan = Arc::new(kernel_plan(&module, target)?);
                 // An artifact's programs are checked against what this g4c plans (its CUDA C only,
@@ -162,6 +163,7 @@ impl Session {
                 })
             }
             BackendKind::Plan => {
+                self.check_cuda_target()?;
                 let plan = Arc::new(kernel_plan(&module, self.source.target)?);
                 Ok(Ready {
                     executor: Box::new(PlanExecutor::new(module, plan, weights)),
@@ -194,6 +196,19 @@ impl Session {
                 })
             }
         }
+    }
+
+    /// The backends that run a kernel plan need a CUDA target.
+    fn check_cuda_target(&self) -> Result<()> {
+        let target = self.source.target;
+        if target.platform == g4c_ir::Platform::Cuda {
+            return Ok(());
+        }
+        let which = match self.source.artifact() {
+            Some(_) => format!("artifact {} was compiled for {}", self.source.label, target.name),
+            None => format!("the target is {} (give --target t4g, a100 or h200)", target.name),
+        };
+        bail!("--backend {} runs a CUDA target's kernels, and {which}", self.backend.name())
     }
 
     /// Seconds to get every executable of `module` by compiling with no cache (a cold start), and by
