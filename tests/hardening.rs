@@ -650,3 +650,19 @@ fn kernel_backends_name_the_target_before_the_driver() {
         );
     }
 }
+
+/// An artifact that lost its manifest was taken for a checkpoint without weights, and `ir` of an
+/// artifact said it had no model.safetensors: both say what the directory is.
+#[test]
+fn artifacts_are_not_taken_for_checkpoints() {
+    let tmp = tempfile::tempdir().unwrap();
+    let artifact = tmp.path().join("tiny.g4c");
+    let a = artifact.to_str().unwrap();
+    let compiled = g4c(&["compile", &tiny(), "-o", a, "--context", "64", "-q"]);
+    assert!(compiled.status.success(), "{}", String::from_utf8_lossy(&compiled.stderr));
+    assert_one_line_error(&g4c(&["ir", a]), &["is an artifact", "reads a checkpoint", &tiny()]);
+    std::fs::remove_file(artifact.join("manifest.json")).unwrap();
+    for args in [vec!["run", a, "--prompt-ids", "2"], vec!["ir", a], vec!["compile", a, "-o", "x"]] {
+        assert_one_line_error(&g4c(&args), &[a, "no manifest.json", "damaged artifact"]);
+    }
+}

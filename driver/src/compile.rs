@@ -76,7 +76,7 @@ pub fn compile(req: &CompileRequest, feedback: &Feedback) -> Result<Compiled> {
     if let Some(out) = req.out {
         check_output_dir(out)?;
     }
-    let model = Model::open(req.model_dir)?;
+    let model = crate::source::open_checkpoint(req.model_dir)?;
     let (&longest, shorter) = req.prefill_lens.split_last().context("at least one prefill length")?;
     let shapes = Shapes { batch: req.batch, prefill_len: longest, context: req.context };
     let mut module = emit(&model, &shapes, shorter)?;

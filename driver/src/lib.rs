@@ -15,7 +15,7 @@ pub use compile::{compile, emit, run_passes, CompileRequest, Compiled};
 pub use cuda::{cuda_programs, kernel_plan, kernel_report, CudaBuild};
 pub use lower::stablehlo_programs;
 pub use session::{BackendKind, Ready, Session, SessionOptions};
-pub use source::ModelSource;
+pub use source::{open_checkpoint, ModelSource};
 
 use g4c_runtime::backend::pjrt::CompileEvent;
 use g4c_runtime::{Progress, Silent};

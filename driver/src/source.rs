@@ -12,6 +12,22 @@ use g4c_runtime::WeightStore;
 use std::path::Path;
 use std::sync::Arc;
 
+/// The checkpoint in `dir`, which an artifact (or an artifact that lost its manifest) is not.
+pub fn open_checkpoint(dir: &Path) -> Result<Model> {
+    use g4c_runtime::artifact::files::{MANIFEST, MODULE, WEIGHTS};
+    if is_artifact(dir) {
+        let source = Artifact::read_manifest(dir).map_or_else(|_| "its checkpoint".to_string(), |m| m.model.source);
+        bail!("{} is an artifact, compiled already; this command reads a checkpoint ({source})", dir.display());
+    }
+    if dir.join(MODULE).exists() && dir.join(WEIGHTS).exists() {
+        bail!(
+            "{} holds an artifact's {MODULE} and {WEIGHTS} but no {MANIFEST}: a damaged artifact; compile it again",
+            dir.display()
+        );
+    }
+    Ok(Model::open(dir)?)
+}
+
 pub struct ModelSource {
     pub config: Gemma4Config,
     pub tokenizer: Option<TextTokenizer>,
@@ -38,7 +54,7 @@ impl ModelSource {
         let tokenizer = TextTokenizer::open(path, config.bos_token_id, config.eos_token_ids.first().copied())?;
         if !is_artifact(path) {
             let target = Target::by_name(target.unwrap_or("cpu")).map_err(anyhow::Error::msg)?;
-            let model = Model::open(path)?;
+            let model = open_checkpoint(path)?;
             return Ok(ModelSource {
                 config,
                 tokenizer,

@@ -1,7 +1,6 @@
 use super::ShapeArgs;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use g4c_frontend::Model;
 use g4c_ir::Target;
 use std::path::PathBuf;
 
@@ -51,7 +50,7 @@ pub fn run(args: IrArgs) -> Result<()> {
     if let Some(dir) = args.dump_dir.as_ref().filter(|d| d.exists() && !d.is_dir()) {
         bail!("--dump-dir {} is not a directory (expected a directory, made if missing)", dir.display());
     }
-    let model = Model::open(&args.model_dir)?;
+    let model = g4c_driver::open_checkpoint(&args.model_dir)?;
     let mut module = g4c_driver::emit(&model, &args.shapes.shapes(), &[])?;
     if let Some(name) = &args.target {
         let target = Target::by_name(name).map_err(anyhow::Error::msg)?;
