@@ -13,6 +13,15 @@ pub(crate) fn rewrite(
     dir: &Path,
     edit: impl Fn(&str, Dtype, Vec<usize>, Vec<u8>) -> Option<(Dtype, Vec<usize>, Vec<u8>)>,
 ) {
+    rewrite_adding(dir, vec![], edit)
+}
+
+/// `rewrite`, with the tensors `added` too.
+fn rewrite_adding(
+    dir: &Path,
+    added: Vec<(String, Dtype, Vec<usize>, Vec<u8>)>,
+    edit: impl Fn(&str, Dtype, Vec<usize>, Vec<u8>) -> Option<(Dtype, Vec<usize>, Vec<u8>)>,
+) {
     let path = dir.join("model.safetensors");
     let bytes = std::fs::read(&path).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
@@ -20,6 +29,7 @@ pub(crate) fn rewrite(
         .tensors()
         .into_iter()
         .filter_map(|(n, t)| edit(&n, t.dtype(), t.shape().to_vec(), t.data().to_vec()).map(|(d, s, b)| (n, d, s, b)))
+        .chain(added)
         .collect();
     let views: Vec<(String, TensorView)> =
         kept.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
@@ -268,6 +278,20 @@ fn damaged_pack_quantized_tensors_are_named() {
     assert!(msg.contains("layers.3.mlp.down_proj.weight_packed` is bf16[64, 128], expected i32[64, 16]"), "{msg}");
     assert!(msg.contains("layers.4.mlp.gate_proj.weight_shape` says I64 [7, 7], expected I64 [128, 64]"), "{msg}");
     assert!(msg.contains("layers.1.mlp.gate_proj.weight_packed` has element type U32, expected i32"), "{msg}");
+
+    // Zero points, and a float copy beside the packed words: they would change the layer were they
+    // read, so they are refused rather than ignored.
+    let dir = published_copy("tiny-qat");
+    let zero_point = format!("{P}layers.0.self_attn.o_proj.weight_zero_point");
+    let float = format!("{P}layers.0.self_attn.q_proj.weight");
+    let added = vec![
+        (zero_point.clone(), Dtype::I32, vec![64, 1], vec![0; 64 * 4]),
+        (float.clone(), Dtype::F32, vec![128, 64], vec![0; 128 * 64 * 4]),
+    ];
+    rewrite_adding(dir.path(), added, |_, d, s, b| Some((d, s, b)));
+    let msg = open_error(dir.path());
+    assert!(msg.contains(&format!("`{zero_point}`: zero points")), "{msg}");
+    assert!(msg.contains(&format!("both `{float}` and `{float}_packed`")), "{msg}");
 }
 
 #[test]

@@ -120,6 +120,11 @@ impl Checkpoint {
         self.tensors.keys().map(|s| s.as_str())
     }
 
+    /// Whether the checkpoint has tensor `name`, whatever its element type.
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name) || self.unreadable.contains_key(name)
+    }
+
     pub fn entry(&self, name: &str) -> Option<&TensorEntry> {
         self.tensors.get(name)
     }

@@ -179,6 +179,18 @@ fn bind_quantized(
     }
     let mut problems = vec![];
     let packed = format!("{module}.weight_packed");
+    // Tensors that would change what the layer is, were they read: refused rather than ignored.
+    let zero_point = format!("{module}.weight_zero_point");
+    if ckpt.contains(&zero_point) {
+        problems.push(format!(
+            "`{zero_point}`: zero points (asymmetric quantization) are not supported; expected symmetric 4-bit values"
+        ));
+    }
+    let float = format!("{module}.weight");
+    if ckpt.contains(&float) && ckpt.contains(&packed) {
+        problems
+            .push(format!("both `{float}` and `{packed}`: the layer is stored twice, and which one holds is unclear"));
+    }
     match ckpt.entry(&packed) {
         Some(e) if e.dtype == DType::I32 && e.shape == [out, inputs / 8] => {}
         Some(e) => problems.push(format!(
