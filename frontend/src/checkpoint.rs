@@ -48,7 +48,11 @@ impl Checkpoint {
         let index = dir.join("model.safetensors.index.json");
         let single = dir.join("model.safetensors");
         let shard_names: Vec<String> = if index.exists() {
-            read_index(&index)?
+            let map = read_index(&index)?;
+            let shards: BTreeSet<String> = map.values().cloned().collect();
+            let ckpt = Checkpoint::from_shards(dir, shards.into_iter().collect())?;
+            ckpt.check_index(&index, &map)?;
+            return Ok(ckpt);
         } else if single.exists() {
             vec!["model.safetensors".into()]
         } else {
@@ -116,6 +120,37 @@ impl Checkpoint {
         Ok(ckpt)
     }
 
+    /// That the index (`map`, read from `index`) says where every tensor is: a tensor it places in
+    /// the wrong shard, or leaves out, means the shards are not the ones it was written for.
+    fn check_index(&self, index: &Path, map: &BTreeMap<String, String>) -> Result<()> {
+        let shard_of = |name: &str| {
+            let e = self.tensors.get(name).or_else(|| self.unreadable.get(name).map(|(_, e)| e))?;
+            self.files[e.file].0.file_name().map(|f| f.to_string_lossy().into_owned())
+        };
+        let placed = map.iter().filter_map(|(tensor, file)| match shard_of(tensor) {
+            Some(found) if found == *file => None,
+            Some(found) => Some((tensor.clone(), file.clone(), format!("it is in {found}"))),
+            None => Some((tensor.clone(), file.clone(), format!("{file} does not hold it"))),
+        });
+        let all = self.tensors.keys().chain(self.unreadable.keys());
+        let left_out = all.filter(|t| !map.contains_key(*t)).map(|t| {
+            let found = shard_of(t).unwrap_or_default();
+            (t.clone(), "nothing".into(), format!("it is in {found}, which the index lists"))
+        });
+        let mut wrong = placed.chain(left_out);
+        let Some((tensor, said, found)) = wrong.next() else { return Ok(()) };
+        let more = match wrong.count() {
+            0 => String::new(),
+            n => format!(" (and {n} more tensors)"),
+        };
+        Err(FrontendError::Config {
+            path: index.into(),
+            field: format!("weight_map.{tensor}"),
+            expected: "the shard that holds the tensor".into(),
+            found: format!("{said}: {found}{more}"),
+        })
+    }
+
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.tensors.keys().map(|s| s.as_str())
     }
@@ -159,7 +194,8 @@ impl Checkpoint {
     }
 }
 
-fn read_index(path: &Path) -> Result<Vec<String>> {
+/// The index's `weight_map`: each tensor's shard file.
+fn read_index(path: &Path) -> Result<BTreeMap<String, String>> {
     let text = g4c_util::files::read_to_string(path).map_err(|e| io_error(path, e))?;
     let v: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| FrontendError::Json { path: path.into(), message: e.to_string() })?;
@@ -169,7 +205,7 @@ fn read_index(path: &Path) -> Result<Vec<String>> {
         expected: "an object mapping tensor names to shard files".into(),
         found: "nothing".into(),
     })?;
-    let mut shards = BTreeSet::new();
+    let mut shards = BTreeMap::new();
     for (tensor, file) in map {
         let file =
             file.as_str().filter(|f| !f.contains('/') && !f.is_empty()).ok_or_else(|| FrontendError::Config {
@@ -178,9 +214,9 @@ fn read_index(path: &Path) -> Result<Vec<String>> {
                 expected: "a shard file name in the same directory".into(),
                 found: file.to_string(),
             })?;
-        shards.insert(file.to_string());
+        shards.insert(tensor.clone(), file.to_string());
     }
-    Ok(shards.into_iter().collect())
+    Ok(shards)
 }
 
 fn safetensors_error(path: &Path, bytes: &[u8], e: SafeTensorError) -> FrontendError {
