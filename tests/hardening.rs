@@ -666,3 +666,17 @@ fn artifacts_are_not_taken_for_checkpoints() {
         assert_one_line_error(&g4c(&args), &[a, "no manifest.json", "damaged artifact"]);
     }
 }
+
+/// A checkpoint run for a CUDA target on the default backend ran that target's pipeline on the
+/// PJRT CPU plugin without a word; it still runs, and says what it is.
+#[test]
+fn another_platforms_target_on_the_cpu_plugin_says_so() {
+    let tiny = tiny();
+    let out = g4c(&["run", &tiny, "--target", "t4g", "--prompt-ids", "2", "--max-new-tokens", "1", "--context", "64"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("target t4g's pipeline runs on the PJRT CPU plugin") && stderr.contains("--backend cuda"),
+        "{stderr}"
+    );
+}

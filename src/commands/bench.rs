@@ -119,6 +119,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         return project(&args);
     }
     let backend = super::backend_for(args.backend.map(BenchedBackend::backend), &args.model)?;
+    super::note_cpu_emulation(backend, args.target.as_deref(), args.plugin.is_some());
     let options = SessionOptions {
         backend,
         target: args.target.clone(),

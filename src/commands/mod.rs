@@ -59,13 +59,31 @@ pub struct ExecutionArgs {
 impl ExecutionArgs {
     /// The session's options for running `model` (a checkpoint or an artifact).
     pub fn session_options(&self, model: &std::path::Path) -> anyhow::Result<g4c_driver::SessionOptions> {
+        let backend = backend_for(self.backend, model)?;
+        note_cpu_emulation(backend, self.target.as_deref(), self.plugin.is_some());
         Ok(g4c_driver::SessionOptions {
-            backend: backend_for(self.backend, model)?,
+            backend,
             target: self.target.clone(),
             plugin: self.plugin.clone(),
             use_cache: true,
             pipeline: self.pipeline.options()?,
         })
+    }
+}
+
+/// Says so when another platform's target is run by the PJRT CPU plugin (a checkpoint with
+/// `--target t4g` and no `--plugin`): its pipeline's numerics, not its kernels or its speed.
+pub fn note_cpu_emulation(backend: g4c_driver::BackendKind, target: Option<&str>, plugin: bool) {
+    let Some(target) = target.and_then(|t| g4c_ir::Target::by_name(t).ok()) else { return };
+    if backend == g4c_driver::BackendKind::Pjrt && !plugin && target.platform != g4c_ir::Platform::Cpu {
+        let kernels = match target.platform {
+            g4c_ir::Platform::Cuda => "; `--backend cuda` runs its kernels",
+            _ => "; `--plugin` takes the platform's own plugin",
+        };
+        crate::ui::ui().note(&format!(
+            "target {}'s pipeline runs on the PJRT CPU plugin here: its numerics, not its speed{kernels}",
+            target.name
+        ));
     }
 }
 
