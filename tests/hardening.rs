@@ -680,3 +680,17 @@ fn another_platforms_target_on_the_cpu_plugin_says_so() {
         "{stderr}"
     );
 }
+
+/// The interpreter's values for a long prompt grow with its square; past the memory it may take it
+/// aborted on a failed allocation (exit 134). The call is refused before it runs, in one line.
+#[test]
+fn an_interpreter_call_too_large_for_memory_is_refused_before_it_runs() {
+    let ids = vec!["2"; 6000].join(",");
+    let script = format!(
+        "ulimit -v 1000000; exec {} run {} --backend interp --prompt-ids {ids} --max-new-tokens 1 --context 6100",
+        env!("CARGO_BIN_EXE_g4c"),
+        tiny()
+    );
+    let out = std::process::Command::new("sh").args(["-c", &script]).output().unwrap();
+    assert_one_line_error(&out, &["@prefill: the interpreter would hold", "more than the", "memory available"]);
+}

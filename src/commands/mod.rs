@@ -256,16 +256,7 @@ pub fn count(n: usize, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
-/// Bytes in the largest unit that keeps a number ≥ 1 (decimal: kB, MB, GB).
-pub fn fmt_bytes(bytes: u64) -> String {
-    let b = bytes as f64;
-    match bytes {
-        0..1_000 => format!("{bytes} B"),
-        1_000..1_000_000 => format!("{:.1} kB", b / 1e3),
-        1_000_000..1_000_000_000 => format!("{:.1} MB", b / 1e6),
-        _ => format!("{:.2} GB", b / 1e9),
-    }
-}
+pub use g4c_util::memory::fmt_bytes;
 
 /// Peak resident set size of this process (Linux `VmHWM`).
 pub fn peak_memory() -> Option<u64> {

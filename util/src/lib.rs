@@ -8,4 +8,5 @@ pub mod env;
 pub mod files;
 pub mod limits;
 pub mod lock;
+pub mod memory;
 pub mod safetensors_writer;

@@ -63,6 +63,7 @@ impl Interpreter {
             values[p.value.index()] = Some(t);
         }
         let last_use = last_uses(f);
+        check_memory(f, &last_use)?;
         for (i, instr) in f.body.iter().enumerate() {
             let out = self.eval(&instr.op, &values, f.ty(instr.result)).map_err(|message| RuntimeError::Op {
                 function: f.name.clone(),
@@ -117,6 +118,42 @@ impl Interpreter {
         let t = self.store.load(decl).map_err(|e| e.to_string())?;
         self.loaded.insert(name.to_string(), t.clone());
         Ok(t)
+    }
+}
+
+/// Refuses a call whose values would not fit in memory at once (a long prompt's attention scores
+/// grow with its square): running out would abort the process rather than return an error. Every
+/// value is held as 4-byte elements until its last use; weights (loaded once, shared) and operations'
+/// own temporaries are not counted.
+fn check_memory(f: &Function, last_use: &[Option<usize>]) -> Result<()> {
+    let weights: std::collections::HashSet<ValueId> =
+        f.body.iter().filter(|i| matches!(i.op, Op::Weight { .. })).map(|i| i.result).collect();
+    let size = |v: ValueId| if weights.contains(&v) { 0 } else { f.ty(v).numel() as u64 * 4 };
+    let mut live: u64 = f.params.iter().map(|p| size(p.value)).sum();
+    let (mut peak, mut largest) = (live, None::<ValueId>);
+    for (i, instr) in f.body.iter().enumerate() {
+        live += size(instr.result);
+        peak = peak.max(live);
+        if largest.is_none_or(|l| size(instr.result) > size(l)) {
+            largest = Some(instr.result);
+        }
+        let mut freed = instr.op.operands();
+        freed.retain(|v| last_use[v.index()] == Some(i));
+        freed.sort_by_key(|v| v.index());
+        freed.dedup();
+        live -= freed.into_iter().map(size).sum::<u64>();
+    }
+    match (g4c_util::memory::available(), largest) {
+        (Some(available), Some(largest)) if peak > available => invalid(format!(
+            "@{}: the interpreter would hold {} of values at once (the largest {}: {}, {}), more than the {} of memory available",
+            f.name,
+            g4c_util::memory::fmt_bytes(peak),
+            ValueNames::new(f).get(largest),
+            f.ty(largest),
+            g4c_util::memory::fmt_bytes(size(largest)),
+            g4c_util::memory::fmt_bytes(available)
+        )),
+        _ => Ok(()),
     }
 }
 

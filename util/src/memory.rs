@@ -1,0 +1,35 @@
+//! How much memory the process may still take: what the kernel says is available
+//! (`MemAvailable`), less than any address-space limit (`ulimit -v`) allows. For refusing, up front
+//! and in one line, work whose size is known before it starts, where running out would abort.
+
+/// Bytes the process may still allocate, as far as Linux says; `None` where it cannot tell.
+pub fn available() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = meminfo.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.trim().strip_suffix("kB")?;
+    let free = kib.trim().parse::<u64>().ok()? * 1024;
+    Some(free.min(address_space_left().unwrap_or(u64::MAX)))
+}
+
+/// What `RLIMIT_AS` leaves beyond the address space already mapped, if it is set.
+fn address_space_left() -> Option<u64> {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the struct it is given and nothing else.
+    if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut limit) } != 0 || limit.rlim_cur == libc::RLIM_INFINITY {
+        return None;
+    }
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib = status.lines().find_map(|l| l.strip_prefix("VmSize:"))?.trim().strip_suffix("kB")?;
+    let mapped = kib.trim().parse::<u64>().ok()? * 1024;
+    Some((limit.rlim_cur as u64).saturating_sub(mapped))
+}
+
+/// Bytes in the largest unit that keeps a number ≥ 1 (decimal: kB, MB, GB).
+pub fn fmt_bytes(bytes: u64) -> String {
+    let b = bytes as f64;
+    match bytes {
+        0..1_000 => format!("{bytes} B"),
+        1_000..1_000_000 => format!("{:.1} kB", b / 1e3),
+        1_000_000..1_000_000_000 => format!("{:.1} MB", b / 1e6),
+        _ => format!("{:.2} GB", b / 1e9),
+    }
+}
