@@ -108,21 +108,24 @@ fn sharded_f16_checkpoint() {
     }
 
     // An index that places a tensor in the wrong shard, or leaves one out, is not these shards'.
-    let (first, _) = weight_map.iter().next().map(|(k, v)| (k.clone(), v.clone())).unwrap();
+    let (first, shard) = weight_map.iter().next().map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string())).unwrap();
+    let other = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+        .into_iter()
+        .find(|s| *s != shard)
+        .unwrap();
     let index_path = dir.path().join("model.safetensors.index.json");
     let mut misplaced = weight_map.clone();
-    misplaced.insert(first.clone(), "model-00002-of-00002.safetensors".into());
+    misplaced.insert(first.clone(), other.into());
     let mut left_out = weight_map.clone();
     left_out.remove(&first);
     let field = format!("weight_map.{first}");
-    for (map, found) in [
-        (misplaced, "model-00002-of-00002.safetensors: it is in model-00001-of-00002.safetensors"),
-        (left_out, "found nothing: it is in model-00001-of-00002.safetensors"),
-    ] {
+    for (map, found) in
+        [(misplaced, format!("{other}: it is in {shard}")), (left_out, format!("found nothing: it is in {shard}"))]
+    {
         std::fs::write(&index_path, serde_json::json!({"weight_map": map}).to_string()).unwrap();
         let out =
             crate::common::g4c(&["run", dir.path().to_str().unwrap(), "--prompt-ids", "2", "--backend", "interp"]);
-        crate::common::assert_one_line_error(&out, &["model.safetensors.index.json", &field, found]);
+        crate::common::assert_one_line_error(&out, &["model.safetensors.index.json", &field, &found]);
     }
 }
 
