@@ -694,3 +694,27 @@ fn an_interpreter_call_too_large_for_memory_is_refused_before_it_runs() {
     let out = std::process::Command::new("sh").args(["-c", &script]).output().unwrap();
     assert_one_line_error(&out, &["@prefill: the interpreter would hold", "more than the", "memory available"]);
 }
+
+/// A manifest naming files outside its artifact (`/etc/passwd`, `../…`) made g4c read them, and a
+/// CUDA target's manifest without its kernels passed `inspect --verify`: both are refused.
+#[test]
+fn a_manifest_names_only_its_own_files_and_a_cuda_target_its_kernels() {
+    let tmp = tempfile::tempdir().unwrap();
+    let artifact = tmp.path().join("t4g.g4c");
+    let a = artifact.to_str().unwrap();
+    let compiled = g4c(&["compile", &tiny(), "--target", "t4g", "-o", a, "--context", "64", "-q"]);
+    assert!(compiled.status.success(), "{}", String::from_utf8_lossy(&compiled.stderr));
+    let manifest_path = artifact.join("manifest.json");
+    let original = std::fs::read_to_string(&manifest_path).unwrap();
+    let edits: [(fn(&mut serde_json::Value), &str); 3] = [
+        (|m| m["entries"][0]["program"] = "/etc/passwd".into(), "names /etc/passwd, outside the artifact"),
+        (|m| m["model"]["weights"]["file"] = "../w.safetensors".into(), "names ../w.safetensors, outside"),
+        (|m| m["cuda"] = serde_json::Value::Null, "lists no CUDA kernels"),
+    ];
+    for (edit, needle) in edits {
+        let mut manifest: serde_json::Value = serde_json::from_str(&original).unwrap();
+        edit(&mut manifest);
+        std::fs::write(&manifest_path, manifest.to_string()).unwrap();
+        assert_one_line_error(&g4c(&["inspect", a, "--verify"]), &[needle]);
+    }
+}

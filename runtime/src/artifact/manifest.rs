@@ -36,6 +36,26 @@ impl Manifest {
     pub fn target_name(&self) -> &str {
         self.target["name"].as_str().unwrap_or("?")
     }
+
+    /// Every file the manifest names, relative to the artifact.
+    pub fn files(&self) -> Vec<&str> {
+        let entries = self.entries.iter().flat_map(|e| std::iter::once(&e.program).chain(&e.executable));
+        let cuda = self
+            .cuda
+            .iter()
+            .flat_map(|c| &c.entries)
+            .flat_map(|e| [&e.source, &e.ptx].into_iter().chain(e.cubin.as_ref().map(|(_, file)| file)));
+        std::iter::once(&self.model.weights.file).chain(entries).chain(cuda).map(String::as_str).collect()
+    }
+
+    /// A named file outside the artifact (an absolute path, or one through `..`), if there is one:
+    /// an artifact reads only what it holds.
+    pub fn file_outside(&self) -> Option<&str> {
+        use std::path::Component;
+        self.files()
+            .into_iter()
+            .find(|f| !std::path::Path::new(f).components().all(|c| matches!(c, Component::Normal(_))))
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

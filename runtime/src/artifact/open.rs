@@ -117,6 +117,19 @@ impl Artifact {
         }
         let manifest: Manifest =
             serde_json::from_str(&text).map_err(|e| bad(dir, format!("{}: {e}", files::MANIFEST)))?;
+        if let Some(outside) = manifest.file_outside() {
+            return Err(bad(dir, format!("{} names {outside}, outside the artifact", files::MANIFEST)));
+        }
+        if manifest.target["platform"] == "cuda" && manifest.cuda.is_none() {
+            return Err(bad(
+                dir,
+                format!(
+                    "{} says target {} (CUDA) but lists no CUDA kernels (`cuda` is missing)",
+                    files::MANIFEST,
+                    manifest.target_name()
+                ),
+            ));
+        }
         // The only backend whose programs an artifact holds today; another is a future g4c's.
         let known = crate::backend::pjrt::PROGRAM_FORMAT.backend;
         if manifest.backend != known {
