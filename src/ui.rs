@@ -55,6 +55,7 @@ impl Ui {
     /// executables that could not be cached always, a compile for another environment as a note,
     /// the rest with `-v`.
     pub fn compile_event(&self, event: &CompileEvent) {
+        const WAIT_WORTH_SAYING: f64 = 0.5;
         // A corrupt entry in an artifact stays (artifacts are read only), so a later run may load
         // the executable compiled in its place from the user's cache.
         let instead = match &event.provenance {
@@ -66,6 +67,13 @@ impl Ui {
         }
         if let Some(error) = &event.not_stored {
             self.warn(&format!("@{} was compiled but not cached: {error}", event.entry));
+        }
+        // Another process held the program's turn to compile (its lock in the cache).
+        if event.waited >= WAIT_WORTH_SAYING {
+            self.note(&format!(
+                "@{}: waited {:.1} s for another g4c compiling it into the same cache",
+                event.entry, event.waited
+            ));
         }
         match &event.provenance {
             Provenance::Loaded(path) => {

@@ -34,6 +34,8 @@ pub struct CompileEvent {
     pub corrupt: Vec<Miss>,
     /// Why a compiled executable could not be stored in the cache, to report.
     pub not_stored: Option<String>,
+    /// Seconds spent waiting for another process compiling the same program into the same cache.
+    pub waited: f64,
 }
 
 impl CompileEvent {
@@ -120,15 +122,15 @@ impl<'c> Compiler<'c> {
         let program = ProgramKey::new(&self.target, &p.entry, &COMPILE_OPTIONS, &p.text);
         let mut corrupt = vec![];
         let mut miss = Miss::Absent;
-        let loaded = |path: PathBuf, executable: Executable, corrupt: Vec<Miss>| {
+        let loaded = |path: PathBuf, executable: Executable, corrupt: Vec<Miss>, waited: f64| {
             let provenance = Provenance::Loaded(path);
             let seconds = started.elapsed().as_secs_f64();
-            let event = CompileEvent { entry: p.entry.clone(), provenance, seconds, corrupt, not_stored: None };
+            let event = CompileEvent { entry: p.entry.clone(), provenance, seconds, corrupt, not_stored: None, waited };
             (executable, event)
         };
         for cache in self.read_only.iter().chain(&self.store) {
             match self.load(cache, &program) {
-                Ok((path, executable)) => return Ok(loaded(path, executable, corrupt)),
+                Ok((path, executable)) => return Ok(loaded(path, executable, corrupt, 0.0)),
                 Err(m @ Miss::Corrupt { .. }) => corrupt.push(m),
                 Err(m) if m.rank() > miss.rank() => miss = m,
                 Err(_) => {}
@@ -139,10 +141,12 @@ impl<'c> Compiler<'c> {
         }
         // Another process may be compiling this program into the same cache: wait for it, then
         // take what it stored rather than compiling again.
+        let waiting = Instant::now();
         let turn = self.store.as_ref().and_then(|cache| cache.compile_turn(&program, &self.env));
+        let waited = waiting.elapsed().as_secs_f64();
         if let (Some(_), Some(cache)) = (&turn, &self.store) {
             if let Ok((path, executable)) = self.load(cache, &program) {
-                return Ok(loaded(path, executable, corrupt));
+                return Ok(loaded(path, executable, corrupt, waited));
             }
         }
         let executable = self.client.compile(p.text.as_bytes())?;
@@ -175,6 +179,7 @@ impl<'c> Compiler<'c> {
             seconds: started.elapsed().as_secs_f64(),
             corrupt,
             not_stored,
+            waited,
         };
         Ok((executable, event))
     }
