@@ -83,7 +83,7 @@ fn eval_rejects_bad_input_in_one_line() {
         p
     };
     let cases: Vec<(PathBuf, Vec<String>, Vec<&str>)> = vec![
-        (write("vocab.txt", b"1,99999"), vec![], vec!["token id 99999", "vocabulary"]),
+        (write("vocab.txt", b"1,99999"), vec![], vec!["vocab.txt: token 1 is 99999", "vocabulary (0..512)"]),
         (write("one.txt", b"5"), vec![], vec!["1 token", "at least 2"]),
         (write("word.txt", b"1 2 x"), vec![], vec!["--ids", "`x`"]),
         (

@@ -51,15 +51,19 @@ pub fn run(args: EvalArgs) -> Result<()> {
             // Commas or whitespace between the ids, any number of them.
             let list = text.split(|c: char| c == ',' || c.is_whitespace()).filter(|s| !s.is_empty());
             let list = list.collect::<Vec<_>>().join(",");
-            super::parse_list(&list, "--ids", "a token id")?
+            let ids: Vec<u32> = super::parse_list(&list, "--ids", "a token id")?;
+            let vocab = session.source.config.vocab_size;
+            if let Some((i, id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab) {
+                bail!("--ids {}: token {i} is {id}, outside the vocabulary (0..{vocab})", path.display());
+            }
+            ids
         }
         (None, Some(path)) => {
             let Some(tokenizer) = &session.source.tokenizer else {
                 bail!("--text needs {}/tokenizer.json, which does not exist; use --ids", args.model_dir.display())
             };
-            tokenizer.encode(
-                &g4c_util::files::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
-            )?
+            let text = g4c_util::files::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            tokenizer.encode(&text).with_context(|| format!("--text {}", path.display()))?
         }
         (None, None) => unreachable!("clap requires --ids or --text"),
     };
