@@ -218,6 +218,10 @@ fn bad_config_fields_name_field_expected_and_found() {
             "field `text_config.num_hidden_layers`: expected a positive integer, found 0",
         ),
         (
+            Box::new(|v| v["text_config"]["eos_token_id"] = serde_json::json!([1, 99999])),
+            "field `text_config.eos_token_id`: expected a token id in the vocabulary (0..512), found 99999",
+        ),
+        (
             Box::new(|v| {
                 v["text_config"]["layer_types"].as_array_mut().unwrap().pop();
             }),
@@ -330,5 +334,23 @@ fn quantization_configs_g4c_cannot_run_are_refused_by_field() {
         edit_config(dir.path(), edit);
         let msg = open_error(dir.path());
         assert!(msg.contains(needle), "expected {needle:?} in: {msg}");
+    }
+}
+
+/// `generation_config.json` that is not an object was read as one with no fields, and its EOS ids
+/// were not checked against the vocabulary.
+#[test]
+fn generation_config_is_an_object_of_ids_in_the_vocabulary() {
+    for (text, needle) in [
+        ("[]", "generation_config.json: field `(top level)`: expected a JSON object, found []"),
+        (
+            r#"{"eos_token_id": [1, 9999]}"#,
+            "field `eos_token_id`: expected a token id in the vocabulary (0..512), found 9999",
+        ),
+    ] {
+        let dir = published_copy("tiny");
+        std::fs::write(dir.path().join("generation_config.json"), text).unwrap();
+        let msg = open_error(dir.path());
+        assert!(msg.contains(needle), "{msg}");
     }
 }

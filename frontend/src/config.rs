@@ -108,8 +108,18 @@ impl Gemma4Config {
             let text = g4c_util::files::read_to_string(&gen_path).map_err(|e| io_error(&gen_path, e))?;
             let v: Value = serde_json::from_str(&text)
                 .map_err(|e| FrontendError::Json { path: gen_path.clone(), message: e.to_string() })?;
-            let r = Reader { path: gen_path, prefix: String::new(), obj: v.as_object().cloned().unwrap_or_default() };
-            for id in r.token_ids("eos_token_id")? {
+            let Some(obj) = v.as_object().cloned() else {
+                return Err(FrontendError::Config {
+                    path: gen_path,
+                    field: "(top level)".into(),
+                    expected: "a JSON object".into(),
+                    found: kind_of(&v),
+                });
+            };
+            let r = Reader { path: gen_path.clone(), prefix: String::new(), obj };
+            let ids = r.token_ids("eos_token_id")?;
+            r.in_vocabulary("eos_token_id", &ids, cfg.vocab_size)?;
+            for id in ids {
                 if !cfg.eos_token_ids.contains(&id) {
                     cfg.eos_token_ids.push(id);
                 }
@@ -352,6 +362,12 @@ fn parse_text_config(r: &Reader) -> Result<Gemma4Config> {
     };
     let per_layer_vocab_size = r.positive("vocab_size_per_layer_input", Some(262_144))?;
 
+    let bos_token_id = r.optional_token_id("bos_token_id", Some(2))?;
+    let eos_token_ids = r.token_ids("eos_token_id").map(|v| if v.is_empty() { vec![1] } else { v })?;
+    let pad_token_id = r.optional_token_id("pad_token_id", Some(0))?;
+    r.in_vocabulary("bos_token_id", &Vec::from_iter(bos_token_id), vocab_size)?;
+    r.in_vocabulary("eos_token_id", &eos_token_ids, vocab_size)?;
+    r.in_vocabulary("pad_token_id", &Vec::from_iter(pad_token_id), vocab_size)?;
     Ok(Gemma4Config {
         vocab_size,
         hidden_size,
@@ -366,9 +382,9 @@ fn parse_text_config(r: &Reader) -> Result<Gemma4Config> {
         rope_sliding,
         rope_full,
         layers,
-        bos_token_id: r.optional_token_id("bos_token_id", Some(2))?,
-        eos_token_ids: r.token_ids("eos_token_id").map(|v| if v.is_empty() { vec![1] } else { v })?,
-        pad_token_id: r.optional_token_id("pad_token_id", Some(0))?,
+        bos_token_id,
+        eos_token_ids,
+        pad_token_id,
         quantization: None,
     })
 }
@@ -381,6 +397,14 @@ pub(crate) struct Reader {
 }
 
 impl Reader {
+    /// Token ids that `field` names must be in the vocabulary.
+    fn in_vocabulary(&self, field: &str, ids: &[u32], vocab: usize) -> Result<()> {
+        match ids.iter().find(|&&id| id as usize >= vocab) {
+            Some(id) => Err(self.bad(field, format!("a token id in the vocabulary (0..{vocab})"), id.to_string())),
+            None => Ok(()),
+        }
+    }
+
     pub(crate) fn bad(&self, field: &str, expected: String, found: String) -> FrontendError {
         FrontendError::Config { path: self.path.clone(), field: format!("{}{field}", self.prefix), expected, found }
     }
