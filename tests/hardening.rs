@@ -706,7 +706,8 @@ fn a_manifest_names_only_its_own_files_and_a_cuda_target_its_kernels() {
     assert!(compiled.status.success(), "{}", String::from_utf8_lossy(&compiled.stderr));
     let manifest_path = artifact.join("manifest.json");
     let original = std::fs::read_to_string(&manifest_path).unwrap();
-    let edits: [(fn(&mut serde_json::Value), &str); 3] = [
+    type Edit = fn(&mut serde_json::Value);
+    let edits: [(Edit, &str); 3] = [
         (|m| m["entries"][0]["program"] = "/etc/passwd".into(), "names /etc/passwd, outside the artifact"),
         (|m| m["model"]["weights"]["file"] = "../w.safetensors".into(), "names ../w.safetensors, outside"),
         (|m| m["cuda"] = serde_json::Value::Null, "lists no CUDA kernels"),

@@ -20,7 +20,7 @@ fn address_space_left() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let kib = status.lines().find_map(|l| l.strip_prefix("VmSize:"))?.trim().strip_suffix("kB")?;
     let mapped = kib.trim().parse::<u64>().ok()? * 1024;
-    Some((limit.rlim_cur as u64).saturating_sub(mapped))
+    Some(limit.rlim_cur.saturating_sub(mapped))
 }
 
 /// Bytes in the largest unit that keeps a number ≥ 1 (decimal: kB, MB, GB).
