@@ -105,7 +105,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
             // Ended by Ctrl-D rather than Enter: the reply starts on a line of its own all the same.
             eprintln!();
         }
-        let prompt = String::from_utf8(line.clone())
+        let prompt = String::from_utf8(std::mem::take(&mut line))
             .map_err(|_| anyhow::anyhow!("the message is not UTF-8 text"))
             .map(|text| text.trim_end_matches('\r').to_string())
             .and_then(|text| match text.trim().is_empty() {
