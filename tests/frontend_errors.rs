@@ -128,7 +128,8 @@ fn truncated_safetensors() {
     let bytes = std::fs::read(&path).unwrap();
     std::fs::write(&path, &bytes[..bytes.len() - 1000]).unwrap();
     let msg = open_error(dir.path());
-    assert!(msg.contains("model.safetensors") && msg.contains("truncated"), "{msg}");
+    let sizes = format!("has {} bytes, but its header describes {}", bytes.len() - 1000, bytes.len());
+    assert!(msg.contains("model.safetensors") && msg.contains("truncated") && msg.contains(&sizes), "{msg}");
     std::fs::write(&path, &bytes[..5]).unwrap();
     let msg = open_error(dir.path());
     assert!(msg.contains("model.safetensors") && msg.contains("truncated"), "{msg}");

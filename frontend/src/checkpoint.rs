@@ -225,9 +225,14 @@ fn safetensors_error(path: &Path, bytes: &[u8], e: SafeTensorError) -> FrontendE
         SafeTensorError::HeaderTooSmall | SafeTensorError::InvalidHeaderLength => {
             format!("not a safetensors file or truncated inside its header ({len} bytes)")
         }
-        SafeTensorError::MetadataIncompleteBuffer => {
-            format!("file size ({len} bytes) does not match the tensors its header describes (truncated or corrupt)")
-        }
+        SafeTensorError::MetadataIncompleteBuffer => match described_size(bytes) {
+            Some(size) => format!(
+                "the file has {len} bytes, but its header describes {size} (truncated, or corrupt past its header)"
+            ),
+            None => format!(
+                "file size ({len} bytes) does not match the tensors its header describes (truncated or corrupt)"
+            ),
+        },
         SafeTensorError::TensorInvalidInfo => match mismatched_tensor(bytes) {
             Some(found) => format!("corrupt safetensors header: {found}"),
             None => format!("corrupt safetensors header: {e}"),
@@ -247,6 +252,14 @@ fn header_entries(bytes: &[u8]) -> Option<serde_json::Map<String, serde_json::Va
     let mut header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(bytes.get(8..8 + len)?).ok()?;
     header.remove("__metadata__");
     Some(header)
+}
+
+/// The file size the header describes: its own bytes and the end of the furthest tensor.
+fn described_size(bytes: &[u8]) -> Option<u64> {
+    let header_len = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+    let ends =
+        header_entries(bytes)?.values().map(|info| info["data_offsets"][1].as_u64()).collect::<Option<Vec<_>>>()?;
+    8u64.checked_add(header_len)?.checked_add(ends.into_iter().max().unwrap_or(0))
 }
 
 /// Where tensor `name`'s byte range is out of place. The safetensors crate wants the ranges, in
