@@ -38,11 +38,13 @@ fn handle_signals(mut take: impl FnMut(i32) -> bool + Send + 'static) {
                 continue;
             }
             let removed = g4c_util::atomic::remove_in_progress();
-            // On a new line: the terminal echoed `^C` after whatever was printed last.
+            // On a terminal, on a new line: it echoed `^C` after whatever was printed last.
+            use std::io::IsTerminal;
+            let newline = if std::io::stderr().is_terminal() { "\n" } else { "" };
             match removed.len() {
-                0 => eprintln!("\ng4c: interrupted"),
-                1 => eprintln!("\ng4c: interrupted; 1 unfinished file removed"),
-                n => eprintln!("\ng4c: interrupted; {n} unfinished files removed"),
+                0 => eprintln!("{newline}g4c: interrupted"),
+                1 => eprintln!("{newline}g4c: interrupted; 1 unfinished file removed"),
+                n => eprintln!("{newline}g4c: interrupted; {n} unfinished files removed"),
             }
             // `_exit`, as the signal itself would end it: no atexit handlers, whose teardown (a
             // PJRT plugin's, the CUDA driver's) may wait for the threads still running.

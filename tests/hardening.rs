@@ -236,7 +236,11 @@ fn an_interrupted_compile_leaves_nothing() {
         let killed = std::process::Command::new("kill").args([format!("-{signal}"), child.id().to_string()]).status();
         assert!(killed.unwrap().success());
         let done = child.wait_with_output().unwrap();
-        assert_eq!(done.status.code(), Some(code), "{}", String::from_utf8_lossy(&done.stderr));
+        let stderr = String::from_utf8_lossy(&done.stderr);
+        assert_eq!(done.status.code(), Some(code), "{stderr}");
+        // Not a terminal: no blank line before it (a terminal's echoed `^C` needs one).
+        assert!(stderr.lines().last().is_some_and(|l| l.starts_with("g4c: interrupted")), "{stderr}");
+        assert!(!stderr.contains("\n\ng4c: interrupted") && !stderr.starts_with('\n'), "{stderr}");
         let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.file_name()).collect();
         assert!(left.iter().all(|n| n == "cache" || n == "tmp"), "SIG{signal} left {left:?}");
         let staged: Vec<_> = std::fs::read_dir(&system_tmp).unwrap().flatten().map(|e| e.file_name()).collect();
