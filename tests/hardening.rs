@@ -32,6 +32,7 @@ fn size_flags_are_range_checked_and_generation_stops_at_the_context() {
         (vec!["ir", &tiny, "--context", "1k"], vec!["--context", "`1k`"]),
         (vec!["eval", &tiny, "--ids", "/dev/null", "--chunk", "0"], vec!["--chunk", "found 0"]),
         (vec!["bench", &tiny, "--prompt-len", "4,0"], vec!["--prompt-len", "found 0"]),
+        (vec!["bench", &tiny, "--prompt-len", "4,8,4"], vec!["--prompt-len", "4 is given twice"]),
         (
             vec!["run", &tiny, "--prompt-ids", "2", "--context", "200000"],
             vec!["--context 200000", "max_position_embeddings"],

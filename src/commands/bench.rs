@@ -135,6 +135,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .map(super::sizes::positions)
         .collect::<Result<_, _>>()
         .map_err(|e| anyhow::anyhow!("--prompt-len `{}`: {e}", args.prompt_len))?;
+    if let Some(twice) = lengths.iter().enumerate().find_map(|(i, l)| lengths[..i].contains(l).then_some(l)) {
+        bail!("--prompt-len `{}`: {twice} is given twice; each length is measured once", args.prompt_len);
+    }
     let fixed = source.fixed_shapes();
     if let Some(s) = &fixed {
         if args.batch != s.batch {
