@@ -280,7 +280,7 @@ struct Faulty {
     nan: Option<(usize, usize)>,
     panic_at: Option<usize>,
     /// The rows `reset_row` was asked to reset, in order.
-    resets: Vec<usize>,
+    resets: Arc<Mutex<Vec<usize>>>,
 }
 
 impl Executor for Faulty {
@@ -293,7 +293,7 @@ impl Executor for Faulty {
     }
 
     fn reset_row(&mut self, row: usize) -> g4c_runtime::Result<()> {
-        self.resets.push(row);
+        self.resets.lock().unwrap().push(row);
         self.inner.reset_row(row)
     }
 
@@ -321,14 +321,17 @@ impl Executor for Faulty {
     }
 }
 
-fn faulty_engine(nan: Option<(usize, usize)>, panic_at: Option<usize>) -> BatchEngine {
+/// The engine over a `Faulty` executor, and the rows it was asked to reset.
+fn faulty_engine(nan: Option<(usize, usize)>, panic_at: Option<usize>) -> (BatchEngine, Arc<Mutex<Vec<usize>>>) {
     let dir = golden_dir("tiny").join("published");
     let options = SessionOptions { backend: Backend::Pjrt, use_cache: false, ..Default::default() };
     let session = Session::open(&dir, options).unwrap();
     let module = session.module(&Shapes { batch: 2, prefill_len: 4, context: 40 }).unwrap();
     let inner = session.executor(module, &Feedback::silent()).unwrap().executor;
-    let faulty = Faulty { inner, vocab: session.source.config.vocab_size, calls: 0, nan, panic_at, resets: vec![] };
-    BatchEngine::new(Box::new(faulty), session.source.config.sliding_window).unwrap()
+    let resets = Arc::new(Mutex::new(vec![]));
+    let faulty =
+        Faulty { inner, vocab: session.source.config.vocab_size, calls: 0, nan, panic_at, resets: resets.clone() };
+    (BatchEngine::new(Box::new(faulty), session.source.config.sliding_window).unwrap(), resets)
 }
 
 fn failure(recorder: &Recorder) -> String {
@@ -343,7 +346,7 @@ fn one_sequences_non_finite_logits_end_it_alone() {
     let cases = golden_cases("tiny");
     let long = case(&cases, "long");
     // Row 1's logits turn NaN at the fifth call; row 0 goes on unharmed.
-    let mut engine = faulty_engine(Some((1, 5)), None);
+    let (mut engine, resets) = faulty_engine(Some((1, 5)), None);
     let healthy = admit(&mut engine, greedy(&long.prompt_ids, 24));
     let poisoned = admit(&mut engine, greedy(&long.prompt_ids, 24));
     assert!(matches!(poisoned.events.lock().unwrap()[0], SequenceEvent::Admitted { row: 1, .. }));
@@ -353,6 +356,7 @@ fn one_sequences_non_finite_logits_end_it_alone() {
     assert!(failure(&poisoned).contains("not finite"), "{}", failure(&poisoned));
     // Row 1's caches may hold NaN: they are emptied, and it takes the next sequence at once, while
     // row 0 is still generating, from scratch.
+    assert_eq!(*resets.lock().unwrap(), [1], "row 1's caches, and only they, were emptied");
     assert!(engine.has_free_row());
     let next = admit(&mut engine, greedy(&long.prompt_ids, 24));
     assert_eq!(next.events.lock().unwrap()[0], SequenceEvent::Admitted { row: 1, cached_tokens: 0 });
@@ -403,7 +407,7 @@ fn resetting_a_row_empties_its_caches_alone() {
 fn a_panicking_call_fails_the_sequences_in_it_and_the_engine_goes_on() {
     let cases = golden_cases("tiny");
     let long = case(&cases, "long");
-    let mut engine = faulty_engine(None, Some(6));
+    let (mut engine, _) = faulty_engine(None, Some(6));
     let (first, second) = (admit(&mut engine, greedy(&long.prompt_ids, 24)), admit(&mut engine, greedy(&[2], 24)));
     drain(&mut engine);
     for r in [&first, &second] {

@@ -290,12 +290,12 @@ fn damaged_pack_quantized_tensors_are_named() {
     let zero_point = format!("{P}layers.0.self_attn.o_proj.weight_zero_point");
     let float = format!("{P}layers.0.self_attn.q_proj.weight");
     let added = vec![
-        (zero_point.clone(), Dtype::I32, vec![64, 1], vec![0; 64 * 4]),
+        (zero_point.clone(), Dtype::I32, vec![64, 1], [vec![0; 63 * 4], 3i32.to_le_bytes().to_vec()].concat()),
         (float.clone(), Dtype::F32, vec![128, 64], vec![0; 128 * 64 * 4]),
     ];
     rewrite_adding(dir.path(), added, |_, d, s, b| Some((d, s, b)));
     let msg = open_error(dir.path());
-    assert!(msg.contains(&format!("`{zero_point}`: zero points")), "{msg}");
+    assert!(msg.contains(&format!("`{zero_point}`: zero points other than 0")), "{msg}");
     assert!(msg.contains(&format!("both `{float}` and `{float}_packed`")), "{msg}");
 }
 

@@ -167,6 +167,13 @@ fn build_for_target(
     feedback: &Feedback,
 ) -> Result<TargetBuild> {
     let target = req.target;
+    let plugin = req.plugin.clone().or_else(|| (target.platform == Platform::Cpu).then(find_cpu_plugin).flatten());
+    // Before compiling anything: without -o the cache is where the work is kept.
+    if plugin.is_some() && req.out.is_none() {
+        ExecutableCache::user()
+            .and_then(|cache| cache.check_writable())
+            .map_err(|e| anyhow::anyhow!("{e}; without -o, compile keeps its executables there (give -o DIR)"))?;
+    }
     // What the CPU plugin compiled for the check is cached like a run's executables (keyed by target
     // and plugin), so a second check of the same programs is a lookup; without a user cache, nothing is.
     let cpu_check = match req.check_on_cpu && target.platform != Platform::Cpu {
@@ -182,7 +189,6 @@ fn build_for_target(
         false => None,
     };
     let label = req.model_dir.display().to_string();
-    let plugin = req.plugin.clone().or_else(|| (target.platform == Platform::Cpu).then(find_cpu_plugin).flatten());
     // Executables for an artifact are staged apart from the user's cache (which may be read-only)
     // and every one must be there; without -o they only warm the user's cache.
     let staging = match req.out {
@@ -201,12 +207,6 @@ fn build_for_target(
     };
     let executables = match plugin {
         Some(path) => {
-            // Before compiling, not after: without -o the cache is where the work is kept.
-            if req.out.is_none() {
-                ExecutableCache::user().and_then(|cache| cache.check_writable()).map_err(|e| {
-                    anyhow::anyhow!("{e}; without -o, compile keeps its executables there (give -o DIR)")
-                })?;
-            }
             let client = open_client(Some(path))?;
             check_platform(&client, target, "compiling for")?;
             Some(executables(&client, programs, target, &label, &caches, feedback)?.1)

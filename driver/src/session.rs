@@ -206,7 +206,7 @@ impl Session {
         }
         let which = match self.source.artifact() {
             Some(_) => format!("artifact {} was compiled for {}", self.source.label, target.name),
-            None => format!("the target is {} (give --target t4g, a100 or h200)", target.name),
+            None => format!("the target is {} (give a CUDA --target: see `g4c targets`)", target.name),
         };
         bail!("--backend {} runs a CUDA target's kernels, and {which}", self.backend.name())
     }

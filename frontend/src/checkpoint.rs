@@ -120,24 +120,19 @@ impl Checkpoint {
         Ok(ckpt)
     }
 
-    /// That the index (`map`, read from `index`) says where every tensor is: a tensor it places in
-    /// the wrong shard, or leaves out, means the shards are not the ones it was written for.
+    /// That the index (`map`, read from `index`) puts each tensor the shards hold in the shard that
+    /// holds it: one placed elsewhere means the shards are not the ones it was written for. Entries
+    /// for tensors no shard holds, and tensors it leaves out, are let be, as transformers does (a
+    /// tensor the model needs is then missing, and named so).
     fn check_index(&self, index: &Path, map: &BTreeMap<String, String>) -> Result<()> {
         let shard_of = |name: &str| {
             let e = self.tensors.get(name).or_else(|| self.unreadable.get(name).map(|(_, e)| e))?;
             self.files[e.file].0.file_name().map(|f| f.to_string_lossy().into_owned())
         };
-        let placed = map.iter().filter_map(|(tensor, file)| match shard_of(tensor) {
-            Some(found) if found == *file => None,
-            Some(found) => Some((tensor.clone(), file.clone(), format!("it is in {found}"))),
-            None => Some((tensor.clone(), file.clone(), format!("{file} does not hold it"))),
+        let mut wrong = map.iter().filter_map(|(tensor, file)| match shard_of(tensor) {
+            Some(found) if found != *file => Some((tensor, file, format!("it is in {found}"))),
+            _ => None,
         });
-        let all = self.tensors.keys().chain(self.unreadable.keys());
-        let left_out = all.filter(|t| !map.contains_key(*t)).map(|t| {
-            let found = shard_of(t).unwrap_or_default();
-            (t.clone(), "nothing".into(), format!("it is in {found}, which the index lists"))
-        });
-        let mut wrong = placed.chain(left_out);
         let Some((tensor, said, found)) = wrong.next() else { return Ok(()) };
         let more = match wrong.count() {
             0 => String::new(),

@@ -180,10 +180,17 @@ fn bind_quantized(
     let mut problems = vec![];
     let packed = format!("{module}.weight_packed");
     // Tensors that would change what the layer is, were they read: refused rather than ignored.
+    // Zero points of zero change nothing (some exports write them for symmetric weights too).
     let zero_point = format!("{module}.weight_zero_point");
-    if ckpt.contains(&zero_point) {
+    let zero = |bytes: &[u8]| bytes.iter().all(|&b| b == 0);
+    let nonzero = match (ckpt.tensor(&zero_point), ckpt.raw(&zero_point)) {
+        (Some(t), _) => !zero(t.bytes),
+        (None, Some(raw)) => !zero(raw.bytes),
+        (None, None) => false,
+    };
+    if nonzero {
         problems.push(format!(
-            "`{zero_point}`: zero points (asymmetric quantization) are not supported; expected symmetric 4-bit values"
+            "`{zero_point}`: zero points other than 0 are not supported (g4c reads symmetric 4-bit values)"
         ));
     }
     let float = format!("{module}.weight");

@@ -258,3 +258,42 @@ pub fn reset_host_row(module: &Module, state: &mut HashMap<String, Tensor>, row:
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{initial_state, reset_host_row};
+    use crate::tensor::Tensor;
+    use std::collections::HashMap;
+
+    /// An entry point of 2 rows with a key cache and slot positions, written by hand.
+    const MODULE: &str = r#"module @m {
+  func @decode(
+    %ids: i32[2,1] token_ids,
+    %pos: i32[2,1] positions,
+    %k: f32[2,1,3,2] kv_cache(0, k),
+    %slots: i32[2,3] slot_positions(sliding)
+  ) -> (
+    logits: f32[2,4] logits,
+    k: f32[2,1,3,2],
+    slots: i32[2,3]
+  ) {
+    %zero = constant {value = 0.0} : f32[2,4]
+    return %zero, %k, %slots
+  }
+}
+"#;
+
+    /// Row 1 of every state, the cache's keys (a NaN among them) as well as its slot positions, goes
+    /// back to its initial value; row 0 keeps what it held.
+    #[test]
+    fn a_row_reset_writes_that_rows_initial_values_into_every_state() {
+        let module = g4c_ir::parse_module(MODULE).unwrap();
+        let mut state: HashMap<String, Tensor> = initial_state(&module).unwrap().into_iter().collect();
+        state.insert("k".into(), Tensor::f32([2, 1, 3, 2], [vec![7.0; 6], vec![f32::NAN; 6]].concat()));
+        state.insert("slots".into(), Tensor::i32([2, 3], vec![0, 1, 2, 3, 4, 5]));
+        reset_host_row(&module, &mut state, 1).unwrap();
+        assert_eq!(state["k"].as_f32().unwrap(), [vec![7.0; 6], vec![0.0; 6]].concat());
+        assert_eq!(state["slots"].as_i32().unwrap(), [0, 1, 2, -1, -1, -1]);
+        assert!(reset_host_row(&module, &mut state, 2).unwrap_err().to_string().contains("past the module's 2 rows"));
+    }
+}

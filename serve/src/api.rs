@@ -68,11 +68,7 @@ pub struct Ask {
 const MAX_TOKENS_LIMIT: u64 = g4c_util::limits::MAX_CONTEXT as u64;
 
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Ask, ApiError> {
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("the body is not JSON: {e}")))?;
-    if !value.is_object() {
-        return Err(ApiError::invalid("the body must be a JSON object"));
-    }
+    let value = body_object(body)?;
     let field = |name: &str| value.get(name).filter(|v| !v.is_null());
     let common: Common = typed(&value, "request")?;
     let prompt = match endpoint {
@@ -87,6 +83,16 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Ask, ApiError> {
         }
     };
     common.check(endpoint, prompt)
+}
+
+/// A request body: a JSON object, else a `400` saying what it is not.
+pub(crate) fn body_object(body: &[u8]) -> Result<Value, ApiError> {
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("the body is not JSON: {e}")))?;
+    match value.is_object() {
+        true => Ok(value),
+        false => Err(ApiError::invalid("the body must be a JSON object")),
+    }
 }
 
 /// `value` (field `what` of the body, or `request`: the body) as `T`, or a `400` naming the field

@@ -2,7 +2,7 @@
 //! would take them (the same tokenizer, chat template and BOS rule), so a client can count tokens
 //! against the context, and the text of token ids.
 
-use crate::api::{chat_messages, typed, MessageBody, PromptSpec};
+use crate::api::{body_object, chat_messages, typed, MessageBody, PromptSpec};
 use crate::error::ApiError;
 use crate::prepare::prompt_ids;
 use crate::ModelInfo;
@@ -20,6 +20,10 @@ struct TokenizeBody {
     add_generation_prompt: Option<bool>,
     /// Each token's text in the vocabulary beside its id.
     return_token_strs: Option<bool>,
+    // vLLM's, accepted only where they ask for nothing: the ids would differ from what it gives.
+    continue_final_message: Option<bool>,
+    chat_template: Option<Value>,
+    tools: Option<Vec<Value>>,
 }
 
 #[derive(Deserialize)]
@@ -30,9 +34,21 @@ struct DetokenizeBody {
 
 /// `/tokenize`: `{"count", "max_model_len", "tokens", "token_strs"}`.
 pub fn tokenize(model: &ModelInfo, body: &[u8]) -> Result<Value, ApiError> {
-    let body: TokenizeBody = typed(&object(body)?, "request")?;
+    let body: TokenizeBody = typed(&body_object(body)?, "request")?;
     check_model(model, body.model.as_deref())?;
     let refuse = |field: &str, what: &str| Err(ApiError::param(field, format!("`{field}`: {what} is not supported")));
+    if model.tokenizer.is_none() {
+        return Err(ApiError::invalid("this model has no tokenizer.json, so there is nothing to tokenize with"));
+    }
+    if body.continue_final_message == Some(true) {
+        return refuse("continue_final_message", "continuing the last message");
+    }
+    if body.chat_template.is_some() {
+        return refuse("chat_template", "a chat template other than the model's");
+    }
+    if body.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+        return refuse("tools", "rendering tools");
+    }
     let ids = match (body.prompt, body.messages) {
         (Some(_), Some(_)) => return Err(ApiError::invalid("give `prompt` or `messages`, not both")),
         (None, None) => return Err(ApiError::invalid("`prompt` or `messages` is required")),
@@ -66,7 +82,7 @@ pub fn tokenize(model: &ModelInfo, body: &[u8]) -> Result<Value, ApiError> {
 
 /// `/detokenize`: `{"prompt"}`, the text of `tokens` (special tokens skipped, as replies have it).
 pub fn detokenize(model: &ModelInfo, body: &[u8]) -> Result<Value, ApiError> {
-    let body: DetokenizeBody = typed(&object(body)?, "request")?;
+    let body: DetokenizeBody = typed(&body_object(body)?, "request")?;
     check_model(model, body.model.as_deref())?;
     let Some(tokenizer) = model.tokenizer.as_deref() else {
         return Err(ApiError::invalid("this model has no tokenizer.json, so token ids have no text"));
@@ -77,15 +93,6 @@ pub fn detokenize(model: &ModelInfo, body: &[u8]) -> Result<Value, ApiError> {
     }
     let text = tokenizer.decode(&body.tokens).map_err(|e| ApiError::param("tokens", e.to_string()))?;
     Ok(json!({"prompt": text}))
-}
-
-fn object(body: &[u8]) -> Result<Value, ApiError> {
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("the body is not JSON: {e}")))?;
-    match value.is_object() {
-        true => Ok(value),
-        false => Err(ApiError::invalid("the body must be a JSON object")),
-    }
 }
 
 /// A request naming a model must name the served one.

@@ -38,11 +38,6 @@ pub struct CompileArgs {
 }
 
 pub fn run(args: CompileArgs) -> Result<()> {
-    if g4c_runtime::artifact::is_artifact(&args.model_dir) {
-        let source = g4c_runtime::artifact::Artifact::read_manifest(&args.model_dir)
-            .map_or_else(|_| "its checkpoint".to_string(), |m| m.model.source);
-        anyhow::bail!("{} is an artifact, compiled already; compile {source} instead", args.model_dir.display());
-    }
     let target = Target::by_name(&args.target).map_err(anyhow::Error::msg)?;
     let shapes = args.shapes.shapes();
     let prefill_lens = match &args.prefill_buckets {

@@ -72,9 +72,11 @@ impl ExecutionArgs {
 }
 
 /// Says so when another platform's target is run by the PJRT CPU plugin (a checkpoint with
-/// `--target t4g` and no `--plugin`): its pipeline's numerics, not its kernels or its speed.
+/// `--target t4g`, and no `--plugin` or `G4C_PJRT_PLUGIN`): its pipeline's numerics, not its
+/// kernels or its speed.
 pub fn note_cpu_emulation(backend: g4c_driver::BackendKind, target: Option<&str>, plugin: bool) {
     let Some(target) = target.and_then(|t| g4c_ir::Target::by_name(t).ok()) else { return };
+    let plugin = plugin || g4c_util::env::path_var("G4C_PJRT_PLUGIN").is_some();
     if backend == g4c_driver::BackendKind::Pjrt && !plugin && target.platform != g4c_ir::Platform::Cpu {
         let kernels = match target.platform {
             g4c_ir::Platform::Cuda => "; `--backend cuda` runs its kernels",

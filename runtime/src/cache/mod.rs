@@ -116,10 +116,12 @@ impl ExecutableCache {
         // Only a regular file is read: a FIFO in its place would block for ever.
         let bytes = match g4c_util::files::read(&path) {
             Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Lookup::Miss(self.foreign_entries(program, env))
+            // Not a regular file; another error (a permission, a passing I/O fault) is a miss, the
+            // entry perhaps good.
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+                return Lookup::Miss(self.corrupt(path, e.to_string()))
             }
-            Err(e) => return Lookup::Miss(self.corrupt(path, e.to_string())),
+            Err(_) => return Lookup::Miss(self.foreign_entries(program, env)),
         };
         match entry::decode(&bytes) {
             Ok((meta, body)) if meta.str("program") == program.0 && meta.str("environment") == env.digest() => {

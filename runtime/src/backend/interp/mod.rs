@@ -121,15 +121,29 @@ impl Interpreter {
     }
 }
 
-/// Refuses a call whose values would not fit in memory at once (a long prompt's attention scores
-/// grow with its square): running out would abort the process rather than return an error. Every
-/// value is held as 4-byte elements until its last use; weights (loaded once, shared) and operations'
-/// own temporaries are not counted.
+/// Refuses a call whose new values would not fit in memory at once (a long prompt's attention
+/// scores grow with its square): running out would abort the process rather than return an error.
+/// Every value the call makes is held as 4-byte elements until its last use. Not counted: the
+/// inputs (in memory already), weights (loaded once), values that share their operand's data (a
+/// reshape, a conversion that keeps f32 storage), and operations' own temporaries.
 fn check_memory(f: &Function, last_use: &[Option<usize>]) -> Result<()> {
-    let weights: std::collections::HashSet<ValueId> =
-        f.body.iter().filter(|i| matches!(i.op, Op::Weight { .. })).map(|i| i.result).collect();
-    let size = |v: ValueId| if weights.contains(&v) { 0 } else { f.ty(v).numel() as u64 * 4 };
-    let mut live: u64 = f.params.iter().map(|p| size(p.value)).sum();
+    let shared: std::collections::HashSet<ValueId> = f
+        .body
+        .iter()
+        .filter(|i| match &i.op {
+            Op::Weight { .. } | Op::Reshape { .. } => true,
+            Op::Convert { x } => {
+                let (from, to) = (f.ty(*x).dtype, f.ty(i.result).dtype);
+                from == to
+                    || (to == g4c_ir::DType::F32 && crate::tensor::storage_of(from) == crate::tensor::Storage::F32)
+            }
+            _ => false,
+        })
+        .map(|i| i.result)
+        .chain(f.params.iter().map(|p| p.value))
+        .collect();
+    let size = |v: ValueId| if shared.contains(&v) { 0 } else { f.ty(v).numel() as u64 * 4 };
+    let mut live: u64 = 0;
     let (mut peak, mut largest) = (live, None::<ValueId>);
     for (i, instr) in f.body.iter().enumerate() {
         live += size(instr.result);
