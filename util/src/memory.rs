@@ -1,5 +1,6 @@
 //! How much memory the process may still take: what the kernel says is available
-//! (`MemAvailable`), less than any address-space limit (`ulimit -v`) allows. For refusing, up front
+//! (`MemAvailable`), less than any address-space limit (`ulimit -v`) or memory cgroup (a
+//! container's limit) allows. For refusing, up front
 //! and in one line, work whose size is known before it starts, where running out would abort.
 
 /// Bytes the process may still allocate, as far as Linux says; `None` where it cannot tell.
@@ -7,7 +8,34 @@ pub fn available() -> Option<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
     let kib = meminfo.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.trim().strip_suffix("kB")?;
     let free = kib.trim().parse::<u64>().ok()? * 1024;
-    Some(free.min(address_space_left().unwrap_or(u64::MAX)))
+    Some(free.min(address_space_left().unwrap_or(u64::MAX)).min(cgroup_left().unwrap_or(u64::MAX)))
+}
+
+/// What the memory cgroup leaves under its limit, if one is set: cgroup v2's `memory.max` less
+/// `memory.current`, or v1's `memory.limit_in_bytes` less `memory.usage_in_bytes`. Read where
+/// `/proc/self/cgroup` places the process and, for a container (whose cgroup is the mount's root),
+/// at the root.
+fn cgroup_left() -> Option<u64> {
+    let mut dirs = Vec::new();
+    for line in std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default().lines() {
+        let mut fields = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (fields.next(), fields.next(), fields.next()) else { continue };
+        let path = path.trim_start_matches('/');
+        if controllers.is_empty() {
+            dirs.push((format!("/sys/fs/cgroup/{path}"), "memory.max", "memory.current"));
+        } else if controllers.split(',').any(|c| c == "memory") {
+            dirs.push((format!("/sys/fs/cgroup/memory/{path}"), "memory.limit_in_bytes", "memory.usage_in_bytes"));
+        }
+    }
+    dirs.push(("/sys/fs/cgroup".into(), "memory.max", "memory.current"));
+    dirs.push(("/sys/fs/cgroup/memory".into(), "memory.limit_in_bytes", "memory.usage_in_bytes"));
+    let read = |path: String| std::fs::read_to_string(path).ok()?.trim().parse::<u64>().ok();
+    // "max" (no limit) does not parse, and neither does a file that is not there.
+    dirs.into_iter()
+        .filter_map(|(dir, limit, usage)| {
+            Some(read(format!("{dir}/{limit}"))?.saturating_sub(read(format!("{dir}/{usage}"))?))
+        })
+        .min()
 }
 
 /// What `RLIMIT_AS` leaves beyond the address space already mapped, if it is set.

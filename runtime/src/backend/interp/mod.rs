@@ -20,11 +20,14 @@ pub struct Interpreter {
     store: Arc<dyn WeightStore>,
     /// Weights loaded so far; they stay resident across calls.
     loaded: HashMap<String, Tensor>,
+    /// Each module function's last uses, worked out (and its memory checked) at its first call:
+    /// a kernel plan calls its small functions hundreds of times a step.
+    last_uses: HashMap<String, Arc<[Option<usize>]>>,
 }
 
 impl Interpreter {
     pub fn new(module: Arc<Module>, store: Arc<dyn WeightStore>) -> Self {
-        Interpreter { module, store, loaded: HashMap::new() }
+        Interpreter { module, store, loaded: HashMap::new(), last_uses: HashMap::new() }
     }
 
     pub fn module(&self) -> &Arc<Module> {
@@ -41,11 +44,26 @@ impl Interpreter {
         let Some(f) = module.function(function) else {
             return invalid(format!("the module has no function @{function}"));
         };
-        self.run(f, inputs)
+        let last_use = match self.last_uses.get(function) {
+            Some(known) => known.clone(),
+            None => {
+                let found: Arc<[Option<usize>]> = last_uses(f).into();
+                check_memory(f, &found)?;
+                self.last_uses.insert(function.to_string(), found.clone());
+                found
+            }
+        };
+        self.run_with(f, inputs, &last_use)
     }
 
     /// Runs `f`, a function of this module or one like it (its weights this module's), on `inputs`.
     pub fn run(&mut self, f: &Function, inputs: Vec<Tensor>) -> Result<Vec<Tensor>> {
+        let last_use = last_uses(f);
+        check_memory(f, &last_use)?;
+        self.run_with(f, inputs, &last_use)
+    }
+
+    fn run_with(&mut self, f: &Function, inputs: Vec<Tensor>, last_use: &[Option<usize>]) -> Result<Vec<Tensor>> {
         let function = &f.name;
         if inputs.len() != f.params.len() {
             return invalid(format!("@{function} takes {} inputs, {} given", f.params.len(), inputs.len()));
@@ -62,8 +80,6 @@ impl Interpreter {
             }
             values[p.value.index()] = Some(t);
         }
-        let last_use = last_uses(f);
-        check_memory(f, &last_use)?;
         for (i, instr) in f.body.iter().enumerate() {
             let out = self.eval(&instr.op, &values, f.ty(instr.result)).map_err(|message| RuntimeError::Op {
                 function: f.name.clone(),
@@ -157,7 +173,8 @@ fn check_memory(f: &Function, last_use: &[Option<usize>]) -> Result<()> {
         freed.dedup();
         live -= freed.into_iter().map(size).sum::<u64>();
     }
-    // Asking the kernel costs a file read: not worth it for the many small calls of a kernel plan.
+    // Smaller calls are let be: a process with less than this left is short of memory for reasons
+    // of its own, and refusing them would name a value that is not the cause.
     const ALWAYS_FITS: u64 = 1 << 30;
     if peak < ALWAYS_FITS {
         return Ok(());
