@@ -28,7 +28,7 @@ impl Device for Idle {
         self.buffers += 1;
         Ok(self.buffers)
     }
-    fn upload(&mut self, _: Buffer, _: &[u8]) -> g4c_runtime::Result<()> {
+    fn upload_at(&mut self, _: Buffer, _: usize, _: &[u8]) -> g4c_runtime::Result<()> {
         Ok(())
     }
     fn download(&mut self, _: Buffer, bytes: usize) -> g4c_runtime::Result<Vec<u8>> {

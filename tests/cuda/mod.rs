@@ -152,8 +152,8 @@ impl g4c_runtime::backend::cuda::Device for NotingSequences {
     fn alloc(&mut self, bytes: usize) -> g4c_runtime::Result<usize> {
         self.device.alloc(bytes)
     }
-    fn upload(&mut self, buffer: usize, bytes: &[u8]) -> g4c_runtime::Result<()> {
-        self.device.upload(buffer, bytes)
+    fn upload_at(&mut self, buffer: usize, offset: usize, bytes: &[u8]) -> g4c_runtime::Result<()> {
+        self.device.upload_at(buffer, offset, bytes)
     }
     fn upload_queued(&mut self, buffer: usize, bytes: &[u8]) -> g4c_runtime::Result<()> {
         self.device.upload_queued(buffer, bytes)

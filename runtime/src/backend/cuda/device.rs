@@ -114,8 +114,12 @@ impl LaunchSequence {
 pub trait Device: Send {
     /// A zeroed buffer of `bytes` bytes.
     fn alloc(&mut self, bytes: usize) -> Result<Buffer>;
-    /// Copies `bytes` into `buffer` and waits for the copy.
-    fn upload(&mut self, buffer: Buffer, bytes: &[u8]) -> Result<()>;
+    /// Copies `bytes` into `buffer` from its byte `offset` on, and waits for the copy.
+    fn upload_at(&mut self, buffer: Buffer, offset: usize, bytes: &[u8]) -> Result<()>;
+    /// Copies `bytes` into the start of `buffer` and waits for the copy.
+    fn upload(&mut self, buffer: Buffer, bytes: &[u8]) -> Result<()> {
+        self.upload_at(buffer, 0, bytes)
+    }
     /// Copies `bytes` into `buffer` after the operations before it and before those after it,
     /// without waiting for the copy: the device keeps the bytes until it is done. A step's inputs
     /// go so, queued ahead of its launches rather than each waited for on its own.

@@ -532,14 +532,14 @@ impl Device for CudaDevice {
         Ok(self.buffers.len() - 1)
     }
 
-    fn upload(&mut self, buffer: Buffer, bytes: &[u8]) -> Result<()> {
+    fn upload_at(&mut self, buffer: Buffer, offset: usize, bytes: &[u8]) -> Result<()> {
         self.bind()?;
         let (ptr, size) = self.buffers[buffer];
-        if bytes.len() > size {
-            return invalid(format!("an upload of {} bytes into a buffer of {size}", bytes.len()));
+        if offset + bytes.len() > size {
+            return invalid(format!("an upload of {} bytes at {offset} into a buffer of {size}", bytes.len()));
         }
         // SAFETY: within the allocation; `bytes` outlives the copy, which is waited for.
-        unsafe { result::memcpy_htod_async(ptr, bytes, self.stream.cu_stream()) }
+        unsafe { result::memcpy_htod_async(ptr + offset as u64, bytes, self.stream.cu_stream()) }
             .map_err(|e| driver_error("cuMemcpyHtoD", e))?;
         self.wait("an upload")
     }

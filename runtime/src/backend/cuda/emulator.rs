@@ -106,8 +106,13 @@ impl Device for Emulator {
         Ok(self.buffers.len() - 1)
     }
 
-    fn upload(&mut self, buffer: Buffer, bytes: &[u8]) -> Result<()> {
-        self.bytes_mut(buffer)[..bytes.len()].copy_from_slice(bytes);
+    fn upload_at(&mut self, buffer: Buffer, offset: usize, bytes: &[u8]) -> Result<()> {
+        let held = self.bytes_mut(buffer);
+        let size = held.len();
+        match held.get_mut(offset..offset + bytes.len()) {
+            Some(to) => to.copy_from_slice(bytes),
+            None => return invalid(format!("an upload of {} bytes at {offset} into a buffer of {size}", bytes.len())),
+        }
         Ok(())
     }
 

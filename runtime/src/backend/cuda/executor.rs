@@ -193,9 +193,7 @@ impl<D: Device> Executor for DeviceExecutor<D> {
             let Some(&b) = self.state.get(&r.name) else {
                 return invalid(format!("state {} is not there yet", r.name));
             };
-            let mut bytes = self.device.download(b, r.ty.byte_size() as usize)?;
-            r.reset_in(&mut bytes)?;
-            self.device.upload(b, &bytes)?;
+            self.device.upload_at(b, r.bytes.start, &r.initial)?;
         }
         Ok(())
     }
