@@ -156,3 +156,22 @@ fn compiling_into_a_cache_that_cannot_be_written_fails() {
     // Said once, before anything is compiled.
     assert_one_line_error(&out, &["executable cache", "cannot be written", "without -o"]);
 }
+
+/// `compile` without `-o` needs to write the cache only for what it does not hold: a warm cache it
+/// cannot write is enough, a cold one is refused before anything is compiled.
+#[test]
+fn compiling_into_a_warm_cache_needs_no_write() {
+    let cache = tempfile::tempdir().unwrap();
+    let dir = golden_dir("tiny").join("hf");
+    let compile = |context: &str| {
+        g4c_with_cache(cache.path(), &["compile", dir.to_str().unwrap(), "--prefill-len", "8", "--context", context])
+    };
+    let warmed = compile("64");
+    assert!(warmed.status.success(), "{}", String::from_utf8_lossy(&warmed.stderr));
+    // The write check's file name taken by a directory: the check fails as it would for a cache
+    // on a read-only file system (which a test running as root cannot make).
+    std::fs::create_dir(cache.path().join("executables/writable")).unwrap();
+    let warm = compile("64");
+    assert!(warm.status.success(), "{}", String::from_utf8_lossy(&warm.stderr));
+    assert_one_line_error(&compile("32"), &["executable cache", "cannot be written", "without -o"]);
+}

@@ -1,7 +1,7 @@
 //! Ahead-of-time compilation: a checkpoint's module emitted, put through the target's pipeline,
 //! lowered, compiled where the target's plugin is present, and written as an artifact.
 
-use crate::pjrt::{check_platform, executables, open_client, Caches, CompileSummary};
+use crate::pjrt::{all_cached, check_platform, executables, open_client, Caches, CompileSummary};
 use crate::{cuda_programs, kernel_plan, kernel_report, stablehlo_programs, CudaBuild, Feedback};
 use anyhow::{bail, Context, Result};
 use g4c_frontend::{emit_module_with_prefills, Model, Shapes};
@@ -168,11 +168,23 @@ fn build_for_target(
 ) -> Result<TargetBuild> {
     let target = req.target;
     let plugin = req.plugin.clone().or_else(|| (target.platform == Platform::Cpu).then(find_cpu_plugin).flatten());
-    // Before compiling anything: without -o the cache is where the work is kept.
-    if plugin.is_some() && req.out.is_none() {
-        ExecutableCache::user()
-            .and_then(|cache| cache.check_writable())
-            .map_err(|e| anyhow::anyhow!("{e}; without -o, compile keeps its executables there (give -o DIR)"))?;
+    let client = match &plugin {
+        Some(path) => {
+            let client = open_client(Some(path.clone()))?;
+            check_platform(&client, target, "compiling for")?;
+            Some(client)
+        }
+        None => None,
+    };
+    // Before compiling anything: without -o the cache is where the work is kept, unless it holds
+    // it all already.
+    if let (Some(client), None) = (&client, req.out) {
+        let user = Caches::User { artifact: None };
+        if !all_cached(client, programs, target, &user)? {
+            ExecutableCache::user()
+                .and_then(|cache| cache.check_writable())
+                .map_err(|e| anyhow::anyhow!("{e}; without -o, compile keeps its executables there (give -o DIR)"))?;
+        }
     }
     // What the CPU plugin compiled for the check is cached like a run's executables (keyed by target
     // and plugin), so a second check of the same programs is a lookup; without a user cache, nothing is.
@@ -205,12 +217,8 @@ fn build_for_target(
         Some(dir) => Caches::Staging { staging: dir.path().to_path_buf() },
         None => Caches::User { artifact: None },
     };
-    let executables = match plugin {
-        Some(path) => {
-            let client = open_client(Some(path))?;
-            check_platform(&client, target, "compiling for")?;
-            Some(executables(&client, programs, target, &label, &caches, feedback)?.1)
-        }
+    let executables = match &client {
+        Some(client) => Some(executables(client, programs, target, &label, &caches, feedback)?.1),
         None => None,
     };
     // Without -o, the executable cache is where a compile's work is kept: one it cannot write to

@@ -94,6 +94,11 @@ fn compiler<'c>(client: &'c Client, target: &Target, label: &str, caches: &Cache
     })
 }
 
+/// Whether `caches` hold every program's executable for this plugin and host already.
+pub fn all_cached(client: &Client, programs: &[Program], target: &Target, caches: &Caches) -> Result<bool> {
+    Ok(compiler(client, target, "", caches)?.has_all(programs))
+}
+
 /// Every program's executable: loaded from the caches when a valid entry exists for this plugin and
 /// host, else compiled (and stored where `caches` says). Each event is reported as it happens.
 pub fn executables(
