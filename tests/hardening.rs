@@ -329,9 +329,15 @@ fn non_finite_numbers_are_errors() {
     };
     let (read, unread) = (nan_in_row(17), nan_in_row(511));
     for backend in ["interp", "pjrt"] {
-        assert_one_line_error(&run(nan.path(), backend), &[key, "element 10", "NaN or infinite"]);
+        assert_one_line_error(
+            &run(nan.path(), backend),
+            &[key, "element 10 in ", "model.safetensors is NaN or infinite"],
+        );
         assert_one_line_error(&run(huge.path(), backend), &["logits of the prefill are not finite"]);
-        assert_one_line_error(&run(read.path(), backend), &[table, "element 1363", "NaN or infinite"]);
+        assert_one_line_error(
+            &run(read.path(), backend),
+            &[table, "element 1363 in ", "model.safetensors is NaN or infinite"],
+        );
         let out = run(unread.path(), backend);
         assert!(out.status.success(), "{backend}: {}", String::from_utf8_lossy(&out.stderr));
     }

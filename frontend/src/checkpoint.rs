@@ -155,6 +155,12 @@ impl Checkpoint {
         self.tensors.contains_key(name) || self.unreadable.contains_key(name)
     }
 
+    /// The file holding tensor `name`.
+    pub fn file_of(&self, name: &str) -> Option<&Path> {
+        let e = self.tensors.get(name).or_else(|| self.unreadable.get(name).map(|(_, e)| e))?;
+        Some(&self.files[e.file].0)
+    }
+
     pub fn entry(&self, name: &str) -> Option<&TensorEntry> {
         self.tensors.get(name)
     }

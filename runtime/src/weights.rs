@@ -104,13 +104,20 @@ impl WeightStore for Checkpoint {
         if let Some(i) = first_non_finite(t.dtype, &rows) {
             let row_elements = decl.ty.numel() / decl.ty.shape[0].max(1);
             let element = ids[i / row_elements.max(1)] * row_elements + i % row_elements.max(1);
-            return Err(weight_error(decl, format!("element {element} is NaN or infinite; expected finite numbers")));
+            return Err(non_finite(self, decl, element));
         }
         match t.dtype == decl.ty.dtype {
             true => Ok(rows),
             false => convert_float_bytes(t.dtype, decl.ty.dtype, &rows).map_err(|m| weight_error(decl, m)),
         }
     }
+}
+
+/// Element `element` of `decl`'s tensor is NaN or infinite: said with the file holding it (an
+/// artifact's `weights.safetensors`, or a checkpoint's shard).
+fn non_finite(ckpt: &Checkpoint, decl: &WeightDecl, element: usize) -> RuntimeError {
+    let file = ckpt.file_of(&decl.source).map_or_else(|| ckpt.dir.display().to_string(), |f| f.display().to_string());
+    weight_error(decl, format!("element {element} in {file} is NaN or infinite; expected finite numbers"))
 }
 
 /// `decl`'s tensor in the checkpoint, once its shape and dtype are checked against what the IR
@@ -135,7 +142,7 @@ fn mapped_or_built<'c>(ckpt: &'c Checkpoint, decl: &WeightDecl, out: &mut Vec<u8
     // scanned when they are built: once per tensor, not once per declaration.
     let scanned_with_values = matches!(decl.layout, SourceLayout::QuantizedScales { .. });
     if let Some(i) = if scanned_with_values { None } else { first_non_finite(t.dtype, t.bytes) } {
-        return Err(weight_error(decl, format!("element {i} is NaN or infinite; expected finite numbers")));
+        return Err(non_finite(ckpt, decl, i));
     }
     let (from, to) = (t.dtype, decl.ty.dtype);
     match decl.layout {

@@ -9,6 +9,7 @@ use g4c_runtime::{generate, GenerateOptions, Generation, ModelShape};
 use std::path::PathBuf;
 
 #[derive(Args)]
+#[command(group(clap::ArgGroup::new("prompt_given").args(["prompt_ids", "prompt"]).required(true)))]
 pub struct RunArgs {
     /// Checkpoint directory (config.json + safetensors [+ tokenizer.json]), or an artifact that
     /// `g4c compile -o` wrote
@@ -16,7 +17,7 @@ pub struct RunArgs {
     #[command(flatten)]
     pub execution: super::ExecutionArgs,
     /// Prompt as comma-separated token ids, e.g. `2,17,301` (used as given: add BOS yourself)
-    #[arg(long, conflicts_with = "prompt", required_unless_present = "prompt")]
+    #[arg(long, conflicts_with = "prompt", allow_negative_numbers = true)]
     pub prompt_ids: Option<String>,
     /// Prompt as text, tokenized with the checkpoint's tokenizer.json (BOS is added)
     #[arg(long, value_parser = OsStringValueParser::new().try_map(utf8_text))]
@@ -32,7 +33,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub ignore_eos: bool,
     /// Comma-separated token ids that also end generation (even with --ignore-eos)
-    #[arg(long, value_name = "LIST")]
+    #[arg(long, value_name = "LIST", allow_negative_numbers = true)]
     pub stop_ids: Option<String>,
     #[command(flatten)]
     pub sampling: super::SamplingArgs,
