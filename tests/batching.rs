@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 /// The tiny model in an engine of `batch` rows: prefill chunks of 4 tokens (the golden `long` prompt
 /// of 11 takes three), a context of 40 positions.
-fn engine(batch: usize) -> BatchEngine {
+pub(crate) fn engine(batch: usize) -> BatchEngine {
     let dir = golden_dir("tiny").join("published");
     let options = SessionOptions { backend: Backend::Pjrt, use_cache: false, ..Default::default() };
     let session = Session::open(&dir, options).unwrap();
@@ -44,13 +44,13 @@ pub(crate) fn session_engine(session: &Session, batch: usize) -> BatchEngine {
 
 /// Records a sequence's events; says it is gone once it has `gone_after` tokens.
 #[derive(Clone, Default)]
-struct Recorder {
+pub(crate) struct Recorder {
     events: Arc<Mutex<Vec<SequenceEvent>>>,
     gone_after: Option<usize>,
 }
 
 impl Recorder {
-    fn tokens(&self) -> Vec<u32> {
+    pub(crate) fn tokens(&self) -> Vec<u32> {
         let events = self.events.lock().unwrap();
         events.iter().filter_map(|e| if let SequenceEvent::Token(t, _) = e { Some(*t) } else { None }).collect()
     }
@@ -83,14 +83,14 @@ fn greedy(prompt: &[u32], new_tokens: usize) -> SequenceRequest {
     SequenceRequest { prompt: prompt.to_vec(), options }
 }
 
-fn admit(engine: &mut BatchEngine, request: SequenceRequest) -> Recorder {
+pub(crate) fn admit(engine: &mut BatchEngine, request: SequenceRequest) -> Recorder {
     let recorder = Recorder::default();
     engine.admit(request, Box::new(recorder.clone())).unwrap();
     recorder
 }
 
 /// Steps until no row holds a sequence (bounded).
-fn drain(engine: &mut BatchEngine) {
+pub(crate) fn drain(engine: &mut BatchEngine) {
     for _ in 0..1000 {
         if engine.step().unwrap().is_none() {
             return;
@@ -171,7 +171,14 @@ fn a_sequence_alone_and_beside_seven_others_generates_the_same_tokens() {
         options: GenerateOptions {
             max_new_tokens: 20,
             ignore_eos: true,
-            sampling: SamplingParams { temperature: 0.9, top_k: 40, top_p: 0.95, min_p: 0.05, seed },
+            sampling: SamplingParams {
+                temperature: 0.9,
+                top_k: 40,
+                top_p: 0.95,
+                min_p: 0.05,
+                seed,
+                ..Default::default()
+            },
             ..Default::default()
         },
     };

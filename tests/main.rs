@@ -20,6 +20,7 @@ mod hardening;
 mod interp_ops;
 mod ir_text;
 mod passes;
+mod penalties;
 mod plan;
 mod properties;
 mod quantize;

@@ -281,7 +281,8 @@ fn malformed_and_impossible_requests_get_openai_style_errors() {
         "`max_tokens`: invalid type",
     );
     error(400, &json!({"messages": user("ba"), "logprobs": 2}), Some("logprobs"), "expected true or false");
-    error(400, &json!({"messages": user("ba"), "presence_penalty": 0.5}), Some("presence_penalty"), "not supported");
+    error(400, &json!({"messages": user("ba"), "presence_penalty": 2.5}), Some("presence_penalty"), "expected -2 to 2");
+    error(400, &json!({"messages": user("ba"), "repeat_penalty": 1.1}), Some("repeat_penalty"), "not supported");
     error(400, &json!({"messages": user("ba xyzzy")}), Some("messages"), "not in the vocabulary");
     let long = vec!["ba"; 40].join(" ");
     error(

@@ -179,7 +179,7 @@ impl BatchEngine {
             return Ok(index);
         }
         row.sequence = Some(Sequence {
-            sampler: Sampler::new(request.options.sampling),
+            sampler: Sampler::new(request.options.sampling, &request.prompt),
             prompt: request.prompt,
             options: request.options,
             generated: vec![],
@@ -331,6 +331,7 @@ impl BatchEngine {
                     continue;
                 }
             };
+            seq.sampler.observe(token);
             seq.generated.push(token);
             let room = context - seq.prompt.len();
             let stop = seq.options.stop_after(token, seq.generated.len(), room);

@@ -48,7 +48,8 @@ impl GenerateOptions {
 
     /// What each call copies back: only the greedy tokens when they are all this generation reads.
     pub fn step_output(&self) -> StepOutput {
-        match self.sampling.is_greedy() && self.forced.is_empty() && !self.keep_logits && self.logprobs.is_none() {
+        match self.sampling.is_plain_greedy() && self.forced.is_empty() && !self.keep_logits && self.logprobs.is_none()
+        {
             true => StepOutput::GreedyTokens,
             false => StepOutput::Logits,
         }
@@ -229,7 +230,7 @@ pub fn generate(
     let mut out = prefill(exec, &shape, &[prompt], output)?;
     gen.timings.prefill_seconds = started.elapsed().as_secs_f64();
     let started = Instant::now();
-    let mut sampler = Sampler::new(opts.sampling);
+    let mut sampler = Sampler::new(opts.sampling, prompt);
     let mut position = prompt.len();
     loop {
         // The call `out` came from, named only for an error (no formatting in the decode loop).
@@ -249,6 +250,7 @@ pub fn generate(
                 token
             }
         };
+        sampler.observe(token);
         gen.generated_ids.push(token);
         on_token(token);
         if let Some(stop) = opts.stop_after(token, gen.generated_ids.len(), room) {

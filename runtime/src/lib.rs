@@ -15,6 +15,7 @@ pub mod eval;
 pub mod executor;
 pub mod generate;
 pub mod logprobs;
+pub mod penalties;
 pub mod progress;
 pub mod quantize;
 pub mod sampling;

@@ -1,6 +1,7 @@
 //! Choosing the next token from logits: greedy, or seeded sampling with temperature, then min-p,
-//! top-k and top-p (in that order, as vLLM's sampler).
+//! top-k and top-p (in that order, as vLLM's sampler), after any penalties (`penalties`).
 
+use crate::penalties::Penalties;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -15,6 +16,12 @@ pub struct SamplingParams {
     /// Keep the tokens at least this likely relative to the most likely one (0: all).
     pub min_p: f32,
     pub seed: u64,
+    /// Divides (or, when negative, multiplies) the logits of the prompt's and reply's tokens (1: none).
+    pub repetition_penalty: f32,
+    /// Subtracted from a token's logit once per time the reply holds it (0: none).
+    pub frequency_penalty: f32,
+    /// Subtracted from a token's logit if the reply holds it (0: none).
+    pub presence_penalty: f32,
 }
 
 impl SamplingParams {
@@ -22,25 +29,62 @@ impl SamplingParams {
     pub fn is_greedy(&self) -> bool {
         self.temperature <= 0.0 || self.top_k == 1
     }
+
+    /// Whether the pick is the largest of the logits as the model gives them (which a device's
+    /// greedy token is): greedy, and no penalty changes them.
+    pub fn is_plain_greedy(&self) -> bool {
+        self.is_greedy()
+            && self.repetition_penalty == 1.0
+            && self.frequency_penalty == 0.0
+            && self.presence_penalty == 0.0
+    }
 }
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 0 }
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 0,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+        }
     }
 }
 
+/// Picks one sequence's tokens: `pick` each from its logits, and `observe` each token the sequence
+/// takes (picked or not), which the penalties count.
 pub struct Sampler {
     params: SamplingParams,
     rng: ChaCha8Rng,
+    penalties: Penalties,
 }
 
 impl Sampler {
-    pub fn new(params: SamplingParams) -> Sampler {
-        Sampler { params, rng: ChaCha8Rng::seed_from_u64(params.seed) }
+    /// A sampler for a sequence that starts with `prompt`.
+    pub fn new(params: SamplingParams, prompt: &[u32]) -> Sampler {
+        Sampler { params, rng: ChaCha8Rng::seed_from_u64(params.seed), penalties: Penalties::new(&params, prompt) }
     }
 
+    /// The next token, from the logits the model gives.
     pub fn pick(&mut self, logits: &[f32]) -> u32 {
+        if !self.penalties.is_active() {
+            return self.pick_from(logits);
+        }
+        let mut penalized = logits.to_vec();
+        self.penalties.apply(&mut penalized);
+        self.pick_from(&penalized)
+    }
+
+    /// Counts `token`, the sequence's next token.
+    pub fn observe(&mut self, token: u32) {
+        self.penalties.observe(token);
+    }
+
+    fn pick_from(&mut self, logits: &[f32]) -> u32 {
         let p = self.params;
         if p.is_greedy() {
             return argmax(logits) as u32;
@@ -126,9 +170,9 @@ mod tests {
     #[test]
     fn greedy_cases() {
         let logits = [0.1, 3.0, 3.0, -1.0];
-        let mut s = Sampler::new(SamplingParams::default());
+        let mut s = Sampler::new(SamplingParams::default(), &[]);
         assert_eq!(s.pick(&logits), 1, "ties go to the lowest id");
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 1, ..Default::default() });
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 1, ..Default::default() }, &[]);
         assert_eq!(s.pick(&logits), 1);
     }
 
@@ -137,7 +181,7 @@ mod tests {
         // Probabilities 0.5, 0.25, 0.125, 0.125 at temperature 1.
         let logits = [2f32.ln() * 2.0, 2f32.ln(), 0.0, 0.0];
         let draw = |params: SamplingParams| {
-            let mut s = Sampler::new(params);
+            let mut s = Sampler::new(params, &[]);
             let mut counts = [0usize; 4];
             for _ in 0..20_000 {
                 counts[s.pick(&logits) as usize] += 1;
@@ -164,7 +208,7 @@ mod tests {
     fn same_seed_same_tokens() {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
         let run = |seed| {
-            let mut s = Sampler::new(SamplingParams { temperature: 0.8, seed, ..Default::default() });
+            let mut s = Sampler::new(SamplingParams { temperature: 0.8, seed, ..Default::default() }, &[]);
             (0..20).map(|_| s.pick(&logits)).collect::<Vec<_>>()
         };
         assert_eq!(run(3), run(3));

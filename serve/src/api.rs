@@ -1,7 +1,7 @@
 //! The request bodies of `/v1/chat/completions` and `/v1/completions`, parsed and checked into an
 //! `Ask`. As OpenAI does, unknown fields are ignored; a known field of the wrong type or out of range
-//! is a `400` naming it, and so is a feature this server does not have (`n` > 1, penalties, tools,
-//! constrained decoding), rather than a request quietly served without it.
+//! is a `400` naming it, and so is a feature this server does not have (`n` > 1, `logit_bias`,
+//! tools, constrained decoding), rather than a request quietly served without it.
 
 use crate::error::ApiError;
 use g4c_frontend::ChatMessage;
@@ -62,6 +62,11 @@ pub struct Ask {
     /// Each generated token's log probability, and those of this many most likely tokens
     /// (completions' `logprobs: n`; chat's `logprobs: true` with `top_logprobs: n`).
     pub logprobs: Option<usize>,
+    /// vLLM's `repetition_penalty` (1: none), OpenAI's `frequency_penalty` and `presence_penalty`
+    /// (0: none): `g4c_runtime::penalties`.
+    pub repetition_penalty: f32,
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
 }
 
 /// The most tokens a request may ask for: as many positions as any context has.
@@ -138,6 +143,9 @@ struct Common {
     seed: Option<i64>,
     stop: Option<Stop>,
     stop_token_ids: Option<Vec<u32>>,
+    presence_penalty: Option<f64>,
+    frequency_penalty: Option<f64>,
+    repetition_penalty: Option<f64>,
     n: Option<u64>,
     stream: Option<bool>,
     stream_options: Option<StreamOptions>,
@@ -148,14 +156,11 @@ struct Common {
     top_logprobs: Option<u64>,
     echo: Option<bool>,
     best_of: Option<u64>,
-    presence_penalty: Option<f64>,
-    frequency_penalty: Option<f64>,
     logit_bias: Option<serde_json::Map<String, Value>>,
     tools: Option<Vec<Value>>,
     suffix: Option<String>,
     response_format: Option<Value>,
     // vLLM's and llama.cpp's own sampling and output fields, likewise.
-    repetition_penalty: Option<f64>,
     repeat_penalty: Option<f64>,
     min_tokens: Option<u64>,
     include_stop_str_in_output: Option<bool>,
@@ -299,55 +304,58 @@ fn completion_prompt(prompt: Prompt) -> Result<PromptSpec, ApiError> {
 
 impl Common {
     fn check(self, endpoint: Endpoint, prompt: PromptSpec) -> Result<Ask, ApiError> {
-        let unsupported = |name: &str, what: &str| {
-            Err(ApiError::param(name, format!("`{name}`: {what} is not supported by this server")))
-        };
         if self.n == Some(0) {
             return Err(ApiError::param("n", "`n`: expected 1, found 0"));
         }
         if self.n.is_some_and(|n| n != 1) {
-            return unsupported("n", "more than one choice");
+            return Err(ApiError::unsupported("n", "more than one choice"));
         }
         if self.best_of.is_some_and(|n| n != 1) {
-            return unsupported("best_of", "more than one candidate");
+            return Err(ApiError::unsupported("best_of", "more than one candidate"));
         }
         let logprobs = self.logprobs(endpoint)?;
         if self.echo == Some(true) {
-            return unsupported("echo", "echoing the prompt");
+            return Err(ApiError::unsupported("echo", "echoing the prompt"));
         }
         for (name, value) in
             [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)]
         {
-            if value.is_some_and(|v| v != 0.0) {
-                return unsupported(name, "a penalty");
+            if value.is_some_and(|v| !(-2.0..=2.0).contains(&v)) {
+                let found = value.unwrap();
+                return Err(ApiError::param(name, format!("`{name}`: expected -2 to 2, found {found:?}")));
             }
+        }
+        let repetition_penalty = self.repetition_penalty.unwrap_or(1.0);
+        if !(repetition_penalty > 0.0 && repetition_penalty.is_finite()) {
+            let message = format!("`repetition_penalty`: expected a number > 0, found {repetition_penalty:?}");
+            return Err(ApiError::param("repetition_penalty", message));
         }
         if self.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
-            return unsupported("logit_bias", "biasing logits");
+            return Err(ApiError::unsupported("logit_bias", "biasing logits"));
         }
         if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-            return unsupported("tools", "tool calling");
+            return Err(ApiError::unsupported("tools", "tool calling"));
         }
         if self.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
-            return unsupported("suffix", "a suffix");
+            return Err(ApiError::unsupported("suffix", "a suffix"));
         }
         if matches!(&self.response_format, Some(f) if f.get("type").and_then(Value::as_str) != Some("text")) {
-            return unsupported("response_format", "a response format other than text");
+            return Err(ApiError::unsupported("response_format", "a response format other than text"));
         }
-        for (name, value) in [("repetition_penalty", self.repetition_penalty), ("repeat_penalty", self.repeat_penalty)]
-        {
-            if value.is_some_and(|v| v != 1.0) {
-                return unsupported(name, "a penalty");
-            }
+        // llama.cpp's penalizes only the last `repeat_last_n` tokens; vLLM's `repetition_penalty` is
+        // served, over the whole prompt and reply.
+        if self.repeat_penalty.is_some_and(|v| v != 1.0) {
+            let what = "llama.cpp's penalty over the last tokens (use `repetition_penalty`, over the prompt and reply)";
+            return Err(ApiError::unsupported("repeat_penalty", what));
         }
         if self.min_tokens.is_some_and(|n| n != 0) {
-            return unsupported("min_tokens", "a least number of tokens");
+            return Err(ApiError::unsupported("min_tokens", "a least number of tokens"));
         }
         if self.include_stop_str_in_output == Some(true) {
-            return unsupported("include_stop_str_in_output", "keeping the stop string");
+            return Err(ApiError::unsupported("include_stop_str_in_output", "keeping the stop string"));
         }
         if self.skip_special_tokens == Some(false) {
-            return unsupported("skip_special_tokens", "text with special tokens");
+            return Err(ApiError::unsupported("skip_special_tokens", "text with special tokens"));
         }
         if self.add_generation_prompt == Some(false) || self.continue_final_message == Some(true) {
             let name = if self.add_generation_prompt == Some(false) {
@@ -355,7 +363,7 @@ impl Common {
             } else {
                 "continue_final_message"
             };
-            return unsupported(name, "continuing the last message");
+            return Err(ApiError::unsupported(name, "continuing the last message"));
         }
         let constrained = [
             ("guided_json", &self.guided_json),
@@ -367,7 +375,7 @@ impl Common {
             ("json_schema", &self.json_schema),
         ];
         if let Some((name, _)) = constrained.iter().find(|(_, v)| v.as_ref().is_some_and(|v| !v.is_null())) {
-            return unsupported(name, "constrained decoding");
+            return Err(ApiError::unsupported(name, "constrained decoding"));
         }
         if self.stream != Some(true) && self.stream_options.is_some() {
             return Err(ApiError::param("stream_options", "`stream_options` is only allowed with `stream: true`"));
@@ -437,6 +445,9 @@ impl Common {
             ignore_eos: self.ignore_eos.unwrap_or(false),
             return_token_ids: self.return_token_ids.unwrap_or(false),
             logprobs,
+            repetition_penalty: repetition_penalty as f32,
+            frequency_penalty: self.frequency_penalty.unwrap_or(0.0) as f32,
+            presence_penalty: self.presence_penalty.unwrap_or(0.0) as f32,
         })
     }
 
@@ -632,7 +643,6 @@ mod tests {
             assert!(with(field, value.clone()).is_ok(), "{field}: {value}");
         }
         let something = [
-            ("repetition_penalty", serde_json::json!(1.2)),
             ("repeat_penalty", serde_json::json!(1.1)),
             ("min_tokens", serde_json::json!(10)),
             ("include_stop_str_in_output", serde_json::json!(true)),
@@ -651,6 +661,30 @@ mod tests {
             let err = with(field, value.clone()).unwrap_err();
             assert_eq!((err.status.as_u16(), err.param.as_deref()), (400, Some(field)), "{field}: {value}");
             assert!(err.message.contains("not supported"), "{field}: {}", err.message);
+        }
+    }
+
+    /// The penalties are served within vLLM's ranges and refused, naming the field, outside them.
+    #[test]
+    fn penalties_are_served_within_their_ranges() {
+        let with = |field: &str, value: Value| {
+            let mut body = serde_json::json!({"messages": [{"role": "user", "content": "x"}]});
+            body[field] = value;
+            chat(body)
+        };
+        let ask = with("repetition_penalty", serde_json::json!(1.3)).unwrap();
+        assert_eq!((ask.repetition_penalty, ask.frequency_penalty, ask.presence_penalty), (1.3, 0.0, 0.0));
+        assert_eq!(with("frequency_penalty", serde_json::json!(-2)).unwrap().frequency_penalty, -2.0);
+        assert_eq!(with("presence_penalty", serde_json::json!(0.5)).unwrap().presence_penalty, 0.5);
+        for (field, value) in [
+            ("repetition_penalty", serde_json::json!(0)),
+            ("repetition_penalty", serde_json::json!(-1.0)),
+            ("frequency_penalty", serde_json::json!(2.5)),
+            ("presence_penalty", serde_json::json!(-3)),
+        ] {
+            let err = with(field, value.clone()).unwrap_err();
+            assert_eq!((err.status.as_u16(), err.param.as_deref()), (400, Some(field)), "{field}: {value}");
+            assert!(err.message.contains("expected"), "{field}: {}", err.message);
         }
     }
 }

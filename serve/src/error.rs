@@ -32,6 +32,11 @@ impl ApiError {
         ApiError { param: Some(param.into()), ..ApiError::invalid(message) }
     }
 
+    /// A field asking for something this server does not do: refused rather than ignored.
+    pub fn unsupported(param: &str, what: &str) -> ApiError {
+        ApiError::param(param, format!("`{param}`: {what} is not supported by this server"))
+    }
+
     pub fn with_code(self, code: &'static str) -> ApiError {
         ApiError { code: Some(code), ..self }
     }

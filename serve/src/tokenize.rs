@@ -36,25 +36,24 @@ struct DetokenizeBody {
 pub fn tokenize(model: &ModelInfo, body: &[u8]) -> Result<Value, ApiError> {
     let body: TokenizeBody = typed(&body_object(body)?, "request")?;
     check_model(model, body.model.as_deref())?;
-    let refuse = |field: &str, what: &str| Err(ApiError::param(field, format!("`{field}`: {what} is not supported")));
     if model.tokenizer.is_none() {
         return Err(ApiError::invalid("this model has no tokenizer.json, so there is nothing to tokenize with"));
     }
     if body.continue_final_message == Some(true) {
-        return refuse("continue_final_message", "continuing the last message");
+        return Err(ApiError::unsupported("continue_final_message", "continuing the last message"));
     }
     if body.chat_template.is_some() {
-        return refuse("chat_template", "a chat template other than the model's");
+        return Err(ApiError::unsupported("chat_template", "a chat template other than the model's"));
     }
     if body.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return refuse("tools", "rendering tools");
+        return Err(ApiError::unsupported("tools", "rendering tools"));
     }
     let ids = match (body.prompt, body.messages) {
         (Some(_), Some(_)) => return Err(ApiError::invalid("give `prompt` or `messages`, not both")),
         (None, None) => return Err(ApiError::invalid("`prompt` or `messages` is required")),
         (Some(text), None) => {
             if body.add_generation_prompt.is_some() {
-                return refuse("add_generation_prompt", "a generation prompt for text");
+                return Err(ApiError::unsupported("add_generation_prompt", "a generation prompt for text"));
             }
             match (body.add_special_tokens.unwrap_or(true), model.tokenizer.as_deref()) {
                 (false, Some(t)) => {
@@ -65,10 +64,16 @@ pub fn tokenize(model: &ModelInfo, body: &[u8]) -> Result<Value, ApiError> {
         }
         (None, Some(messages)) => {
             if body.add_special_tokens == Some(true) {
-                return refuse("add_special_tokens", "adding special tokens to what the chat template writes");
+                return Err(ApiError::unsupported(
+                    "add_special_tokens",
+                    "adding special tokens to what the chat template writes",
+                ));
             }
             if body.add_generation_prompt == Some(false) {
-                return refuse("add_generation_prompt", "rendering without the start of the model's turn");
+                return Err(ApiError::unsupported(
+                    "add_generation_prompt",
+                    "rendering without the start of the model's turn",
+                ));
             }
             prompt_ids(model, &PromptSpec::Messages(chat_messages(messages)?))?
         }

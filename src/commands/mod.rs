@@ -180,6 +180,16 @@ pub struct SamplingArgs {
     /// Seed of the sampler: the same seed gives the same tokens
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Divide the positive logits of tokens the prompt or reply holds by R, multiply the negative
+    /// ones (1: none; as vLLM's and transformers' repetition_penalty)
+    #[arg(long, value_name = "R", default_value_t = 1.0, allow_negative_numbers = true)]
+    pub repetition_penalty: f32,
+    /// Subtract F from a token's logit for each time the reply holds it (-2 to 2; 0: none)
+    #[arg(long, value_name = "F", default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
+    /// Subtract P from the logit of each token the reply holds (-2 to 2; 0: none)
+    #[arg(long, value_name = "P", default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
 }
 
 impl SamplingArgs {
@@ -193,9 +203,26 @@ impl SamplingArgs {
         if !(0.0..=1.0).contains(&self.min_p) {
             anyhow::bail!("--min-p: expected a number in [0, 1], found {}", self.min_p);
         }
-        let (temperature, top_k, top_p, min_p, seed) =
-            (self.temperature, self.top_k, self.top_p, self.min_p, self.seed);
-        Ok(g4c_runtime::SamplingParams { temperature, top_k, top_p, min_p, seed })
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            anyhow::bail!("--repetition-penalty: expected a number > 0, found {}", self.repetition_penalty);
+        }
+        for (flag, value) in
+            [("--frequency-penalty", self.frequency_penalty), ("--presence-penalty", self.presence_penalty)]
+        {
+            if !(-2.0..=2.0).contains(&value) {
+                anyhow::bail!("{flag}: expected a number from -2 to 2, found {value}");
+            }
+        }
+        Ok(g4c_runtime::SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            seed: self.seed,
+            repetition_penalty: self.repetition_penalty,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+        })
     }
 }
 

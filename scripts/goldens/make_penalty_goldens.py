@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Greedy generations under repetition, frequency and presence penalties, for `g4c run
+--repetition-penalty/--frequency-penalty/--presence-penalty` (tests/goldens/tiny/penalties.json).
+Run by hand, never in CI, in the venv make_goldens.py names:
+
+    /tmp/gv/bin/python scripts/goldens/make_penalty_goldens.py tests/goldens
+
+The model is the tiny golden model (hf/), f32, eager attention, decoded with a DynamicCache as
+make_goldens.py's `greedy` does, EOS ignored. Before each argmax the logits go through
+- transformers' own `RepetitionPenaltyLogitsProcessor` (over the prompt and the reply so far), then
+- OpenAI's frequency and presence penalties as vLLM applies them after it (`apply_penalties`):
+  logit -= frequency * count + presence * (count > 0), counting the reply's tokens only; transformers
+  has no processor for these, so this script writes them from that formula.
+
+Each case records, per step, the margin between the two largest penalized logits: g4c computes the
+logits in its own order of operations, so a case is only worth comparing where no step is a near-tie
+(the script refuses a margin under 1e-3), and only if its penalties change the tokens (the script
+refuses a case that generates what plain greedy decoding does).
+"""
+import json
+import sys
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import Gemma4ForCausalLM
+from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+NEW_TOKENS = 24
+# name: (prompt, repetition, frequency, presence)
+CASES = {
+    "repetition": ([2, 10, 20, 30, 10, 20, 30], 1.5, 0.0, 0.0),
+    "frequency_presence": ([2, 10, 20, 30, 10, 20, 30], 1.0, 2.0, 1.5),
+    "all_three": ([2, 17, 301, 44], 1.3, 0.5, -0.3),
+}
+
+
+@torch.no_grad()
+def penalized_greedy(model, prompt, repetition, frequency, presence):
+    cache = transformers.DynamicCache(config=model.config)
+    repeat = RepetitionPenaltyLogitsProcessor(repetition) if repetition != 1.0 else None
+    ids = torch.tensor([prompt])
+    seen = list(prompt)
+    tokens, margins = [], []
+    for _ in range(NEW_TOKENS):
+        logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1].float()
+        if repeat is not None:
+            logits = repeat(torch.tensor([seen]), logits)
+        counts = torch.bincount(torch.tensor(tokens, dtype=torch.long), minlength=logits.shape[-1]).float()
+        logits = logits[0] - frequency * counts - presence * (counts > 0).float()
+        top2 = logits.topk(2).values
+        token = int(torch.argmax(logits))
+        tokens.append(token)
+        seen.append(token)
+        margins.append(float(f"{float(top2[0] - top2[1]):.3g}"))
+        ids = torch.tensor([[token]])
+    return tokens, margins
+
+
+def main():
+    root = Path(sys.argv[1] if len(sys.argv) > 1 else "tests/goldens")
+    model = Gemma4ForCausalLM.from_pretrained(root / "tiny" / "hf", dtype=torch.float32).eval()
+    model.config._attn_implementation = "eager"
+    cases = []
+    for name, (prompt, repetition, frequency, presence) in CASES.items():
+        tokens, margins = penalized_greedy(model, prompt, repetition, frequency, presence)
+        print(f"{name}: {tokens} min margin {min(margins)}")
+        plain, _ = penalized_greedy(model, prompt, 1.0, 0.0, 0.0)
+        if plain == tokens:
+            sys.exit(f"{name}: the penalties change no token: make them stronger")
+        if min(margins) < 1e-3:
+            sys.exit(f"{name}: a near-tie ({min(margins)}) among the penalized logits: change the case")
+        cases.append({"name": name, "prompt_ids": prompt, "repetition_penalty": repetition,
+                      "frequency_penalty": frequency, "presence_penalty": presence,
+                      "generated_ids": tokens, "top2_margin": margins})
+    golden = {"model": "tiny", "made_by": "scripts/goldens/make_penalty_goldens.py",
+              "transformers": transformers.__version__, "torch": torch.__version__, "attention": "eager",
+              "dtype": "float32", "decode": "greedy over penalized logits, DynamicCache, EOS ignored",
+              "cases": cases}
+    (root / "tiny" / "penalties.json").write_text(json.dumps(golden, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

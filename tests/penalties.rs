@@ -1,0 +1,104 @@
+//! Repetition, frequency and presence penalties (`g4c_runtime::penalties`) against transformers:
+//! greedy decoding over penalized logits of the tiny golden model, as
+//! scripts/goldens/make_penalty_goldens.py made it (transformers' `RepetitionPenaltyLogitsProcessor`,
+//! then vLLM's formula for the other two), through `g4c run` on the interpreter and PJRT, and
+//! through the batching engine that `g4c serve` runs, every case side by side.
+
+use crate::batching::{admit, drain};
+use crate::common::{g4c, golden_cases, golden_dir};
+use g4c_runtime::{GenerateOptions, SamplingParams, SequenceRequest};
+
+struct PenaltyCase {
+    name: String,
+    prompt_ids: Vec<u32>,
+    params: SamplingParams,
+    generated_ids: Vec<u32>,
+}
+
+fn penalty_cases() -> Vec<PenaltyCase> {
+    let text = std::fs::read_to_string(golden_dir("tiny").join("penalties.json")).unwrap();
+    let golden: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let ids = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    let number = |v: &serde_json::Value| v.as_f64().unwrap() as f32;
+    golden["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| PenaltyCase {
+            name: c["name"].as_str().unwrap().to_string(),
+            prompt_ids: ids(&c["prompt_ids"]),
+            params: SamplingParams {
+                repetition_penalty: number(&c["repetition_penalty"]),
+                frequency_penalty: number(&c["frequency_penalty"]),
+                presence_penalty: number(&c["presence_penalty"]),
+                ..Default::default()
+            },
+            generated_ids: ids(&c["generated_ids"]),
+        })
+        .collect()
+}
+
+#[test]
+fn run_with_penalties_matches_transformers() {
+    let dir = golden_dir("tiny").join("hf");
+    for case in penalty_cases() {
+        let p = &case.params;
+        let prompt = case.prompt_ids.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(",");
+        let new_tokens = case.generated_ids.len().to_string();
+        let penalties = [p.repetition_penalty, p.frequency_penalty, p.presence_penalty].map(|x| x.to_string());
+        for backend in ["interp", "pjrt"] {
+            let mut args = vec!["run", dir.to_str().unwrap(), "--prompt-ids", &prompt, "--max-new-tokens", &new_tokens];
+            args.extend(["--ignore-eos", "--json", "--context", "64", "--backend", backend]);
+            args.extend(["--repetition-penalty", &penalties[0], "--frequency-penalty", &penalties[1]]);
+            args.extend(["--presence-penalty", &penalties[2]]);
+            let out = g4c(&args);
+            assert!(out.status.success(), "{backend} {}: {}", case.name, String::from_utf8_lossy(&out.stderr));
+            let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let got: Vec<u32> =
+                json["generated_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+            assert_eq!(got, case.generated_ids, "{backend} {}", case.name);
+        }
+    }
+}
+
+#[test]
+fn batched_sequences_with_penalties_match_transformers() {
+    let mut engine = crate::batching::engine(4);
+    let cases = penalty_cases();
+    let running: Vec<_> = cases
+        .iter()
+        .map(|case| {
+            let options = GenerateOptions {
+                max_new_tokens: case.generated_ids.len(),
+                ignore_eos: true,
+                sampling: case.params,
+                ..Default::default()
+            };
+            admit(&mut engine, SequenceRequest { prompt: case.prompt_ids.clone(), options })
+        })
+        .collect();
+    // Beside them, a golden case without penalties: the call reads logits for the penalized rows,
+    // and this row must still take plain greedy tokens.
+    let plain = &golden_cases("tiny")[0];
+    let options = GenerateOptions { max_new_tokens: plain.generated_ids.len(), ignore_eos: true, ..Default::default() };
+    let beside = admit(&mut engine, SequenceRequest { prompt: plain.prompt_ids.clone(), options });
+    drain(&mut engine);
+    for (case, recorder) in cases.iter().zip(&running) {
+        assert_eq!(recorder.tokens(), case.generated_ids, "{}", case.name);
+    }
+    assert_eq!(beside.tokens(), plain.generated_ids, "{} without penalties", plain.name);
+}
+
+#[test]
+fn penalties_out_of_range_are_refused() {
+    let dir = golden_dir("tiny").join("hf");
+    let dir = dir.to_str().unwrap();
+    for (flag, value, expected) in [
+        ("--repetition-penalty", "0", "expected a number > 0"),
+        ("--frequency-penalty", "2.5", "expected a number from -2 to 2"),
+        ("--presence-penalty", "-3", "expected a number from -2 to 2"),
+    ] {
+        let out = g4c(&["run", dir, "--prompt-ids", "2", flag, value]);
+        crate::common::assert_one_line_error(&out, &[flag, expected]);
+    }
+}
