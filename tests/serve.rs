@@ -305,12 +305,15 @@ fn malformed_and_impossible_requests_get_openai_style_errors() {
     // What the server cannot read, or an endpoint asked the wrong way, answers in the same format.
     for (method, path, body, status) in [
         ("GET", "/v1/chat/completions", String::new(), 405),
-        ("POST", "/v1/completions", format!("{{\"prompt\": \"{}\"}}", "ba ".repeat(1 << 20)), 413),
+        ("POST", "/v1/completions", format!("{{\"prompt\": \"{}\"}}", "ba ".repeat(23 << 20)), 413),
     ] {
         let (got, _, reply) = server.http(method, path, &body);
         assert_eq!(got, status, "{method} {path}: {reply}");
         let reply: Value = serde_json::from_str(&reply).unwrap_or_else(|e| panic!("{method} {path}: {e}: {reply}"));
         assert!(reply["error"]["message"].is_string(), "{reply}");
+        if status == 413 {
+            assert!(reply["error"]["message"].as_str().unwrap().contains("(64 MiB)"), "{reply}");
+        }
     }
     // Unknown fields are ignored, as OpenAI does.
     let (status, _, body) =
@@ -423,6 +426,7 @@ fn ignore_eos_lets_a_chat_reply_go_past_the_end_of_its_turn() {
     let turn_end = json!(508); // `<turn|>` in the tiny preset's tokenizer
     let ended = ask(false);
     assert_eq!(ended["finish_reason"], "stop", "{ended}");
+    assert_eq!(ended["stop_reason"], Value::Null, "the end of the turn was not asked for: {ended}");
     let ids = ask(true)["token_ids"].as_array().unwrap().clone();
     assert_eq!(ids.len(), 300);
     assert!(ids.contains(&turn_end), "the reply went past the end of its turn: {ids:?}");
@@ -440,13 +444,16 @@ fn models_by_id_cors_and_usage_on_every_chunk() {
     let (status, _, missing) = server.http("GET", "/v1/models/gpt-4", "");
     assert_eq!(status, 404, "{missing}");
     assert!(missing.contains("model_not_found"), "{missing}");
+    // A name with a slash, unescaped as clients send `org/name`, is a model id, not another path.
+    let (status, _, missing) = server.http("GET", "/v1/models/google/tiny", "");
+    assert!(status == 404 && missing.contains("model_not_found"), "{missing}");
     let (status, _, unknown) = server.http("GET", "/v2/nothing", "");
     assert_eq!(status, 404, "{unknown}");
     assert!(unknown.contains("no such endpoint: GET /v2/nothing"), "{unknown}");
 
     let preflight = |port: u16, origin: &str| {
         let headers = format!(
-            "Origin: {origin}\r\nAccess-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: content-type\r\n"
+            "Origin: {origin}\r\nAccess-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: content-type,authorization\r\n"
         );
         let mut stream = send_with_headers(port, "OPTIONS", "/v1/chat/completions", &headers, "");
         let mut response = String::new();
@@ -455,6 +462,8 @@ fn models_by_id_cors_and_usage_on_every_chunk() {
     };
     let any = preflight(server.port, "http://localhost:3000");
     assert!(any.starts_with("http/1.1 200") && any.contains("access-control-allow-origin: *"), "{any}");
+    // `*` would not cover `Authorization`, which OpenAI's JavaScript client sends.
+    assert!(any.contains("access-control-allow-headers: content-type,authorization"), "{any}");
     let listed = Server::start(&["--max-batch", "1", "--context", "32", "--allowed-origins", "http://localhost:3000"]);
     let allowed = preflight(listed.port, "http://localhost:3000");
     assert!(allowed.contains("access-control-allow-origin: http://localhost:3000"), "{allowed}");
@@ -566,4 +575,34 @@ fn tokenize_gives_the_ids_generation_takes_and_detokenize_their_text() {
     }
     let (status, _, reply) = server.post("/tokenize", &json!({"prompt": "ba", "model": "gpt-4"}));
     assert_eq!((status, &reply["error"]["code"]), (404, &json!("model_not_found")), "{reply}");
+}
+
+/// vLLM's `stop_reason`: the stop string or listed stop id that ended a choice, null for a length
+/// (and for the end of the model's turn: `ignore_eos_lets_a_chat_reply_go_past_the_end_of_its_turn`).
+#[test]
+fn stop_reason_names_the_stop_string_or_id_that_ended_a_choice() {
+    let server = Server::start(&["--context", "128"]);
+    let choice = |body: Value, endpoint: &str| {
+        let (status, _, reply) = server.post(endpoint, &body);
+        assert_eq!(status, 200, "{reply}");
+        reply["choices"][0].clone()
+    };
+    let free = choice(json!({"prompt": "ba de", "max_tokens": 12, "temperature": 0}), "/v1/completions");
+    assert_eq!((&free["finish_reason"], &free["stop_reason"]), (&json!("length"), &Value::Null), "{free}");
+    // A stop string cut from the middle of that text.
+    let text = free["text"].as_str().unwrap();
+    let words: Vec<&str> = text.split_whitespace().collect();
+    assert!(words.len() >= 4, "{text}");
+    let stop = words[2];
+    let body = json!({"prompt": "ba de", "max_tokens": 12, "temperature": 0, "stop": [stop]});
+    let stopped = choice(body, "/v1/completions");
+    assert_eq!((&stopped["finish_reason"], &stopped["stop_reason"]), (&json!("stop"), &json!(stop)), "{stopped}");
+    // A listed stop id: a token the reply generates without it.
+    let messages = json!([{"role": "user", "content": "ba"}]);
+    let body = json!({"messages": messages, "max_tokens": 20, "temperature": 0, "return_token_ids": true});
+    let free = choice(body, "/v1/chat/completions");
+    let id = free["token_ids"][5].clone();
+    let body = json!({"messages": messages, "max_tokens": 20, "temperature": 0, "stop_token_ids": [id]});
+    let listed = choice(body, "/v1/chat/completions");
+    assert_eq!((&listed["finish_reason"], &listed["stop_reason"]), (&json!("stop"), &id), "{listed}");
 }

@@ -1,7 +1,8 @@
 //! The request bodies of `/v1/chat/completions` and `/v1/completions`, parsed and checked into an
 //! `Ask`. As OpenAI does, unknown fields are ignored; a known field of the wrong type or out of range
-//! is a `400` naming it, and so is a feature this server does not have (`n` > 1, `logit_bias`,
-//! tools, constrained decoding), rather than a request quietly served without it.
+//! is a `400` naming it, and so is a feature this server does not have (`n` > 1, and the fields
+//! `unserved` lists: `logit_bias`, tools, constrained decoding, …), rather than a request quietly
+//! served without it.
 
 use crate::error::ApiError;
 use g4c_frontend::ChatMessage;
@@ -75,6 +76,7 @@ const MAX_TOKENS_LIMIT: u64 = g4c_util::limits::MAX_CONTEXT as u64;
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Ask, ApiError> {
     let value = body_object(body)?;
     let field = |name: &str| value.get(name).filter(|v| !v.is_null());
+    crate::unserved::check(&value)?;
     let common: Common = typed(&value, "request")?;
     let prompt = match endpoint {
         Endpoint::Chat => {
@@ -151,29 +153,11 @@ struct Common {
     stream_options: Option<StreamOptions>,
     ignore_eos: Option<bool>,
     return_token_ids: Option<bool>,
-    // Accepted only at the values that ask for nothing.
     logprobs: Option<Value>,
     top_logprobs: Option<u64>,
-    echo: Option<bool>,
-    best_of: Option<u64>,
-    logit_bias: Option<serde_json::Map<String, Value>>,
-    tools: Option<Vec<Value>>,
-    suffix: Option<String>,
-    response_format: Option<Value>,
-    // vLLM's and llama.cpp's own sampling and output fields, likewise.
-    repeat_penalty: Option<f64>,
-    min_tokens: Option<u64>,
-    include_stop_str_in_output: Option<bool>,
-    skip_special_tokens: Option<bool>,
+    // vLLM's, accepted only at the values that ask for nothing (the others: `unserved`).
     add_generation_prompt: Option<bool>,
     continue_final_message: Option<bool>,
-    guided_json: Option<Value>,
-    guided_regex: Option<Value>,
-    guided_choice: Option<Value>,
-    guided_grammar: Option<Value>,
-    structured_outputs: Option<Value>,
-    grammar: Option<Value>,
-    json_schema: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -310,13 +294,7 @@ impl Common {
         if self.n.is_some_and(|n| n != 1) {
             return Err(ApiError::unsupported("n", "more than one choice"));
         }
-        if self.best_of.is_some_and(|n| n != 1) {
-            return Err(ApiError::unsupported("best_of", "more than one candidate"));
-        }
         let logprobs = self.logprobs(endpoint)?;
-        if self.echo == Some(true) {
-            return Err(ApiError::unsupported("echo", "echoing the prompt"));
-        }
         for (name, value) in
             [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)]
         {
@@ -330,33 +308,6 @@ impl Common {
             let message = format!("`repetition_penalty`: expected a number > 0, found {repetition_penalty:?}");
             return Err(ApiError::param("repetition_penalty", message));
         }
-        if self.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
-            return Err(ApiError::unsupported("logit_bias", "biasing logits"));
-        }
-        if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-            return Err(ApiError::unsupported("tools", "tool calling"));
-        }
-        if self.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
-            return Err(ApiError::unsupported("suffix", "a suffix"));
-        }
-        if matches!(&self.response_format, Some(f) if f.get("type").and_then(Value::as_str) != Some("text")) {
-            return Err(ApiError::unsupported("response_format", "a response format other than text"));
-        }
-        // llama.cpp's penalizes only the last `repeat_last_n` tokens; vLLM's `repetition_penalty` is
-        // served, over the whole prompt and reply.
-        if self.repeat_penalty.is_some_and(|v| v != 1.0) {
-            let what = "llama.cpp's penalty over the last tokens (use `repetition_penalty`, over the prompt and reply)";
-            return Err(ApiError::unsupported("repeat_penalty", what));
-        }
-        if self.min_tokens.is_some_and(|n| n != 0) {
-            return Err(ApiError::unsupported("min_tokens", "a least number of tokens"));
-        }
-        if self.include_stop_str_in_output == Some(true) {
-            return Err(ApiError::unsupported("include_stop_str_in_output", "keeping the stop string"));
-        }
-        if self.skip_special_tokens == Some(false) {
-            return Err(ApiError::unsupported("skip_special_tokens", "text with special tokens"));
-        }
         if self.add_generation_prompt == Some(false) || self.continue_final_message == Some(true) {
             let name = if self.add_generation_prompt == Some(false) {
                 "add_generation_prompt"
@@ -364,18 +315,6 @@ impl Common {
                 "continue_final_message"
             };
             return Err(ApiError::unsupported(name, "continuing the last message"));
-        }
-        let constrained = [
-            ("guided_json", &self.guided_json),
-            ("guided_regex", &self.guided_regex),
-            ("guided_choice", &self.guided_choice),
-            ("guided_grammar", &self.guided_grammar),
-            ("structured_outputs", &self.structured_outputs),
-            ("grammar", &self.grammar),
-            ("json_schema", &self.json_schema),
-        ];
-        if let Some((name, _)) = constrained.iter().find(|(_, v)| v.as_ref().is_some_and(|v| !v.is_null())) {
-            return Err(ApiError::unsupported(name, "constrained decoding"));
         }
         if self.stream != Some(true) && self.stream_options.is_some() {
             return Err(ApiError::param("stream_options", "`stream_options` is only allowed with `stream: true`"));
@@ -638,6 +577,12 @@ mod tests {
             ("add_generation_prompt", serde_json::json!(true)),
             ("continue_final_message", serde_json::json!(false)),
             ("guided_json", Value::Null),
+            ("tool_choice", serde_json::json!("none")),
+            ("modalities", serde_json::json!(["text"])),
+            ("use_beam_search", serde_json::json!(false)),
+            ("n_predict", serde_json::json!(-1)),
+            ("typical_p", serde_json::json!(1.0)),
+            ("chat_template_kwargs", serde_json::json!({})),
         ];
         for (field, value) in nothing {
             assert!(with(field, value.clone()).is_ok(), "{field}: {value}");
@@ -656,6 +601,19 @@ mod tests {
             ("structured_outputs", serde_json::json!({"regex": "a"})),
             ("grammar", serde_json::json!("root ::= \"a\"")),
             ("json_schema", serde_json::json!({})),
+            ("bad_words", serde_json::json!(["a"])),
+            ("allowed_token_ids", serde_json::json!([6])),
+            ("prompt_logprobs", serde_json::json!(1)),
+            ("truncate_prompt_tokens", serde_json::json!(50)),
+            ("chat_template", serde_json::json!("{{ messages }}")),
+            ("tool_choice", serde_json::json!("required")),
+            ("functions", serde_json::json!([{"name": "f"}])),
+            ("modalities", serde_json::json!(["text", "audio"])),
+            ("reasoning_effort", serde_json::json!("low")),
+            ("n_predict", serde_json::json!(3)),
+            ("mirostat", serde_json::json!(2)),
+            ("dry_multiplier", serde_json::json!(0.8)),
+            ("xtc_probability", serde_json::json!(0.5)),
         ];
         for (field, value) in something {
             let err = with(field, value.clone()).unwrap_err();

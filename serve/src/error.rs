@@ -54,7 +54,13 @@ impl ApiError {
 
     /// The request's body could not be read: too large (`413`), or broken on the wire.
     pub fn unread_body(rejected: axum::extract::rejection::BytesRejection) -> ApiError {
-        ApiError { status: rejected.status(), ..ApiError::invalid(rejected.body_text()) }
+        let message = match rejected.status() {
+            StatusCode::PAYLOAD_TOO_LARGE => {
+                format!("the body is larger than this server reads ({} MiB)", crate::routes::MAX_BODY_BYTES >> 20)
+            }
+            _ => rejected.body_text(),
+        };
+        ApiError { status: rejected.status(), ..ApiError::invalid(message) }
     }
 
     /// A `429` with `Retry-After`: the queue is full.

@@ -13,6 +13,7 @@ mod reply;
 mod routes;
 pub mod text;
 pub mod tokenize;
+mod unserved;
 mod worker;
 
 use g4c_frontend::{ChatTemplate, TextTokenizer};

@@ -2,7 +2,7 @@
 //! servers answer it (any origin by default), or for a list of origins, or for none.
 
 use axum::http::HeaderValue;
-use tower_http::cors::{AllowOrigin, Any, CorsLayer};
+use tower_http::cors::{AllowHeaders, AllowOrigin, Any, CorsLayer};
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum AllowedOrigins {
@@ -32,7 +32,9 @@ impl AllowedOrigins {
 
     /// The layer that answers preflight requests and marks the replies, if any origin is allowed.
     pub fn layer(&self) -> Option<CorsLayer> {
-        let layer = CorsLayer::new().allow_methods(Any).allow_headers(Any);
+        // The headers a preflight asks for are echoed, not answered with `*`: the Fetch standard
+        // never lets `*` cover `Authorization`, which OpenAI's JavaScript client always sends.
+        let layer = CorsLayer::new().allow_methods(Any).allow_headers(AllowHeaders::mirror_request());
         match self {
             AllowedOrigins::Any => Some(layer.allow_origin(Any)),
             AllowedOrigins::List(origins) => Some(layer.allow_origin(AllowOrigin::list(origins.clone()))),

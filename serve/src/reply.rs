@@ -54,6 +54,9 @@ pub struct Reply {
     last_token: Option<Instant>,
     /// How it ended (`None` while it runs, or if its client left first).
     outcome: Option<&'static str>,
+    /// vLLM's `stop_reason`: the stop string or stop token id that ended it (null: EOS, the end
+    /// of the model's turn, or a length).
+    stop_reason: Value,
     /// A part decided before the one returned (the end after the last text).
     pending: Option<Part>,
     metrics: Arc<Metrics>,
@@ -90,6 +93,7 @@ impl Reply {
             first_token: None,
             last_token: None,
             outcome: None,
+            stop_reason: Value::Null,
             pending: None,
             metrics,
         }
@@ -137,7 +141,8 @@ impl Reply {
                         Ok(text) => text,
                         Err(e) => return Some(self.fail(ApiError::server(format!("cannot detokenize: {e}")))),
                     };
-                    if self.text.stopped() {
+                    if let Some(stop) = self.text.stop_string() {
+                        self.stop_reason = json!(stop);
                         // The sequence leaves its row at the engine's next step.
                         self.events.close();
                         self.end("stop");
@@ -145,6 +150,9 @@ impl Reply {
                     return Some(Part::Delta { text, ids: vec![id] });
                 }
                 SequenceEvent::Finished(reason) => {
+                    if reason == StopReason::StopId {
+                        self.stop_reason = self.stop_id_reason();
+                    }
                     let finish_reason = match reason {
                         StopReason::Eos | StopReason::StopId => "stop",
                         StopReason::MaxTokens | StopReason::Context => "length",
@@ -159,6 +167,20 @@ impl Reply {
                 }
                 SequenceEvent::Failed(message) => return Some(self.fail(ApiError::server(message))),
             }
+        }
+    }
+
+    /// The `stop_reason` of a reply ended by a stop id: the id when the request listed it, the
+    /// string when it asked for a special token's text (`<turn|>`, which stops as its id), null for
+    /// the end of the model's turn a chat reply stops at unasked.
+    fn stop_id_reason(&self) -> Value {
+        let Some(&id) = self.generated.last() else { return Value::Null };
+        if self.ask.stop_ids.contains(&id) {
+            return json!(id);
+        }
+        match self.tokenizer.as_ref().and_then(|t| t.token(id)) {
+            Some(text) if self.ask.stop.contains(&text) => json!(text),
+            _ => Value::Null,
         }
     }
 
@@ -193,7 +215,9 @@ impl Reply {
 
     /// A choice with `text` (chat: as `message`, or `delta` in a chunk) and `ids`.
     fn choice(&self, text: &str, ids: &[u32], finish_reason: Option<&str>, chunk: bool) -> Value {
-        let mut choice = json!({"index": 0, "logprobs": null, "finish_reason": finish_reason});
+        let stop_reason = if finish_reason.is_some() { self.stop_reason.clone() } else { Value::Null };
+        let mut choice =
+            json!({"index": 0, "logprobs": null, "finish_reason": finish_reason, "stop_reason": stop_reason});
         match (self.ask.endpoint, chunk) {
             (Endpoint::Chat, false) => choice["message"] = json!({"role": "assistant", "content": text}),
             (Endpoint::Chat, true) if finish_reason.is_some() && text.is_empty() => choice["delta"] = json!({}),

@@ -35,12 +35,17 @@ pub struct App {
     pub started: u64,
 }
 
+/// The largest request body read: room for a prompt filling the largest context as token ids or as
+/// escaped text (axum's default, 2 MiB, is not).
+pub const MAX_BODY_BYTES: usize = 64 << 20;
+
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
-        .route("/v1/models/{id}", get(model))
+        // Served names hold slashes (`google/gemma-4-E2B-it`), which clients send unescaped.
+        .route("/v1/models/{*id}", get(model))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/health", get(health))
@@ -49,6 +54,7 @@ pub fn router(app: Arc<App>) -> Router {
             ApiError::not_found(format!("no such endpoint: {method} {}", uri.path()), "unknown_url")
         })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(app)
 }
 

@@ -11,33 +11,40 @@ pub struct StopText {
     text: String,
     /// Bytes of `text` released so far.
     released: usize,
-    stopped: bool,
+    /// The stop string generated, once one is (nothing after it is text).
+    stopped: Option<String>,
 }
 
 impl StopText {
     /// Text from `tokenizer` (none: no text, only ids) ending at the first of `stops`.
     pub fn new(tokenizer: Option<Arc<TextTokenizer>>, stops: Vec<String>) -> StopText {
-        StopText { stream: tokenizer.map(TextStream::new), stops, text: String::new(), released: 0, stopped: false }
+        StopText { stream: tokenizer.map(TextStream::new), stops, text: String::new(), released: 0, stopped: None }
     }
 
     /// Whether a stop string has been generated (nothing after it is text).
     pub fn stopped(&self) -> bool {
-        self.stopped
+        self.stopped.is_some()
+    }
+
+    /// The stop string generated, if one was.
+    pub fn stop_string(&self) -> Option<&str> {
+        self.stopped.as_deref()
     }
 
     /// Adds generated token `id`; returns the text it releases (possibly empty).
     pub fn push(&mut self, id: u32) -> Result<String, String> {
         let Some(stream) = self.stream.as_mut() else { return Ok(String::new()) };
-        if self.stopped {
+        if self.stopped.is_some() {
             return Ok(String::new());
         }
         let Some(piece) = stream.push(id).map_err(|e| e.to_string())? else { return Ok(String::new()) };
         // A stop string may begin in text held back before this piece.
         let from = self.released;
         self.text += &piece;
-        if let Some(at) = self.stops.iter().filter_map(|s| self.text[from..].find(s.as_str()).map(|i| from + i)).min() {
+        let found = self.stops.iter().filter_map(|s| self.text[from..].find(s.as_str()).map(|i| (from + i, s)));
+        if let Some((at, stop)) = found.min_by_key(|&(at, _)| at) {
+            self.stopped = Some(stop.clone());
             self.text.truncate(at);
-            self.stopped = true;
             return Ok(self.release(at));
         }
         let held = self.stops.iter().map(|s| partial_suffix(&self.text[from..], s)).max().unwrap_or(0);

@@ -39,7 +39,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub served_model_name: Option<String>,
     /// Seconds requests in flight may take to finish after SIGTERM or Ctrl-C before they are cancelled
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, allow_negative_numbers = true)]
     pub shutdown_grace: u64,
     /// Web origins whose pages may call the server from a browser (CORS), comma-separated, e.g.
     /// `http://localhost:3000`: `*` any (as vLLM's and llama.cpp's servers), `none` no page

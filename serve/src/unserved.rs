@@ -1,0 +1,104 @@
+//! Request fields of OpenAI's, vLLM's and llama.cpp's servers that ask for something this server
+//! does not do. Each is refused, naming it, unless it is absent, `null`, or at the value that asks
+//! for nothing: a request served without what it asked for would look like an answer to it.
+
+use crate::error::ApiError;
+use serde_json::Value;
+
+/// A field, what it asks for, and whether a value asks for nothing.
+struct Unserved {
+    field: &'static str,
+    what: &'static str,
+    asks_nothing: fn(&Value) -> bool,
+}
+
+const fn unserved(field: &'static str, what: &'static str, asks_nothing: fn(&Value) -> bool) -> Unserved {
+    Unserved { field, what, asks_nothing }
+}
+
+fn never(_: &Value) -> bool {
+    false
+}
+
+fn is_false(v: &Value) -> bool {
+    v == &Value::Bool(false)
+}
+
+fn is_true(v: &Value) -> bool {
+    v == &Value::Bool(true)
+}
+
+fn is_empty(v: &Value) -> bool {
+    match v {
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        Value::String(s) => s.is_empty(),
+        _ => false,
+    }
+}
+
+fn is_zero(v: &Value) -> bool {
+    v.as_f64() == Some(0.0)
+}
+
+fn is_one(v: &Value) -> bool {
+    v.as_f64() == Some(1.0)
+}
+
+const UNSERVED: &[Unserved] = &[
+    // OpenAI's.
+    unserved("echo", "echoing the prompt", is_false),
+    unserved("best_of", "more than one candidate", is_one),
+    unserved("logit_bias", "biasing logits", is_empty),
+    unserved("tools", "tool calling", is_empty),
+    unserved("tool_choice", "tool calling", |v| v == "none" || v == "auto"),
+    unserved("functions", "function calling", is_empty),
+    unserved("function_call", "function calling", |v| v == "none" || v == "auto"),
+    unserved("suffix", "a suffix", is_empty),
+    unserved("response_format", "a response format other than text", |v| v.get("type").is_some_and(|t| t == "text")),
+    unserved("modalities", "output other than text", |v| v.as_array().is_some_and(|m| m.iter().all(|x| x == "text"))),
+    unserved("audio", "audio output", never),
+    unserved("prediction", "a predicted output", never),
+    unserved("reasoning_effort", "a reasoning effort", never),
+    // vLLM's.
+    unserved("min_tokens", "a least number of tokens", is_zero),
+    unserved("include_stop_str_in_output", "keeping the stop string", is_false),
+    unserved("skip_special_tokens", "text with special tokens", is_true),
+    unserved("bad_words", "banning words", is_empty),
+    unserved("allowed_token_ids", "restricting the tokens", never),
+    unserved("prompt_logprobs", "the prompt's log probabilities", never),
+    unserved("use_beam_search", "beam search", is_false),
+    unserved("length_penalty", "a beam search's length penalty", is_one),
+    unserved("truncate_prompt_tokens", "truncating the prompt", never),
+    unserved("chat_template", "a chat template other than the model's", never),
+    unserved("chat_template_kwargs", "arguments to the chat template", is_empty),
+    unserved("logits_processors", "logits processors", is_empty),
+    unserved("return_tokens_as_token_ids", "tokens as `token_id:N` strings", is_false),
+    unserved("guided_json", "constrained decoding", never),
+    unserved("guided_regex", "constrained decoding", never),
+    unserved("guided_choice", "constrained decoding", never),
+    unserved("guided_grammar", "constrained decoding", never),
+    unserved("structured_outputs", "constrained decoding", never),
+    // llama.cpp's.
+    unserved("repeat_penalty", "llama.cpp's penalty over the last tokens (`repetition_penalty` is served)", is_one),
+    unserved("n_predict", "llama.cpp's `n_predict` (`max_tokens` is served)", |v| v.as_f64() == Some(-1.0)),
+    unserved("typical_p", "typical sampling", is_one),
+    unserved("mirostat", "mirostat sampling", is_zero),
+    unserved("dry_multiplier", "DRY sampling", is_zero),
+    unserved("xtc_probability", "XTC sampling", is_zero),
+    unserved("grammar", "constrained decoding", never),
+    unserved("json_schema", "constrained decoding", never),
+];
+
+/// The first field of `body` (a request object) asking for what this server does not do, as a
+/// `400` naming it.
+pub fn check(body: &Value) -> Result<(), ApiError> {
+    for u in UNSERVED {
+        if let Some(v) = body.get(u.field).filter(|v| !v.is_null()) {
+            if !(u.asks_nothing)(v) {
+                return Err(ApiError::unsupported(u.field, u.what));
+            }
+        }
+    }
+    Ok(())
+}
