@@ -103,6 +103,7 @@ fn server_request(bytes: &[u8]) -> Result<(), String> {
                 context: 64,
                 sliding_slots: Some(19),
             },
+            sampling_defaults: Default::default(),
         }
     });
     let mut outcome = Ok(());

@@ -303,18 +303,16 @@ fn malformed_and_impossible_requests_get_openai_style_errors() {
     error(400, &json!({"messages": user("ba"), "max_tokens": -5}), Some("max_tokens"), "a non-negative integer");
     error(400, &json!({"messages": user("ba"), "temperature": 1e308}), Some("temperature"), "found 1e308");
     // What the server cannot read, or an endpoint asked the wrong way, answers in the same format.
-    for (method, path, body, status) in [
-        ("GET", "/v1/chat/completions", String::new(), 405),
-        ("POST", "/v1/completions", format!("{{\"prompt\": \"{}\"}}", "ba ".repeat(23 << 20)), 413),
-    ] {
-        let (got, _, reply) = server.http(method, path, &body);
-        assert_eq!(got, status, "{method} {path}: {reply}");
-        let reply: Value = serde_json::from_str(&reply).unwrap_or_else(|e| panic!("{method} {path}: {e}: {reply}"));
-        assert!(reply["error"]["message"].is_string(), "{reply}");
-        if status == 413 {
-            assert!(reply["error"]["message"].as_str().unwrap().contains("(64 MiB)"), "{reply}");
-        }
-    }
+    let (got, _, reply) = server.http("GET", "/v1/chat/completions", "");
+    assert_eq!(got, 405, "{reply}");
+    let reply: Value = serde_json::from_str(&reply).unwrap_or_else(|e| panic!("{e}: {reply}"));
+    assert!(reply["error"]["message"].is_string(), "{reply}");
+    // A body over the limit: the server reads up to the limit, so the rest (1 KiB) fits in the
+    // socket's buffers and the request is sent whole.
+    let body = format!("{{\"prompt\": \"{}\"}}", "b".repeat((64 << 20) + 1024));
+    let (got, _, reply) = server.http("POST", "/v1/completions", &body);
+    assert_eq!(got, 413, "{reply}");
+    assert!(reply.contains("larger than this server reads (64 MiB)"), "{reply}");
     // Unknown fields are ignored, as OpenAI does.
     let (status, _, body) =
         server.post("/v1/completions", &json!({"prompt": "ba", "max_tokens": 2, "future_option": {"x": 1}}));
@@ -605,4 +603,28 @@ fn stop_reason_names_the_stop_string_or_id_that_ended_a_choice() {
     let body = json!({"messages": messages, "max_tokens": 20, "temperature": 0, "stop_token_ids": [id]});
     let listed = choice(body, "/v1/chat/completions");
     assert_eq!((&listed["finish_reason"], &listed["stop_reason"]), (&json!("stop"), &id), "{listed}");
+}
+
+/// Sampling parameters a request leaves out take the model's own (`generation_config.json`), as
+/// vLLM's server does: a model shipping `top_k: 1` answers an unseeded request at temperature 1
+/// with the greedy tokens, and one that sets `top_k` itself samples.
+#[test]
+fn sampling_left_out_takes_the_generation_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny");
+    let out = crate::common::g4c(&["synth", "--preset", "tiny", "--seed", "0", "-q", "-o", model.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::write(model.join("generation_config.json"), r#"{"eos_token_id": 1, "top_k": 1}"#).unwrap();
+    let server = Server::start_on(&model, &["--context", "64"]);
+    let tokens = |extra: Value| {
+        let mut body = json!({"prompt": "ba de", "max_tokens": 16, "ignore_eos": true, "return_token_ids": true});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let (status, _, reply) = server.post("/v1/completions", &body);
+        assert_eq!(status, 200, "{reply}");
+        reply["choices"][0]["token_ids"].clone()
+    };
+    let greedy = tokens(json!({"temperature": 0}));
+    assert_eq!(tokens(json!({})), greedy, "top_k 1 from generation_config.json");
+    let sampled: Vec<Value> = (0..3).map(|seed| tokens(json!({"top_k": 0, "seed": seed}))).collect();
+    assert!(sampled.iter().any(|s| *s != greedy), "the request's own top_k: {sampled:?}");
 }

@@ -3,6 +3,7 @@
 //! derived values follow transformers 5.23's `Gemma4TextConfig` (see `shared/docs/gemma4.md` §1).
 
 use crate::error::{io_error, FrontendError, Result};
+use crate::generation_config::{GenerationConfig, SamplingDefaults};
 use crate::quantization::WeightQuantization;
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
@@ -74,6 +75,8 @@ pub struct Gemma4Config {
     pub pad_token_id: Option<u32>,
     /// How the linear weights are quantized (`quantization_config`), if they are.
     pub quantization: Option<WeightQuantization>,
+    /// `generation_config.json`'s sampling parameters (none without the file).
+    pub sampling_defaults: SamplingDefaults,
 }
 
 impl Gemma4Config {
@@ -93,7 +96,8 @@ impl Gemma4Config {
         (0..self.layers.len()).filter(|&i| self.layers[i].owns_kv(i))
     }
 
-    /// Reads `DIR/config.json` (and `DIR/generation_config.json` for extra EOS ids, if present).
+    /// Reads `DIR/config.json` (and `DIR/generation_config.json` for extra EOS ids and sampling
+    /// defaults, if present).
     pub fn from_dir(dir: &Path) -> Result<Self> {
         if dir.is_file() {
             let message = "expected a checkpoint directory (config.json and safetensors) or an artifact, found a file";
@@ -102,28 +106,13 @@ impl Gemma4Config {
         let path = dir.join("config.json");
         let text = g4c_util::files::read_to_string(&path).map_err(|e| io_error(&path, e))?;
         let mut cfg = Self::from_json_str(&text, &path)?;
-        let gen_path = dir.join("generation_config.json");
-        // Optional: absent is fine, anything else there must be readable.
-        if gen_path.symlink_metadata().is_ok() {
-            let text = g4c_util::files::read_to_string(&gen_path).map_err(|e| io_error(&gen_path, e))?;
-            let v: Value = serde_json::from_str(&text)
-                .map_err(|e| FrontendError::Json { path: gen_path.clone(), message: e.to_string() })?;
-            let Some(obj) = v.as_object().cloned() else {
-                return Err(FrontendError::Config {
-                    path: gen_path,
-                    field: "(top level)".into(),
-                    expected: "a JSON object".into(),
-                    found: kind_of(&v),
-                });
-            };
-            let r = Reader { path: gen_path.clone(), prefix: String::new(), obj };
-            let ids = r.token_ids("eos_token_id")?;
-            r.in_vocabulary("eos_token_id", &ids, cfg.vocab_size)?;
-            for id in ids {
+        if let Some(generation) = GenerationConfig::read(dir, cfg.vocab_size)? {
+            for id in generation.eos_token_ids {
                 if !cfg.eos_token_ids.contains(&id) {
                     cfg.eos_token_ids.push(id);
                 }
             }
+            cfg.sampling_defaults = generation.sampling;
         }
         Ok(cfg)
     }
@@ -386,6 +375,7 @@ fn parse_text_config(r: &Reader) -> Result<Gemma4Config> {
         eos_token_ids,
         pad_token_id,
         quantization: None,
+        sampling_defaults: SamplingDefaults::default(),
     })
 }
 
@@ -398,7 +388,7 @@ pub(crate) struct Reader {
 
 impl Reader {
     /// Token ids that `field` names must be in the vocabulary.
-    fn in_vocabulary(&self, field: &str, ids: &[u32], vocab: usize) -> Result<()> {
+    pub(crate) fn in_vocabulary(&self, field: &str, ids: &[u32], vocab: usize) -> Result<()> {
         match ids.iter().find(|&&id| id as usize >= vocab) {
             Some(id) => Err(self.bad(field, format!("a token id in the vocabulary (0..{vocab})"), id.to_string())),
             None => Ok(()),

@@ -44,12 +44,14 @@ pub struct Ask {
     /// The most tokens to generate, and the field that said so (`max_tokens` or
     /// `max_completion_tokens`).
     pub max_tokens: Option<(&'static str, usize)>,
-    pub temperature: f32,
-    pub top_p: f32,
+    /// The sampling parameters the request sets; those it leaves out take the model's defaults
+    /// (`generation_config.json`), else OpenAI's.
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
     /// 0: all tokens.
-    pub top_k: usize,
+    pub top_k: Option<usize>,
     /// vLLM's `min_p` (0: off).
-    pub min_p: f32,
+    pub min_p: Option<f32>,
     pub seed: Option<u64>,
     pub stop: Vec<String>,
     pub stop_ids: Vec<u32>,
@@ -63,9 +65,9 @@ pub struct Ask {
     /// Each generated token's log probability, and those of this many most likely tokens
     /// (completions' `logprobs: n`; chat's `logprobs: true` with `top_logprobs: n`).
     pub logprobs: Option<usize>,
-    /// vLLM's `repetition_penalty` (1: none), OpenAI's `frequency_penalty` and `presence_penalty`
-    /// (0: none): `g4c_runtime::penalties`.
-    pub repetition_penalty: f32,
+    /// vLLM's `repetition_penalty` (1: none; a default as above), OpenAI's `frequency_penalty` and
+    /// `presence_penalty` (0: none): `g4c_runtime::penalties`.
+    pub repetition_penalty: Option<f32>,
     pub frequency_penalty: f32,
     pub presence_penalty: f32,
 }
@@ -303,9 +305,8 @@ impl Common {
                 return Err(ApiError::param(name, format!("`{name}`: expected -2 to 2, found {found:?}")));
             }
         }
-        let repetition_penalty = self.repetition_penalty.unwrap_or(1.0);
-        if !(repetition_penalty > 0.0 && repetition_penalty.is_finite()) {
-            let message = format!("`repetition_penalty`: expected a number > 0, found {repetition_penalty:?}");
+        if let Some(r) = self.repetition_penalty.filter(|r| !(*r > 0.0 && r.is_finite())) {
+            let message = format!("`repetition_penalty`: expected a number > 0, found {r:?}");
             return Err(ApiError::param("repetition_penalty", message));
         }
         if self.add_generation_prompt == Some(false) || self.continue_final_message == Some(true) {
@@ -329,24 +330,19 @@ impl Common {
                 return Err(ApiError::param(name, format!("`{name}`: expected 1 to {MAX_TOKENS_LIMIT}, found {n}")));
             }
         }
-        let temperature = self.temperature.unwrap_or(1.0);
-        if !(0.0..=2.0).contains(&temperature) {
-            return Err(ApiError::param(
-                "temperature",
-                format!("`temperature`: expected 0 to 2, found {temperature:?}"),
-            ));
+        if let Some(t) = self.temperature.filter(|t| !(0.0..=2.0).contains(t)) {
+            return Err(ApiError::param("temperature", format!("`temperature`: expected 0 to 2, found {t:?}")));
         }
-        let top_p = self.top_p.unwrap_or(1.0);
-        if !(top_p > 0.0 && top_p <= 1.0) {
-            return Err(ApiError::param("top_p", format!("`top_p`: expected a number in (0, 1], found {top_p:?}")));
+        if let Some(p) = self.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
+            return Err(ApiError::param("top_p", format!("`top_p`: expected a number in (0, 1], found {p:?}")));
         }
-        let min_p = self.min_p.unwrap_or(0.0);
-        if !(0.0..=1.0).contains(&min_p) {
-            return Err(ApiError::param("min_p", format!("`min_p`: expected 0 to 1, found {min_p:?}")));
+        if let Some(p) = self.min_p.filter(|p| !(0.0..=1.0).contains(p)) {
+            return Err(ApiError::param("min_p", format!("`min_p`: expected 0 to 1, found {p:?}")));
         }
         let top_k = match self.top_k {
-            None | Some(-1) | Some(0) => 0,
-            Some(k) if k > 0 => k as usize,
+            None => None,
+            Some(-1) | Some(0) => Some(0),
+            Some(k) if k > 0 => Some(k as usize),
             Some(k) => {
                 return Err(ApiError::param("top_k", format!("`top_k`: expected -1, 0 (all) or more, found {k}")))
             }
@@ -372,10 +368,10 @@ impl Common {
             model: self.model,
             prompt,
             max_tokens: max_tokens.map(|(name, n)| (name, n as usize)),
-            temperature: temperature as f32,
-            top_p: top_p as f32,
+            temperature: self.temperature.map(|t| t as f32),
+            top_p: self.top_p.map(|p| p as f32),
             top_k,
-            min_p: min_p as f32,
+            min_p: self.min_p.map(|p| p as f32),
             seed: self.seed.map(|s| s as u64),
             stop,
             stop_ids,
@@ -384,7 +380,7 @@ impl Common {
             ignore_eos: self.ignore_eos.unwrap_or(false),
             return_token_ids: self.return_token_ids.unwrap_or(false),
             logprobs,
-            repetition_penalty: repetition_penalty as f32,
+            repetition_penalty: self.repetition_penalty.map(|r| r as f32),
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0) as f32,
             presence_penalty: self.presence_penalty.unwrap_or(0.0) as f32,
         })
@@ -470,10 +466,10 @@ mod tests {
         assert_eq!(ask.prompt, PromptSpec::Messages(messages));
         assert_eq!(
             (ask.max_tokens, ask.temperature, ask.top_p, ask.top_k, ask.seed),
-            (Some(("max_completion_tokens", 5)), 0.5, 0.9, 7, Some(3))
+            (Some(("max_completion_tokens", 5)), Some(0.5), Some(0.9), Some(7), Some(3))
         );
         assert_eq!((ask.stop, ask.stop_ids), (vec!["x".to_string()], vec![17]));
-        assert_eq!(ask.min_p, 0.05);
+        assert_eq!(ask.min_p, Some(0.05));
         assert!(ask.stream && ask.include_usage);
     }
 
@@ -631,7 +627,7 @@ mod tests {
             chat(body)
         };
         let ask = with("repetition_penalty", serde_json::json!(1.3)).unwrap();
-        assert_eq!((ask.repetition_penalty, ask.frequency_penalty, ask.presence_penalty), (1.3, 0.0, 0.0));
+        assert_eq!((ask.repetition_penalty, ask.frequency_penalty, ask.presence_penalty), (Some(1.3), 0.0, 0.0));
         assert_eq!(with("frequency_penalty", serde_json::json!(-2)).unwrap().frequency_penalty, -2.0);
         assert_eq!(with("presence_penalty", serde_json::json!(0.5)).unwrap().presence_penalty, 0.5);
         for (field, value) in [

@@ -35,6 +35,8 @@ pub struct ModelInfo {
     pub turn_end: Option<u32>,
     /// The compiled module's vocabulary, context and batch (the engine's).
     pub shape: ModelShape,
+    /// Sampling parameters a request leaves out take these (`generation_config.json`'s).
+    pub sampling_defaults: g4c_frontend::SamplingDefaults,
 }
 
 pub struct ServeOptions {

@@ -64,18 +64,21 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
         let special = |id: u32| t.decode(&[id]).is_ok_and(|text| text.is_empty());
         stop_ids.extend(ask.stop.iter().filter_map(|s| t.token_id(s)).filter(|&id| special(id)));
     }
+    let defaults = &model.sampling_defaults;
     let options = GenerateOptions {
         max_new_tokens,
         eos_ids: model.eos_ids.clone(),
         ignore_eos: ask.ignore_eos,
         stop_ids,
+        // What the request leaves out: the model's defaults, else OpenAI's (vLLM's `--generation-config
+        // auto`).
         sampling: SamplingParams {
-            temperature: ask.temperature,
-            top_k: ask.top_k,
-            top_p: ask.top_p,
-            min_p: ask.min_p,
+            temperature: ask.temperature.or(defaults.temperature).unwrap_or(1.0),
+            top_k: ask.top_k.or(defaults.top_k).unwrap_or(0),
+            top_p: ask.top_p.or(defaults.top_p).unwrap_or(1.0),
+            min_p: ask.min_p.or(defaults.min_p).unwrap_or(0.0),
             seed: ask.seed.unwrap_or_else(rand::random),
-            repetition_penalty: ask.repetition_penalty,
+            repetition_penalty: ask.repetition_penalty.or(defaults.repetition_penalty).unwrap_or(1.0),
             frequency_penalty: ask.frequency_penalty,
             presence_penalty: ask.presence_penalty,
         },
@@ -139,6 +142,7 @@ mod tests {
                 context: 32,
                 sliding_slots: None,
             },
+            sampling_defaults: Default::default(),
         }
     }
 
@@ -161,6 +165,35 @@ mod tests {
         let (_, request) = prepare(&model, Endpoint::Completion, &completion).unwrap();
         assert_eq!(request.options.stop_ids, [turn_end], "`de` is text, `<turn|>` a special token");
         assert_eq!(request.options.max_new_tokens, 16, "OpenAI's default for completions");
+    }
+
+    /// What a request leaves out takes the model's defaults (`generation_config.json`), else
+    /// OpenAI's; what it sets stays.
+    #[test]
+    fn sampling_left_out_takes_the_models_defaults() {
+        let mut model = tiny();
+        let ask = |model: &ModelInfo, extra: serde_json::Value| {
+            let mut value = serde_json::json!({"prompt": "ba"});
+            value.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            prepare(model, Endpoint::Completion, &body(value)).unwrap().1.options.sampling
+        };
+        let plain = ask(&model, serde_json::json!({}));
+        assert_eq!(
+            (plain.temperature, plain.top_k, plain.top_p, plain.min_p, plain.repetition_penalty),
+            (1.0, 0, 1.0, 0.0, 1.0)
+        );
+        model.sampling_defaults = g4c_frontend::SamplingDefaults {
+            temperature: Some(0.7),
+            top_k: Some(64),
+            top_p: Some(0.95),
+            min_p: Some(0.01),
+            repetition_penalty: Some(1.1),
+        };
+        let s = ask(&model, serde_json::json!({}));
+        assert_eq!((s.temperature, s.top_k, s.top_p, s.min_p, s.repetition_penalty), (0.7, 64, 0.95, 0.01, 1.1));
+        let set = serde_json::json!({"temperature": 0, "top_k": -1, "top_p": 1, "min_p": 0, "repetition_penalty": 1});
+        let s = ask(&model, set);
+        assert_eq!((s.temperature, s.top_k, s.top_p, s.min_p, s.repetition_penalty), (0.0, 0, 1.0, 0.0, 1.0));
     }
 
     #[test]

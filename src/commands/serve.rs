@@ -87,6 +87,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         eos_ids: config.eos_token_ids.clone(),
         turn_end,
         shape: engine.shape().clone(),
+        sampling_defaults: config.sampling_defaults,
     };
     let options = g4c_serve::ServeOptions {
         listener,
