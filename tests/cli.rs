@@ -234,3 +234,35 @@ fn chat_answers_each_line_and_keeps_the_turns_before_in_the_caches() {
     let out = g4c(&["chat", golden.to_str().unwrap()]);
     assert_one_line_error(&out, &["chat needs", "tokenizer.json"]);
 }
+
+/// `g4c chat`'s commands: `/clear` starts a new conversation (the same message then gets the same
+/// prompt as at first), `/help` lists them on stderr, `/exit` ends the conversation, and an unknown
+/// `/word` is an error (piped: the conversation's).
+#[test]
+fn chat_commands_clear_help_and_exit() {
+    use std::io::Write;
+    let (_tmp, dir) = crate::common::synth_tiny(3);
+    let chat = |input: &[u8]| {
+        let mut chat = std::process::Command::new(env!("CARGO_BIN_EXE_g4c"))
+            .env("G4C_CACHE_DIR", crate::common::test_cache())
+            .args(["chat", dir.to_str().unwrap(), "--max-new-tokens", "4", "--context", "256", "--json", "-q"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("g4c runs");
+        chat.stdin.take().unwrap().write_all(input).unwrap();
+        chat.wait_with_output().unwrap()
+    };
+    let out = chat(b"ba de\n/help\n/clear\nba de\n/exit\nfi ba\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("/clear  forget the conversation"), "{stderr}");
+    let turns: Vec<serde_json::Value> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(turns.len(), 2, "nothing after /exit: {turns:?}");
+    assert_eq!(turns[0]["prompt_ids"], turns[1]["prompt_ids"], "after /clear the message starts anew");
+    assert_eq!(turns[0]["generated_ids"], turns[1]["generated_ids"]);
+    let out = chat(b"/nosuch\n");
+    assert_one_line_error(&out, &["message 1", "unknown command `/nosuch`", "/help"]);
+}

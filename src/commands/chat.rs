@@ -87,7 +87,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
         template: &template,
     };
     if interactive {
-        ui().note("one message a line; Ctrl-C stops a reply, Ctrl-D ends the conversation");
+        ui().note("one message a line; Ctrl-C stops a reply, /clear starts anew, /help, Ctrl-D or /exit ends");
     }
     let mut stdin = std::io::stdin().lock();
     let mut line = vec![];
@@ -105,16 +105,23 @@ pub fn run(args: ChatArgs) -> Result<()> {
             // Ended by Ctrl-D rather than Enter: the reply starts on a line of its own all the same.
             eprintln!();
         }
-        let prompt = String::from_utf8(std::mem::take(&mut line))
+        let read = String::from_utf8(std::mem::take(&mut line))
             .map_err(|_| anyhow::anyhow!("the message is not UTF-8 text"))
-            .map(|text| text.trim_end_matches('\r').to_string())
-            .and_then(|text| match text.trim().is_empty() {
-                true => Ok(None),
-                false => conversation.ask(text, &shape).map(Some),
-            });
-        let prompt = match prompt {
-            Ok(Some(prompt)) => prompt,
-            Ok(None) => continue,
+            .map(|text| text.trim_end_matches('\r').to_string());
+        let prompt = match read.and_then(|text| Line::of(text, &mut conversation, &shape)) {
+            Ok(Line::Prompt(prompt)) => prompt,
+            Ok(Line::Nothing) => continue,
+            Ok(Line::Command(Command::Exit)) => break,
+            Ok(Line::Command(Command::Clear)) => {
+                if interactive {
+                    ui().note("a new conversation");
+                }
+                continue;
+            }
+            Ok(Line::Command(Command::Help)) => {
+                eprintln!("{}", Command::HELP);
+                continue;
+            }
             // On a terminal one message's fault costs that message; piped, the conversation.
             Err(e) if interactive => {
                 eprintln!("g4c: error: {e:#}");
@@ -176,11 +183,14 @@ impl Conversation<'_> {
     /// end of the last reply's turn, the message, the start of the model's turn). Where the
     /// template does not write the last reply as it is, the whole conversation rendered anew.
     fn ask(&mut self, text: String, shape: &ModelShape) -> Result<Vec<u32>> {
+        let first = !self.messages.iter().any(|m| m.role == "assistant");
         self.messages.push(ChatMessage { role: "user".into(), content: text });
         let prompt = self.prompt();
-        let checked = prompt.and_then(|prompt| match shape.check_prompt(&prompt, 1) {
-            Ok(()) => Ok(prompt),
-            Err(problem) => Err(anyhow::anyhow!("{problem}; start a new conversation")),
+        let checked = prompt.and_then(|prompt| match (shape.check_prompt(&prompt, 1), first) {
+            (Ok(()), _) => Ok(prompt),
+            // Only a shorter message helps then.
+            (Err(problem), true) => Err(anyhow::anyhow!("{problem}")),
+            (Err(problem), false) => Err(anyhow::anyhow!("{problem}; /clear starts a new conversation")),
         });
         if checked.is_err() {
             self.messages.pop();
@@ -205,6 +215,12 @@ impl Conversation<'_> {
         }
     }
 
+    /// Forgets every turn; a system message stays.
+    fn clear(&mut self) {
+        self.messages.retain(|m| m.role == "system");
+        self.tokens.clear();
+    }
+
     /// Records the reply to the last message: `generated` after `prompt`, less a last token that
     /// ended the turn (the template writes the end of the turn itself).
     fn answered(&mut self, prompt: Vec<u32>, generated: &[u32], text: String, ends: &[u32]) {
@@ -214,6 +230,60 @@ impl Conversation<'_> {
         };
         self.tokens = prompt.into_iter().chain(kept.iter().copied()).collect();
         self.messages.push(ChatMessage { role: "assistant".into(), content: text });
+    }
+}
+
+/// What a line read is.
+enum Line {
+    /// A message, and the prompt that asks it.
+    Prompt(Vec<u32>),
+    /// A blank line.
+    Nothing,
+    /// A command, done as far as the conversation goes (`/clear` has cleared it).
+    Command(Command),
+}
+
+impl Line {
+    fn of(text: String, conversation: &mut Conversation, shape: &ModelShape) -> Result<Line> {
+        Ok(match Command::of(&text)? {
+            Some(command) => {
+                if command == Command::Clear {
+                    conversation.clear();
+                }
+                Line::Command(command)
+            }
+            None if text.trim().is_empty() => Line::Nothing,
+            None => Line::Prompt(conversation.ask(text, shape)?),
+        })
+    }
+}
+
+/// A line that is a command rather than a message, as in llama.cpp's and Ollama's chats.
+#[derive(Debug, PartialEq)]
+enum Command {
+    Clear,
+    Exit,
+    Help,
+}
+
+impl Command {
+    const HELP: &str = "/clear  forget the conversation (a --system message stays)\n\
+                        /exit   end the conversation (also Ctrl-D)\n\
+                        /help   this list\n\
+                        a line that starts with / and holds a space is a message";
+
+    /// The command `line` is, if it is one word starting with `/`; an unknown one is an error.
+    fn of(line: &str) -> Result<Option<Command>> {
+        let word = line.trim();
+        if !word.starts_with('/') || word.contains(char::is_whitespace) {
+            return Ok(None);
+        }
+        Ok(Some(match word {
+            "/clear" => Command::Clear,
+            "/exit" | "/quit" | "/bye" => Command::Exit,
+            "/help" | "/?" => Command::Help,
+            _ => bail!("unknown command `{word}`: /help lists the commands"),
+        }))
     }
 }
 
