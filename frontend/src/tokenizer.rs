@@ -50,7 +50,7 @@ impl TextTokenizer {
                 let piece = text.get(start..end).unwrap_or("");
                 if id == unk_id && piece != unk {
                     return Err(invalid(format!(
-                        "the prompt's `{piece}` (bytes {start}..{end}) is not in the vocabulary; it would become {unk}"
+                        "the prompt's `{piece}` is not in the vocabulary (bytes {start}..{end} of the text tokenized, a chat's as its template renders it); it would become {unk}"
                     )));
                 }
             }

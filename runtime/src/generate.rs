@@ -30,6 +30,14 @@ pub struct GenerateOptions {
 }
 
 impl GenerateOptions {
+    /// Ends a chat reply where the model ends its turn (`turn_end`, Gemma 4's `<turn|>`), as at EOS:
+    /// it joins the stop ids unless `ignore_eos` lets both pass (as vLLM, whose Gemma EOS ids include it).
+    pub fn end_turn_at(&mut self, turn_end: Option<u32>) {
+        if !self.ignore_eos {
+            self.stop_ids.extend(turn_end);
+        }
+    }
+
     /// Why generation ends after `token`, the `generated`-th token, when the context leaves `room`
     /// tokens to generate; `None` if it goes on.
     pub fn stop_after(&self, token: u32, generated: usize, room: usize) -> Option<StopReason> {

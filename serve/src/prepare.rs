@@ -53,11 +53,6 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
         None => 16.min(room),
     };
     let mut stop_ids = ask.stop_ids.clone();
-    // The end of the model's turn ends a chat reply as EOS does, and `ignore_eos` lets both pass
-    // (as vLLM, whose Gemma EOS ids include it).
-    if endpoint == Endpoint::Chat && !ask.ignore_eos {
-        stop_ids.extend(model.turn_end);
-    }
     // A stop string that is a special token (`<turn|>`) never appears in the text, which skips
     // special tokens: it stops as that token's id.
     if let Some(t) = tokenizer {
@@ -65,7 +60,7 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
         stop_ids.extend(ask.stop.iter().filter_map(|s| t.token_id(s)).filter(|&id| special(id)));
     }
     let defaults = &model.sampling_defaults;
-    let options = GenerateOptions {
+    let mut options = GenerateOptions {
         max_new_tokens,
         eos_ids: model.eos_ids.clone(),
         ignore_eos: ask.ignore_eos,
@@ -86,6 +81,9 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
         keep_logits: false,
         logprobs: ask.logprobs,
     };
+    if endpoint == Endpoint::Chat {
+        options.end_turn_at(model.turn_end);
+    }
     Ok((ask, SequenceRequest { prompt, options }))
 }
 

@@ -130,14 +130,14 @@ pub fn run(args: ChatArgs) -> Result<()> {
             Err(e) => bail!("message {}: {e:#}", turn + 1),
         };
         turn += 1;
-        let options = GenerateOptions {
+        let mut options = GenerateOptions {
             max_new_tokens: args.max_new_tokens,
             eos_ids: eos_ids.clone(),
-            stop_ids: turn_end.into_iter().collect(),
             // Each turn draws its own numbers, the conversation still repeatable from --seed.
             sampling: g4c_runtime::SamplingParams { seed: sampling.seed.wrapping_add(turn - 1), ..sampling },
             ..Default::default()
         };
+        options.end_turn_at(turn_end);
         stop.store(false, Ordering::SeqCst);
         let sink = Events { events: events.clone(), stop: stop.clone() };
         engine.admit(SequenceRequest { prompt: prompt.clone(), options }, Box::new(sink))?;

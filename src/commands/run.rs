@@ -123,23 +123,22 @@ pub fn run(args: RunArgs) -> Result<()> {
     };
     let batch = fixed.as_ref().map_or(1, |s| s.batch);
     let module = session.module(&Shapes { batch, prefill_len, context })?;
-    let opts = GenerateOptions {
+    let mut opts = GenerateOptions {
         max_new_tokens: args.max_new_tokens,
         eos_ids: config.eos_token_ids.clone(),
         ignore_eos: args.ignore_eos,
         stop_ids: match &args.stop_ids {
             Some(list) => stop_ids(list, config.vocab_size)?,
             None => vec![],
-        }
-        .into_iter()
-        // A chat reply ends with the model's turn, as at EOS (and --ignore-eos lets both pass).
-        .chain(tokenizer.and_then(|t| t.turn_end()).filter(|_| args.chat && !args.ignore_eos))
-        .collect(),
+        },
         sampling: args.sampling.params()?,
         forced: vec![],
         keep_logits: args.logits_out.is_some(),
         logprobs: None,
     };
+    if args.chat {
+        opts.end_turn_at(tokenizer.and_then(|t| t.turn_end()));
+    }
 
     let mut printer = super::printer::StreamPrinter::new(tokenizer, !args.json);
     let mut ready = with_feedback(|feedback| session.executor(module.clone(), feedback))?;
