@@ -1,7 +1,7 @@
-//! Repetition, frequency and presence penalties (`g4c_runtime::penalties`) against transformers:
-//! greedy decoding over penalized logits of the tiny golden model, as
-//! scripts/goldens/make_penalty_goldens.py made it (transformers' `RepetitionPenaltyLogitsProcessor`,
-//! then vLLM's formula for the other two), through `g4c run` on the interpreter and PJRT, and
+//! A logit bias and repetition, frequency and presence penalties (`g4c_runtime::penalties`) against
+//! transformers: greedy decoding over biased and penalized logits of the tiny golden model, as
+//! scripts/goldens/make_penalty_goldens.py made it (transformers' `SequenceBiasLogitsProcessor` and
+//! `RepetitionPenaltyLogitsProcessor`, then vLLM's formula for the other two), through `g4c run` on the interpreter and PJRT, and
 //! through the batching engine that `g4c serve` runs, every case side by side.
 
 use crate::batching::{admit, drain};
@@ -12,6 +12,7 @@ struct PenaltyCase {
     name: String,
     prompt_ids: Vec<u32>,
     params: SamplingParams,
+    logit_bias: Vec<(u32, f32)>,
     generated_ids: Vec<u32>,
 }
 
@@ -33,6 +34,12 @@ fn penalty_cases() -> Vec<PenaltyCase> {
                 presence_penalty: number(&c["presence_penalty"]),
                 ..Default::default()
             },
+            logit_bias: c["logit_bias"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(id, bias)| (id.parse().unwrap(), number(bias)))
+                .collect(),
             generated_ids: ids(&c["generated_ids"]),
         })
         .collect()
@@ -46,11 +53,16 @@ fn run_with_penalties_matches_transformers() {
         let prompt = case.prompt_ids.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(",");
         let new_tokens = case.generated_ids.len().to_string();
         let penalties = [p.repetition_penalty, p.frequency_penalty, p.presence_penalty].map(|x| x.to_string());
+        let bias: Vec<String> = case.logit_bias.iter().map(|(id, b)| format!("{id}:{b}")).collect();
+        let bias = bias.join(",");
         for backend in ["interp", "pjrt"] {
             let mut args = vec!["run", dir.to_str().unwrap(), "--prompt-ids", &prompt, "--max-new-tokens", &new_tokens];
             args.extend(["--ignore-eos", "--json", "--context", "64", "--backend", backend]);
             args.extend(["--repetition-penalty", &penalties[0], "--frequency-penalty", &penalties[1]]);
             args.extend(["--presence-penalty", &penalties[2]]);
+            if !bias.is_empty() {
+                args.extend(["--logit-bias", &bias]);
+            }
             let out = g4c(&args);
             assert!(out.status.success(), "{backend} {}: {}", case.name, String::from_utf8_lossy(&out.stderr));
             let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -63,7 +75,7 @@ fn run_with_penalties_matches_transformers() {
 
 #[test]
 fn batched_sequences_with_penalties_match_transformers() {
-    let mut engine = crate::batching::engine(4);
+    let mut engine = crate::batching::engine(8);
     let cases = penalty_cases();
     let running: Vec<_> = cases
         .iter()
@@ -72,6 +84,7 @@ fn batched_sequences_with_penalties_match_transformers() {
                 max_new_tokens: case.generated_ids.len(),
                 ignore_eos: true,
                 sampling: case.params,
+                logit_bias: case.logit_bias.clone(),
                 ..Default::default()
             };
             admit(&mut engine, SequenceRequest { prompt: case.prompt_ids.clone(), options })
@@ -97,6 +110,9 @@ fn penalties_out_of_range_are_refused() {
         ("--repetition-penalty", "0", "expected a number > 0"),
         ("--frequency-penalty", "2.5", "expected a number from -2 to 2"),
         ("--presence-penalty", "-3", "expected a number from -2 to 2"),
+        ("--logit-bias", "17:-101", "expected ID:BIAS with BIAS from -100 to 100, found `17:-101`"),
+        ("--logit-bias", "17", "found `17`"),
+        ("--logit-bias", "512:1", "token id 512 is not in the vocabulary"),
     ] {
         let out = g4c(&["run", dir, "--prompt-ids", "2", flag, value]);
         crate::common::assert_one_line_error(&out, &[flag, expected]);

@@ -27,6 +27,8 @@ pub struct GenerateOptions {
     /// For `BatchEngine`'s sequences: each token comes with its log probability and those of the
     /// `n` most likely tokens at its step (`SequenceEvent::Token`).
     pub logprobs: Option<usize>,
+    /// Added to these tokens' logits before anything reads them (OpenAI's `logit_bias`).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl GenerateOptions {
@@ -56,7 +58,11 @@ impl GenerateOptions {
 
     /// What each call copies back: only the greedy tokens when they are all this generation reads.
     pub fn step_output(&self) -> StepOutput {
-        match self.sampling.is_plain_greedy() && self.forced.is_empty() && !self.keep_logits && self.logprobs.is_none()
+        match self.sampling.is_plain_greedy()
+            && self.logit_bias.is_empty()
+            && self.forced.is_empty()
+            && !self.keep_logits
+            && self.logprobs.is_none()
         {
             true => StepOutput::GreedyTokens,
             false => StepOutput::Logits,
@@ -238,7 +244,7 @@ pub fn generate(
     let mut out = prefill(exec, &shape, &[prompt], output)?;
     gen.timings.prefill_seconds = started.elapsed().as_secs_f64();
     let started = Instant::now();
-    let mut sampler = Sampler::new(opts.sampling, prompt);
+    let mut sampler = Sampler::with_bias(opts.sampling, &opts.logit_bias, prompt);
     let mut position = prompt.len();
     loop {
         // The call `out` came from, named only for an error (no formatting in the decode loop).

@@ -1,5 +1,8 @@
-//! Penalties on tokens a sequence has already seen, applied to the logits before the sampler (or the
-//! greedy pick) reads them, as vLLM applies them (`apply_penalties`), in its order:
+//! What changes the logits before the sampler (or the greedy pick) reads them, in vLLM's order:
+//! - **logit bias** (OpenAI's `logit_bias`): added to chosen tokens' logits, first (vLLM applies it
+//!   with the logits processors, before the penalties);
+//!
+//! then penalties on tokens the sequence has already seen, as vLLM's `apply_penalties`:
 //! - **repetition** (vLLM's `repetition_penalty`, transformers' `RepetitionPenaltyLogitsProcessor`):
 //!   a token of the prompt or the reply has a positive logit divided by it, a negative one multiplied;
 //! - **frequency** (OpenAI's `frequency_penalty`): subtracted once per time the reply holds the token;
@@ -9,6 +12,8 @@ use crate::sampling::SamplingParams;
 use std::collections::{BTreeMap, BTreeSet};
 
 pub struct Penalties {
+    /// Token ids and what is added to their logits.
+    bias: Vec<(u32, f32)>,
     repetition: f32,
     frequency: f32,
     presence: f32,
@@ -19,17 +24,17 @@ pub struct Penalties {
 }
 
 impl Penalties {
-    /// The penalties `params` ask for, on a sequence that starts with `prompt`.
-    pub fn new(params: &SamplingParams, prompt: &[u32]) -> Penalties {
+    /// The penalties `params` ask for, and `bias`, on a sequence that starts with `prompt`.
+    pub fn new(params: &SamplingParams, bias: &[(u32, f32)], prompt: &[u32]) -> Penalties {
         let repetition = params.repetition_penalty;
         let prompt = if repetition != 1.0 { prompt.iter().copied().collect() } else { BTreeSet::new() };
         let (frequency, presence) = (params.frequency_penalty, params.presence_penalty);
-        Penalties { repetition, frequency, presence, prompt, reply: BTreeMap::new() }
+        Penalties { bias: bias.to_vec(), repetition, frequency, presence, prompt, reply: BTreeMap::new() }
     }
 
-    /// Whether any penalty changes logits.
+    /// Whether anything changes logits.
     pub fn is_active(&self) -> bool {
-        self.repetition != 1.0 || self.frequency != 0.0 || self.presence != 0.0
+        !self.bias.is_empty() || self.repetition != 1.0 || self.frequency != 0.0 || self.presence != 0.0
     }
 
     /// Counts `token`, the reply's next token.
@@ -39,8 +44,14 @@ impl Penalties {
         }
     }
 
-    /// Applies the penalties to `logits`, one row of the vocabulary (ids past its end are let be).
+    /// Applies the bias and penalties to `logits`, one row of the vocabulary (ids past its end are
+    /// let be).
     pub fn apply(&self, logits: &mut [f32]) {
+        for &(id, bias) in &self.bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += bias;
+            }
+        }
         if self.repetition != 1.0 {
             for &id in self.prompt.iter().chain(self.reply.keys().filter(|id| !self.prompt.contains(id))) {
                 if let Some(l) = logits.get_mut(id as usize) {
@@ -68,7 +79,7 @@ mod tests {
             presence_penalty: presence,
             ..Default::default()
         };
-        Penalties::new(&params, prompt)
+        Penalties::new(&params, &[], prompt)
     }
 
     #[test]
@@ -90,6 +101,20 @@ mod tests {
         let mut logits = [1.0; 5];
         p.apply(&mut logits);
         assert_eq!(logits, [1.0, 1.0, -1.5, 1.0, -0.5]);
+    }
+
+    #[test]
+    fn the_bias_is_added_before_the_repetition_penalty_divides() {
+        let mut p = Penalties::new(
+            &SamplingParams { repetition_penalty: 2.0, ..Default::default() },
+            &[(0, 3.0), (2, -1.0)],
+            &[0],
+        );
+        assert!(p.is_active());
+        p.observe(2);
+        let mut logits = [1.0, 1.0, 0.5];
+        p.apply(&mut logits);
+        assert_eq!(logits, [2.0, 1.0, -1.0]);
     }
 
     #[test]

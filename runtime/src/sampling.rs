@@ -66,7 +66,13 @@ pub struct Sampler {
 impl Sampler {
     /// A sampler for a sequence that starts with `prompt`.
     pub fn new(params: SamplingParams, prompt: &[u32]) -> Sampler {
-        Sampler { params, rng: ChaCha8Rng::seed_from_u64(params.seed), penalties: Penalties::new(&params, prompt) }
+        Sampler::with_bias(params, &[], prompt)
+    }
+
+    /// A sampler that also adds `bias` to those tokens' logits (OpenAI's `logit_bias`).
+    pub fn with_bias(params: SamplingParams, bias: &[(u32, f32)], prompt: &[u32]) -> Sampler {
+        let penalties = Penalties::new(&params, bias, prompt);
+        Sampler { params, rng: ChaCha8Rng::seed_from_u64(params.seed), penalties }
     }
 
     /// The next token, from the logits the model gives.

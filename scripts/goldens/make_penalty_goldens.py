@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""Greedy generations under repetition, frequency and presence penalties, for `g4c run
---repetition-penalty/--frequency-penalty/--presence-penalty` (tests/goldens/tiny/penalties.json).
+"""Greedy generations under a logit bias and repetition, frequency and presence penalties, for `g4c
+run --logit-bias/--repetition-penalty/--frequency-penalty/--presence-penalty`
+(tests/goldens/tiny/penalties.json).
 Run by hand, never in CI, in the venv make_goldens.py names:
 
     /tmp/gv/bin/python scripts/goldens/make_penalty_goldens.py tests/goldens
 
 The model is the tiny golden model (hf/), f32, eager attention, decoded with a DynamicCache as
 make_goldens.py's `greedy` does, EOS ignored. Before each argmax the logits go through
+- transformers' own `SequenceBiasLogitsProcessor` with one-token sequences (OpenAI's `logit_bias`,
+  which vLLM applies before the penalties), then
 - transformers' own `RepetitionPenaltyLogitsProcessor` (over the prompt and the reply so far), then
 - OpenAI's frequency and presence penalties as vLLM applies them after it (`apply_penalties`):
   logit -= frequency * count + presence * (count > 0), counting the reply's tokens only; transformers
@@ -24,26 +27,30 @@ from pathlib import Path
 import torch
 import transformers
 from transformers import Gemma4ForCausalLM
-from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor, SequenceBiasLogitsProcessor
 
 NEW_TOKENS = 24
-# name: (prompt, repetition, frequency, presence)
+# name: (prompt, repetition, frequency, presence, logit bias {id: bias})
 CASES = {
-    "repetition": ([2, 10, 20, 30, 10, 20, 30], 1.5, 0.0, 0.0),
-    "frequency_presence": ([2, 10, 20, 30, 10, 20, 30], 1.0, 2.0, 1.5),
-    "all_three": ([2, 17, 301, 44], 1.3, 0.5, -0.3),
+    "repetition": ([2, 10, 20, 30, 10, 20, 30], 1.5, 0.0, 0.0, {}),
+    "frequency_presence": ([2, 10, 20, 30, 10, 20, 30], 1.0, 2.0, 1.5, {}),
+    "all_three": ([2, 17, 301, 44], 1.3, 0.5, -0.3, {}),
+    "logit_bias": ([2, 10, 20, 30, 10, 20, 30], 1.2, 0.0, 0.0, {382: -100.0, 60: 4.0}),
 }
 
 
 @torch.no_grad()
-def penalized_greedy(model, prompt, repetition, frequency, presence):
+def penalized_greedy(model, prompt, repetition, frequency, presence, bias):
     cache = transformers.DynamicCache(config=model.config)
+    biased = SequenceBiasLogitsProcessor([[[i], b] for i, b in bias.items()]) if bias else None
     repeat = RepetitionPenaltyLogitsProcessor(repetition) if repetition != 1.0 else None
     ids = torch.tensor([prompt])
     seen = list(prompt)
     tokens, margins = [], []
     for _ in range(NEW_TOKENS):
         logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1].float()
+        if biased is not None:
+            logits = biased(torch.tensor([seen]), logits)
         if repeat is not None:
             logits = repeat(torch.tensor([seen]), logits)
         counts = torch.bincount(torch.tensor(tokens, dtype=torch.long), minlength=logits.shape[-1]).float()
@@ -62,16 +69,17 @@ def main():
     model = Gemma4ForCausalLM.from_pretrained(root / "tiny" / "hf", dtype=torch.float32).eval()
     model.config._attn_implementation = "eager"
     cases = []
-    for name, (prompt, repetition, frequency, presence) in CASES.items():
-        tokens, margins = penalized_greedy(model, prompt, repetition, frequency, presence)
+    for name, (prompt, repetition, frequency, presence, bias) in CASES.items():
+        tokens, margins = penalized_greedy(model, prompt, repetition, frequency, presence, bias)
         print(f"{name}: {tokens} min margin {min(margins)}")
-        plain, _ = penalized_greedy(model, prompt, 1.0, 0.0, 0.0)
+        plain, _ = penalized_greedy(model, prompt, 1.0, 0.0, 0.0, {})
         if plain == tokens:
             sys.exit(f"{name}: the penalties change no token: make them stronger")
         if min(margins) < 1e-3:
             sys.exit(f"{name}: a near-tie ({min(margins)}) among the penalized logits: change the case")
         cases.append({"name": name, "prompt_ids": prompt, "repetition_penalty": repetition,
                       "frequency_penalty": frequency, "presence_penalty": presence,
+                      "logit_bias": {str(i): b for i, b in bias.items()},
                       "generated_ids": tokens, "top2_margin": margins})
     golden = {"model": "tiny", "made_by": "scripts/goldens/make_penalty_goldens.py",
               "transformers": transformers.__version__, "torch": torch.__version__, "attention": "eager",

@@ -1,7 +1,7 @@
 //! The request bodies of `/v1/chat/completions` and `/v1/completions`, parsed and checked into an
 //! `Ask`. As OpenAI does, unknown fields are ignored; a known field of the wrong type or out of range
 //! is a `400` naming it, and so is a feature this server does not have (`n` > 1, and the fields
-//! `unserved` lists: `logit_bias`, tools, constrained decoding, …), rather than a request quietly
+//! `unserved` lists: tools, constrained decoding, …), rather than a request quietly
 //! served without it.
 
 use crate::error::ApiError;
@@ -70,6 +70,8 @@ pub struct Ask {
     pub repetition_penalty: Option<f32>,
     pub frequency_penalty: f32,
     pub presence_penalty: f32,
+    /// OpenAI's `logit_bias`: token ids and what is added to their logits (-100 to 100).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 /// The most tokens a request may ask for: as many positions as any context has.
@@ -150,6 +152,7 @@ struct Common {
     presence_penalty: Option<f64>,
     frequency_penalty: Option<f64>,
     repetition_penalty: Option<f64>,
+    logit_bias: Option<serde_json::Map<String, Value>>,
     n: Option<u64>,
     stream: Option<bool>,
     stream_options: Option<StreamOptions>,
@@ -165,6 +168,21 @@ struct Common {
 #[derive(Deserialize)]
 struct StreamOptions {
     include_usage: Option<bool>,
+}
+
+/// `logit_bias` (`{"TOKEN_ID": BIAS}`, as OpenAI has it: ids as strings) as pairs.
+fn logit_bias(map: Option<&serde_json::Map<String, Value>>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let refuse = |message: String| ApiError::param("logit_bias", format!("`logit_bias`: {message}"));
+    let Some(map) = map else { return Ok(vec![]) };
+    map.iter()
+        .map(|(id, bias)| {
+            let id = id.parse::<u32>().map_err(|_| refuse(format!("expected token ids as keys, found {id:?}")))?;
+            match bias.as_f64() {
+                Some(b) if (-100.0..=100.0).contains(&b) => Ok((id, b as f32)),
+                _ => Err(refuse(format!("expected a number from -100 to 100 for token {id}, found {bias}"))),
+            }
+        })
+        .collect()
 }
 
 /// `stop`: a string, or a list of strings and token ids.
@@ -309,6 +327,7 @@ impl Common {
             let message = format!("`repetition_penalty`: expected a number > 0, found {r:?}");
             return Err(ApiError::param("repetition_penalty", message));
         }
+        let logit_bias = logit_bias(self.logit_bias.as_ref())?;
         if self.add_generation_prompt == Some(false) || self.continue_final_message == Some(true) {
             let name = if self.add_generation_prompt == Some(false) {
                 "add_generation_prompt"
@@ -381,6 +400,7 @@ impl Common {
             return_token_ids: self.return_token_ids.unwrap_or(false),
             logprobs,
             repetition_penalty: self.repetition_penalty.map(|r| r as f32),
+            logit_bias,
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0) as f32,
             presence_penalty: self.presence_penalty.unwrap_or(0.0) as f32,
         })
@@ -618,7 +638,8 @@ mod tests {
         }
     }
 
-    /// The penalties are served within vLLM's ranges and refused, naming the field, outside them.
+    /// The penalties and `logit_bias` are served within vLLM's and OpenAI's ranges and refused,
+    /// naming the field, outside them.
     #[test]
     fn penalties_are_served_within_their_ranges() {
         let with = |field: &str, value: Value| {
@@ -630,7 +651,12 @@ mod tests {
         assert_eq!((ask.repetition_penalty, ask.frequency_penalty, ask.presence_penalty), (Some(1.3), 0.0, 0.0));
         assert_eq!(with("frequency_penalty", serde_json::json!(-2)).unwrap().frequency_penalty, -2.0);
         assert_eq!(with("presence_penalty", serde_json::json!(0.5)).unwrap().presence_penalty, 0.5);
+        let bias = with("logit_bias", serde_json::json!({"17": -100, "4": 2.5})).unwrap().logit_bias;
+        assert_eq!(bias, [(17, -100.0), (4, 2.5)]);
         for (field, value) in [
+            ("logit_bias", serde_json::json!({"x": 1})),
+            ("logit_bias", serde_json::json!({"17": 101})),
+            ("logit_bias", serde_json::json!({"17": "a"})),
             ("repetition_penalty", serde_json::json!(0)),
             ("repetition_penalty", serde_json::json!(-1.0)),
             ("frequency_penalty", serde_json::json!(2.5)),

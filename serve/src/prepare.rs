@@ -37,6 +37,10 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
             format!("stop token id {bad} is outside the vocabulary (0..{})", shape.vocab),
         ));
     }
+    if let Some((bad, _)) = ask.logit_bias.iter().find(|&&(id, _)| id as usize >= shape.vocab) {
+        let message = format!("`logit_bias`: token id {bad} is outside the vocabulary (0..{})", shape.vocab);
+        return Err(ApiError::param("logit_bias", message));
+    }
     let context = shape.context;
     let room = context - prompt.len();
     let max_new_tokens = match ask.max_tokens {
@@ -80,6 +84,7 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
         forced: vec![],
         keep_logits: false,
         logprobs: ask.logprobs,
+        logit_bias: ask.logit_bias.clone(),
     };
     if endpoint == Endpoint::Chat {
         options.end_turn_at(model.turn_end);

@@ -49,7 +49,6 @@ const UNSERVED: &[Unserved] = &[
     // OpenAI's.
     unserved("echo", "echoing the prompt", is_false),
     unserved("best_of", "more than one candidate", is_one),
-    unserved("logit_bias", "biasing logits", is_empty),
     unserved("tools", "tool calling", is_empty),
     unserved("tool_choice", "tool calling", |v| v == "none" || v == "auto"),
     unserved("functions", "function calling", is_empty),
@@ -60,6 +59,8 @@ const UNSERVED: &[Unserved] = &[
     unserved("audio", "audio output", never),
     unserved("prediction", "a predicted output", never),
     unserved("reasoning_effort", "a reasoning effort", never),
+    unserved("verbosity", "a verbosity", never),
+    unserved("web_search_options", "web search", never),
     // vLLM's.
     unserved("min_tokens", "a least number of tokens", is_zero),
     unserved("include_stop_str_in_output", "keeping the stop string", is_false),
@@ -72,6 +73,8 @@ const UNSERVED: &[Unserved] = &[
     unserved("truncate_prompt_tokens", "truncating the prompt", never),
     unserved("chat_template", "a chat template other than the model's", never),
     unserved("chat_template_kwargs", "arguments to the chat template", is_empty),
+    unserved("documents", "documents for the chat template", is_empty),
+    unserved("add_special_tokens", "adding special tokens to what the chat template writes", is_false),
     unserved("logits_processors", "logits processors", is_empty),
     unserved("return_tokens_as_token_ids", "tokens as `token_id:N` strings", is_false),
     unserved("guided_json", "constrained decoding", never),
@@ -86,6 +89,8 @@ const UNSERVED: &[Unserved] = &[
     unserved("mirostat", "mirostat sampling", is_zero),
     unserved("dry_multiplier", "DRY sampling", is_zero),
     unserved("xtc_probability", "XTC sampling", is_zero),
+    unserved("dynatemp_range", "dynamic temperature", is_zero),
+    unserved("top_n_sigma", "top-n-sigma sampling", |v| v.as_f64() == Some(-1.0)),
     unserved("grammar", "constrained decoding", never),
     unserved("json_schema", "constrained decoding", never),
 ];

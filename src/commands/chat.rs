@@ -66,6 +66,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
         );
     };
     let sampling = args.sampling.params()?;
+    let logit_bias = args.sampling.logit_bias(session.source.config.vocab_size)?;
     let source = &session.source;
     let context = source.context(args.context, DEFAULT_CONTEXT)?;
     // One row: a conversation is one sequence.
@@ -135,6 +136,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
             eos_ids: eos_ids.clone(),
             // Each turn draws its own numbers, the conversation still repeatable from --seed.
             sampling: g4c_runtime::SamplingParams { seed: sampling.seed.wrapping_add(turn - 1), ..sampling },
+            logit_bias: logit_bias.clone(),
             ..Default::default()
         };
         options.end_turn_at(turn_end);

@@ -190,9 +190,34 @@ pub struct SamplingArgs {
     /// Subtract P from the logit of each token the reply holds (-2 to 2; 0: none)
     #[arg(long, value_name = "P", default_value_t = 0.0, allow_negative_numbers = true)]
     pub presence_penalty: f32,
+    /// Add BIAS (-100 to 100) to token ID's logit before the penalties, e.g. `17:-100,42:2.5`
+    /// (as OpenAI's logit_bias)
+    #[arg(long, value_name = "ID:BIAS,…")]
+    pub logit_bias: Option<String>,
 }
 
 impl SamplingArgs {
+    /// `--logit-bias` as (token id, bias) pairs; ids must be below `vocab`.
+    pub fn logit_bias(&self, vocab: usize) -> anyhow::Result<Vec<(u32, f32)>> {
+        let Some(list) = &self.logit_bias else { return Ok(vec![]) };
+        list.split(',')
+            .map(|item| {
+                let bad =
+                    || anyhow::anyhow!("--logit-bias: expected ID:BIAS with BIAS from -100 to 100, found `{item}`");
+                let (id, bias) = item.trim().split_once(':').ok_or_else(bad)?;
+                let (id, bias) =
+                    (id.trim().parse::<u32>().map_err(|_| bad())?, bias.trim().parse::<f32>().map_err(|_| bad())?);
+                if !(-100.0..=100.0).contains(&bias) {
+                    return Err(bad());
+                }
+                if id as usize >= vocab {
+                    anyhow::bail!("--logit-bias: token id {id} is not in the vocabulary (0..{vocab})");
+                }
+                Ok((id, bias))
+            })
+            .collect()
+    }
+
     pub fn params(&self) -> anyhow::Result<g4c_runtime::SamplingParams> {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
             anyhow::bail!("--temperature: expected a number >= 0, found {}", self.temperature);

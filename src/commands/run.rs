@@ -135,6 +135,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         forced: vec![],
         keep_logits: args.logits_out.is_some(),
         logprobs: None,
+        logit_bias: args.sampling.logit_bias(config.vocab_size)?,
     };
     if args.chat {
         opts.end_turn_at(tokenizer.and_then(|t| t.turn_end()));
