@@ -180,7 +180,8 @@ fn build_for_target(
     // it all already.
     if let (Some(client), None) = (&client, req.out) {
         let user = Caches::User { artifact: None };
-        if !all_cached(client, programs, target, &user)? {
+        // No user cache at all is said below, with the hint.
+        if !all_cached(client, programs, target, &user).unwrap_or(false) {
             ExecutableCache::user()
                 .and_then(|cache| cache.check_writable())
                 .map_err(|e| anyhow::anyhow!("{e}; without -o, compile keeps its executables there (give -o DIR)"))?;

@@ -30,6 +30,24 @@ impl SamplingParams {
         self.temperature <= 0.0 || self.top_k == 1
     }
 
+    /// The first parameter out of its range, as (field, expected range, value found): the one check
+    /// `run`, `chat` and `serve` apply (fields named as the request's, snake case).
+    pub fn check(&self) -> Result<(), (&'static str, &'static str, f32)> {
+        type InRange = fn(f32) -> bool;
+        let checks: [(&str, &str, f32, InRange); 6] = [
+            ("temperature", "a number >= 0", self.temperature, |x| x >= 0.0 && x.is_finite()),
+            ("top_p", "a number in (0, 1]", self.top_p, |x| x > 0.0 && x <= 1.0),
+            ("min_p", "a number in [0, 1]", self.min_p, |x| (0.0..=1.0).contains(&x)),
+            ("repetition_penalty", "a number > 0", self.repetition_penalty, |x| x > 0.0 && x.is_finite()),
+            ("frequency_penalty", "a number from -2 to 2", self.frequency_penalty, |x| (-2.0..=2.0).contains(&x)),
+            ("presence_penalty", "a number from -2 to 2", self.presence_penalty, |x| (-2.0..=2.0).contains(&x)),
+        ];
+        match checks.into_iter().find(|(_, _, value, in_range)| !in_range(*value)) {
+            Some((field, expected, value, _)) => Err((field, expected, value)),
+            None => Ok(()),
+        }
+    }
+
     /// Whether the pick is the largest of the logits as the model gives them (which a device's
     /// greedy token is): greedy, and no penalty changes them.
     pub fn is_plain_greedy(&self) -> bool {

@@ -315,18 +315,6 @@ impl Common {
             return Err(ApiError::unsupported("n", "more than one choice"));
         }
         let logprobs = self.logprobs(endpoint)?;
-        for (name, value) in
-            [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)]
-        {
-            if value.is_some_and(|v| !(-2.0..=2.0).contains(&v)) {
-                let found = value.unwrap();
-                return Err(ApiError::param(name, format!("`{name}`: expected -2 to 2, found {found:?}")));
-            }
-        }
-        if let Some(r) = self.repetition_penalty.filter(|r| !(*r > 0.0 && r.is_finite())) {
-            let message = format!("`repetition_penalty`: expected a number > 0, found {r:?}");
-            return Err(ApiError::param("repetition_penalty", message));
-        }
         let logit_bias = logit_bias(self.logit_bias.as_ref())?;
         if self.add_generation_prompt == Some(false) || self.continue_final_message == Some(true) {
             let name = if self.add_generation_prompt == Some(false) {
@@ -349,14 +337,10 @@ impl Common {
                 return Err(ApiError::param(name, format!("`{name}`: expected 1 to {MAX_TOKENS_LIMIT}, found {n}")));
             }
         }
+        // OpenAI's range; the others are `SamplingParams::check`'s, once the model's defaults are in
+        // (`prepare`).
         if let Some(t) = self.temperature.filter(|t| !(0.0..=2.0).contains(t)) {
             return Err(ApiError::param("temperature", format!("`temperature`: expected 0 to 2, found {t:?}")));
-        }
-        if let Some(p) = self.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
-            return Err(ApiError::param("top_p", format!("`top_p`: expected a number in (0, 1], found {p:?}")));
-        }
-        if let Some(p) = self.min_p.filter(|p| !(0.0..=1.0).contains(p)) {
-            return Err(ApiError::param("min_p", format!("`min_p`: expected 0 to 1, found {p:?}")));
         }
         let top_k = match self.top_k {
             None => None,
@@ -536,7 +520,6 @@ mod tests {
             (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "temperature": 3}), "temperature"),
             (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}), "temperature"),
             (serde_json::json!({"messages": [{"role": "user", "content": 5}]}), "messages"),
-            (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "top_p": 0}), "top_p"),
             (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}), "max_tokens"),
             (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "n": 2}), "n"),
             (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "logprobs": 2}), "logprobs"),
@@ -547,7 +530,6 @@ mod tests {
             ),
             (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "stop": [""]}), "stop"),
             (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "top_k": -2}), "top_k"),
-            (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "min_p": 1.5}), "min_p"),
             (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "n": 0}), "n"),
             (serde_json::json!({"messages": [{"role": "user", "content": [{"type": "text"}]}]}), "messages"),
             (
@@ -638,8 +620,8 @@ mod tests {
         }
     }
 
-    /// The penalties and `logit_bias` are served within vLLM's and OpenAI's ranges and refused,
-    /// naming the field, outside them.
+    /// The penalties and `logit_bias` are taken (their ranges: `prepare`'s test), and a bias
+    /// outside OpenAI's range or not keyed by token ids is refused, naming the field.
     #[test]
     fn penalties_are_served_within_their_ranges() {
         let with = |field: &str, value: Value| {
@@ -657,10 +639,6 @@ mod tests {
             ("logit_bias", serde_json::json!({"x": 1})),
             ("logit_bias", serde_json::json!({"17": 101})),
             ("logit_bias", serde_json::json!({"17": "a"})),
-            ("repetition_penalty", serde_json::json!(0)),
-            ("repetition_penalty", serde_json::json!(-1.0)),
-            ("frequency_penalty", serde_json::json!(2.5)),
-            ("presence_penalty", serde_json::json!(-3)),
         ] {
             let err = with(field, value.clone()).unwrap_err();
             assert_eq!((err.status.as_u16(), err.param.as_deref()), (400, Some(field)), "{field}: {value}");

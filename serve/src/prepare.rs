@@ -86,6 +86,9 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
         logprobs: ask.logprobs,
         logit_bias: ask.logit_bias.clone(),
     };
+    if let Err((field, expected, found)) = options.sampling.check() {
+        return Err(ApiError::param(field, format!("`{field}`: expected {expected}, found {found}")));
+    }
     if endpoint == Endpoint::Chat {
         options.end_turn_at(model.turn_end);
     }
@@ -197,6 +200,26 @@ mod tests {
         let set = serde_json::json!({"temperature": 0, "top_k": -1, "top_p": 1, "min_p": 0, "repetition_penalty": 1});
         let s = ask(&model, set);
         assert_eq!((s.temperature, s.top_k, s.top_p, s.min_p, s.repetition_penalty), (0.0, 0, 1.0, 0.0, 1.0));
+    }
+
+    /// Sampling parameters out of their ranges (those `run` has too) are `400`s naming the field.
+    #[test]
+    fn sampling_out_of_range_is_a_400_naming_the_field() {
+        let model = tiny();
+        for (field, value) in [
+            ("top_p", serde_json::json!(0)),
+            ("min_p", serde_json::json!(1.5)),
+            ("repetition_penalty", serde_json::json!(0)),
+            ("repetition_penalty", serde_json::json!(-1.0)),
+            ("frequency_penalty", serde_json::json!(2.5)),
+            ("presence_penalty", serde_json::json!(-3)),
+        ] {
+            let mut request = serde_json::json!({"prompt": "ba"});
+            request[field] = value.clone();
+            let e = prepare(&model, Endpoint::Completion, &body(request)).unwrap_err();
+            assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some(field)), "{field}: {value}");
+            assert!(e.message.contains("expected a number"), "{field}: {}", e.message);
+        }
     }
 
     #[test]

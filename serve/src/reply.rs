@@ -54,9 +54,11 @@ pub struct Reply {
     last_token: Option<Instant>,
     /// How it ended (`None` while it runs, or if its client left first).
     outcome: Option<&'static str>,
-    /// vLLM's `stop_reason`: the stop string or stop token id that ended it (null: EOS, the end
-    /// of the model's turn, or a length).
+    /// vLLM's `stop_reason`: the stop string or stop token id that ended it (null: the model's
+    /// EOS, or a length).
     stop_reason: Value,
+    /// The model's own end-of-sequence token (config.json's first).
+    model_eos: Option<u32>,
     /// A part decided before the one returned (the end after the last text).
     pending: Option<Part>,
     metrics: Arc<Metrics>,
@@ -94,6 +96,7 @@ impl Reply {
             last_token: None,
             outcome: None,
             stop_reason: Value::Null,
+            model_eos: app.model.eos_ids.first().copied(),
             pending: None,
             metrics,
         }
@@ -150,8 +153,8 @@ impl Reply {
                     return Some(Part::Delta { text, ids: vec![id] });
                 }
                 SequenceEvent::Finished(reason) => {
-                    if reason == StopReason::StopId {
-                        self.stop_reason = self.stop_id_reason();
+                    if matches!(reason, StopReason::Eos | StopReason::StopId) {
+                        self.stop_reason = self.stop_token_reason();
                     }
                     let finish_reason = match reason {
                         StopReason::Eos | StopReason::StopId => "stop",
@@ -170,16 +173,12 @@ impl Reply {
         }
     }
 
-    /// The `stop_reason` of a reply ended by a stop id: the id when the request listed it, the
-    /// string when it asked for a special token's text (`<turn|>`, which stops as its id), null for
-    /// the end of the model's turn a chat reply stops at unasked.
-    fn stop_id_reason(&self) -> Value {
-        let Some(&id) = self.generated.last() else { return Value::Null };
-        if self.ask.stop_ids.contains(&id) {
-            return json!(id);
-        }
-        match self.tokenizer.as_ref().and_then(|t| t.token(id)) {
-            Some(text) if self.ask.stop.contains(&text) => json!(text),
+    /// The `stop_reason` of a reply ended by a token: its id, unless it is the model's own
+    /// end-of-sequence token (null). As vLLM, which keeps the tokenizer's EOS as EOS and makes
+    /// `generation_config.json`'s other ones (Gemma's `<turn|>`) stop ids.
+    fn stop_token_reason(&self) -> Value {
+        match self.generated.last() {
+            Some(&id) if Some(id) != self.model_eos => json!(id),
             _ => Value::Null,
         }
     }

@@ -272,12 +272,14 @@ impl Command {
     const HELP: &str = "/clear  forget the conversation (a --system message stays)\n\
                         /exit   end the conversation (also Ctrl-D)\n\
                         /help   this list\n\
-                        a line that starts with / and holds a space is a message";
+                        any other line starting with / (a path, a sentence) is a message";
 
-    /// The command `line` is, if it is one word starting with `/`; an unknown one is an error.
+    /// The command `line` is, if it is `/` and a word of letters (or `/?`); an unknown one is an
+    /// error. Anything else (`/etc/hosts`, `/clear the table`) is a message.
     fn of(line: &str) -> Result<Option<Command>> {
         let word = line.trim();
-        if !word.starts_with('/') || word.contains(char::is_whitespace) {
+        let name = word.strip_prefix('/').unwrap_or_default();
+        if !(name == "?" || !name.is_empty() && name.chars().all(|c| c.is_ascii_alphabetic())) {
             return Ok(None);
         }
         Ok(Some(match word {

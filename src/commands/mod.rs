@@ -219,26 +219,7 @@ impl SamplingArgs {
     }
 
     pub fn params(&self) -> anyhow::Result<g4c_runtime::SamplingParams> {
-        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            anyhow::bail!("--temperature: expected a number >= 0, found {}", self.temperature);
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            anyhow::bail!("--top-p: expected a number in (0, 1], found {}", self.top_p);
-        }
-        if !(0.0..=1.0).contains(&self.min_p) {
-            anyhow::bail!("--min-p: expected a number in [0, 1], found {}", self.min_p);
-        }
-        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
-            anyhow::bail!("--repetition-penalty: expected a number > 0, found {}", self.repetition_penalty);
-        }
-        for (flag, value) in
-            [("--frequency-penalty", self.frequency_penalty), ("--presence-penalty", self.presence_penalty)]
-        {
-            if !(-2.0..=2.0).contains(&value) {
-                anyhow::bail!("{flag}: expected a number from -2 to 2, found {value}");
-            }
-        }
-        Ok(g4c_runtime::SamplingParams {
+        let params = g4c_runtime::SamplingParams {
             temperature: self.temperature,
             top_k: self.top_k,
             top_p: self.top_p,
@@ -247,7 +228,11 @@ impl SamplingArgs {
             repetition_penalty: self.repetition_penalty,
             frequency_penalty: self.frequency_penalty,
             presence_penalty: self.presence_penalty,
-        })
+        };
+        params.check().map_err(|(field, expected, found)| {
+            anyhow::anyhow!("--{}: expected {expected}, found {found}", field.replace('_', "-"))
+        })?;
+        Ok(params)
     }
 }
 

@@ -12,28 +12,50 @@ pub fn available() -> Option<u64> {
 }
 
 /// What the memory cgroup leaves under its limit, if one is set: cgroup v2's `memory.max` less
-/// `memory.current`, or v1's `memory.limit_in_bytes` less `memory.usage_in_bytes`. Read where
-/// `/proc/self/cgroup` places the process and, for a container (whose cgroup is the mount's root),
-/// at the root.
+/// `memory.current`, or v1's `memory.limit_in_bytes` less `memory.usage_in_bytes`, each usage less
+/// the inactive file cache the kernel reclaims before it fails an allocation (`inactive_file`, as
+/// kubelet's working set counts it). Read where `/proc/self/cgroup` places the process and, for a
+/// container (whose cgroup is the mount's root), at the root.
 fn cgroup_left() -> Option<u64> {
-    let mut dirs = Vec::new();
+    struct Files {
+        dir: String,
+        limit: &'static str,
+        usage: &'static str,
+        inactive: &'static str,
+    }
+    let v2 = |dir: String| Files { dir, limit: "memory.max", usage: "memory.current", inactive: "inactive_file" };
+    let v1 = |dir: String| Files {
+        dir,
+        limit: "memory.limit_in_bytes",
+        usage: "memory.usage_in_bytes",
+        inactive: "total_inactive_file",
+    };
+    let mut places = Vec::new();
     for line in std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default().lines() {
         let mut fields = line.splitn(3, ':');
         let (Some(_), Some(controllers), Some(path)) = (fields.next(), fields.next(), fields.next()) else { continue };
         let path = path.trim_start_matches('/');
         if controllers.is_empty() {
-            dirs.push((format!("/sys/fs/cgroup/{path}"), "memory.max", "memory.current"));
+            places.push(v2(format!("/sys/fs/cgroup/{path}")));
         } else if controllers.split(',').any(|c| c == "memory") {
-            dirs.push((format!("/sys/fs/cgroup/memory/{path}"), "memory.limit_in_bytes", "memory.usage_in_bytes"));
+            places.push(v1(format!("/sys/fs/cgroup/memory/{path}")));
         }
     }
-    dirs.push(("/sys/fs/cgroup".into(), "memory.max", "memory.current"));
-    dirs.push(("/sys/fs/cgroup/memory".into(), "memory.limit_in_bytes", "memory.usage_in_bytes"));
+    places.push(v2("/sys/fs/cgroup".into()));
+    places.push(v1("/sys/fs/cgroup/memory".into()));
     let read = |path: String| std::fs::read_to_string(path).ok()?.trim().parse::<u64>().ok();
+    let inactive = |f: &Files| -> u64 {
+        let stat = std::fs::read_to_string(format!("{}/memory.stat", f.dir)).unwrap_or_default();
+        let value = stat.lines().find_map(|l| l.strip_prefix(f.inactive)?.strip_prefix(' ')?.trim().parse().ok());
+        value.unwrap_or(0)
+    };
     // "max" (no limit) does not parse, and neither does a file that is not there.
-    dirs.into_iter()
-        .filter_map(|(dir, limit, usage)| {
-            Some(read(format!("{dir}/{limit}"))?.saturating_sub(read(format!("{dir}/{usage}"))?))
+    places
+        .iter()
+        .filter_map(|f| {
+            let limit = read(format!("{}/{}", f.dir, f.limit))?;
+            let used = read(format!("{}/{}", f.dir, f.usage))?.saturating_sub(inactive(f));
+            Some(limit.saturating_sub(used))
         })
         .min()
 }

@@ -111,6 +111,11 @@ impl ExecutableCache {
         &self.dir
     }
 
+    /// Whether an entry file for `program` is here: found, not read (nor checked).
+    pub fn holds(&self, program: &ProgramKey, env: &Environment) -> bool {
+        self.dir.join(file_name(program, &env.digest())).metadata().is_ok_and(|m| m.is_file())
+    }
+
     pub fn lookup(&self, program: &ProgramKey, env: &Environment) -> Lookup {
         let path = self.dir.join(file_name(program, &env.digest()));
         // Only a regular file is read: a FIFO in its place would block for ever.

@@ -535,7 +535,7 @@ impl Device for CudaDevice {
     fn upload_at(&mut self, buffer: Buffer, offset: usize, bytes: &[u8]) -> Result<()> {
         self.bind()?;
         let (ptr, size) = self.buffers[buffer];
-        if offset + bytes.len() > size {
+        if offset.checked_add(bytes.len()).is_none_or(|end| end > size) {
             return invalid(format!("an upload of {} bytes at {offset} into a buffer of {size}", bytes.len()));
         }
         // SAFETY: within the allocation; `bytes` outlives the copy, which is waited for.

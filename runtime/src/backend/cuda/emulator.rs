@@ -109,7 +109,7 @@ impl Device for Emulator {
     fn upload_at(&mut self, buffer: Buffer, offset: usize, bytes: &[u8]) -> Result<()> {
         let held = self.bytes_mut(buffer);
         let size = held.len();
-        match held.get_mut(offset..offset + bytes.len()) {
+        match offset.checked_add(bytes.len()).and_then(|end| held.get_mut(offset..end)) {
             Some(to) => to.copy_from_slice(bytes),
             None => return invalid(format!("an upload of {} bytes at {offset} into a buffer of {size}", bytes.len())),
         }

@@ -186,8 +186,8 @@ impl<D: Device> Executor for DeviceExecutor<D> {
         Ok(())
     }
 
-    /// Through the host, as `reset` uploads: each state comes down, has the row's initial bytes
-    /// written in, and goes back into its own buffer (which the recorded graphs read).
+    /// The row's initial bytes are uploaded into each state's own buffer (which the recorded graphs
+    /// read) at the row's offset; the other rows are not touched.
     fn reset_row(&mut self, row: usize) -> Result<()> {
         for r in initial_rows(&self.module, row)? {
             let Some(&b) = self.state.get(&r.name) else {

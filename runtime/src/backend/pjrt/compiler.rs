@@ -86,15 +86,12 @@ impl<'c> Compiler<'c> {
         &self.env
     }
 
-    /// Whether a cache holds an entry for every program already, so that none would be compiled
-    /// (nor stored). The entries are found, not loaded: one the plugin then refuses is compiled.
+    /// Whether a cache holds an entry file for every program already, so that none would be
+    /// compiled (nor stored). The files are found, not read: a damaged one is compiled again later.
     pub fn has_all(&self, programs: &[Program]) -> bool {
         programs.iter().all(|p| {
             let program = ProgramKey::new(&self.target, &p.entry, &COMPILE_OPTIONS, &p.text);
-            self.read_only
-                .iter()
-                .chain(&self.store)
-                .any(|c| matches!(c.lookup(&program, &self.env), Lookup::Hit { .. }))
+            self.read_only.iter().chain(&self.store).any(|c| c.holds(&program, &self.env))
         })
     }
 
