@@ -228,6 +228,23 @@ mod tests {
         assert_eq!(min_p_top_p, [1.0, 0.0, 0.0, 0.0], "min-p first, then top-p of what it kept (0.5 / 0.75 ≥ 0.6)");
     }
 
+    /// Sampling draws from the softmax of the penalized logits: token 0, in the prompt, has its
+    /// logit halved by a repetition penalty of 2, making it as likely as token 1.
+    #[test]
+    fn sampling_follows_the_penalized_softmax() {
+        let logits = [2f32.ln() * 2.0, 2f32.ln(), 0.0, 0.0];
+        let params = SamplingParams { temperature: 1.0, repetition_penalty: 2.0, seed: 7, ..Default::default() };
+        let mut s = Sampler::new(params, &[0]);
+        let mut counts = [0usize; 4];
+        for _ in 0..20_000 {
+            counts[s.pick(&logits) as usize] += 1;
+        }
+        let got = counts.map(|c| c as f64 / 20_000.0);
+        for (got, want) in got.iter().zip([1.0 / 3.0, 1.0 / 3.0, 1.0 / 6.0, 1.0 / 6.0]) {
+            assert!((got - want).abs() < 0.02, "{got:?}");
+        }
+    }
+
     #[test]
     fn same_seed_same_tokens() {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();

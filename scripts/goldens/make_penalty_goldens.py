@@ -18,7 +18,8 @@ make_goldens.py's `greedy` does, EOS ignored. Before each argmax the logits go t
 Each case records, per step, the margin between the two largest penalized logits: g4c computes the
 logits in its own order of operations, so a case is only worth comparing where no step is a near-tie
 (the script refuses a margin under 1e-3), and only if its penalties change the tokens (the script
-refuses a case that generates what plain greedy decoding does).
+refuses a case that generates what plain greedy decoding does, and a biased one that generates the
+same with the bias applied after the repetition penalty).
 """
 import json
 import sys
@@ -35,12 +36,14 @@ CASES = {
     "repetition": ([2, 10, 20, 30, 10, 20, 30], 1.5, 0.0, 0.0, {}),
     "frequency_presence": ([2, 10, 20, 30, 10, 20, 30], 1.0, 2.0, 1.5, {}),
     "all_three": ([2, 17, 301, 44], 1.3, 0.5, -0.3, {}),
-    "logit_bias": ([2, 10, 20, 30, 10, 20, 30], 1.2, 0.0, 0.0, {382: -100.0, 60: 4.0}),
+    # Token 20 is in the prompt: biased first, then penalized (as vLLM orders them), it is chosen
+    # where the other order would not choose it.
+    "logit_bias": ([2, 10, 20, 30, 10, 20, 30], 2.0, 0.0, 0.0, {382: -100.0, 20: 10.0}),
 }
 
 
 @torch.no_grad()
-def penalized_greedy(model, prompt, repetition, frequency, presence, bias):
+def penalized_greedy(model, prompt, repetition, frequency, presence, bias, bias_last=False):
     cache = transformers.DynamicCache(config=model.config)
     biased = SequenceBiasLogitsProcessor([[[i], b] for i, b in bias.items()]) if bias else None
     repeat = RepetitionPenaltyLogitsProcessor(repetition) if repetition != 1.0 else None
@@ -49,10 +52,12 @@ def penalized_greedy(model, prompt, repetition, frequency, presence, bias):
     tokens, margins = [], []
     for _ in range(NEW_TOKENS):
         logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1].float()
-        if biased is not None:
+        if biased is not None and not bias_last:
             logits = biased(torch.tensor([seen]), logits)
         if repeat is not None:
             logits = repeat(torch.tensor([seen]), logits)
+        if biased is not None and bias_last:
+            logits = biased(torch.tensor([seen]), logits)
         counts = torch.bincount(torch.tensor(tokens, dtype=torch.long), minlength=logits.shape[-1]).float()
         logits = logits[0] - frequency * counts - presence * (counts > 0).float()
         top2 = logits.topk(2).values
@@ -75,6 +80,10 @@ def main():
         plain, _ = penalized_greedy(model, prompt, 1.0, 0.0, 0.0, {})
         if plain == tokens:
             sys.exit(f"{name}: the penalties change no token: make them stronger")
+        if bias and repetition != 1.0:
+            swapped, _ = penalized_greedy(model, prompt, repetition, frequency, presence, bias, bias_last=True)
+            if swapped == tokens:
+                sys.exit(f"{name}: biasing after the repetition penalty changes no token: change the case")
         if min(margins) < 1e-3:
             sys.exit(f"{name}: a near-tie ({min(margins)}) among the penalized logits: change the case")
         cases.append({"name": name, "prompt_ids": prompt, "repetition_penalty": repetition,
