@@ -1,5 +1,5 @@
 //! `generation_config.json`, optional beside `config.json`: more end-of-sequence ids, and the
-//! sampling defaults the model ships with (Gemma's `top_k` 64, `top_p` 0.95), which vLLM's server
+//! sampling defaults the model ships with (Gemma 3's were `top_k` 64, `top_p` 0.95), which vLLM's server
 //! applies to a request that does not set them, and so does `g4c serve`.
 
 use crate::config::{kind_of, Reader};

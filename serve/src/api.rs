@@ -161,6 +161,7 @@ struct Common {
     logprobs: Option<Value>,
     top_logprobs: Option<u64>,
     // vLLM's, accepted only at the values that ask for nothing (the others: `unserved`).
+    add_special_tokens: Option<bool>,
     add_generation_prompt: Option<bool>,
     continue_final_message: Option<bool>,
 }
@@ -316,6 +317,19 @@ impl Common {
         }
         let logprobs = self.logprobs(endpoint)?;
         let logit_bias = logit_bias(self.logit_bias.as_ref())?;
+        // What is done: text gets BOS first, a chat what its template writes (and one BOS).
+        match (endpoint, self.add_special_tokens) {
+            (Endpoint::Chat, Some(true)) => {
+                return Err(ApiError::unsupported(
+                    "add_special_tokens",
+                    "adding special tokens to what the chat template writes",
+                ));
+            }
+            (Endpoint::Completion, Some(false)) => {
+                return Err(ApiError::unsupported("add_special_tokens", "a text prompt without BOS"));
+            }
+            _ => {}
+        }
         if self.add_generation_prompt == Some(false) || self.continue_final_message == Some(true) {
             let name = if self.add_generation_prompt == Some(false) {
                 "add_generation_prompt"
@@ -508,6 +522,10 @@ mod tests {
         assert_eq!(prompt(serde_json::json!(["a"])).unwrap(), PromptSpec::Text("a".into()));
         assert!(prompt(serde_json::json!(["a", "b"])).unwrap_err().message.contains("one prompt per request"));
         assert!(prompt(serde_json::json!([])).unwrap_err().message.contains("empty"));
+        // vLLM's `add_special_tokens`: true (BOS first) is what a completion gets, false is refused.
+        let bos = |add: bool| completion(serde_json::json!({"prompt": "ba", "add_special_tokens": add}));
+        assert!(bos(true).is_ok());
+        assert_eq!(bos(false).unwrap_err().param.as_deref(), Some("add_special_tokens"));
     }
 
     #[test]
@@ -581,6 +599,7 @@ mod tests {
             ("n_predict", serde_json::json!(-1)),
             ("typical_p", serde_json::json!(1.0)),
             ("chat_template_kwargs", serde_json::json!({})),
+            ("add_special_tokens", serde_json::json!(false)),
         ];
         for (field, value) in nothing {
             assert!(with(field, value.clone()).is_ok(), "{field}: {value}");
@@ -612,6 +631,7 @@ mod tests {
             ("mirostat", serde_json::json!(2)),
             ("dry_multiplier", serde_json::json!(0.8)),
             ("xtc_probability", serde_json::json!(0.5)),
+            ("add_special_tokens", serde_json::json!(true)),
         ];
         for (field, value) in something {
             let err = with(field, value.clone()).unwrap_err();

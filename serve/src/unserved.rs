@@ -74,7 +74,6 @@ const UNSERVED: &[Unserved] = &[
     unserved("chat_template", "a chat template other than the model's", never),
     unserved("chat_template_kwargs", "arguments to the chat template", is_empty),
     unserved("documents", "documents for the chat template", is_empty),
-    unserved("add_special_tokens", "adding special tokens to what the chat template writes", is_false),
     unserved("logits_processors", "logits processors", is_empty),
     unserved("return_tokens_as_token_ids", "tokens as `token_id:N` strings", is_false),
     unserved("guided_json", "constrained decoding", never),
