@@ -266,3 +266,31 @@ fn chat_commands_clear_help_and_exit() {
     let out = chat(b"/nosuch\n");
     assert_one_line_error(&out, &["message 1", "unknown command `/nosuch`", "/help"]);
 }
+
+/// A conversation that fills `g4c chat`'s context drops its oldest turns (as Ollama trims one) and
+/// goes on, rather than refusing every message after.
+#[test]
+fn chat_drops_the_oldest_turns_when_the_context_is_full() {
+    use std::io::Write;
+    let (_tmp, dir) = crate::common::synth_tiny(3);
+    let mut chat = std::process::Command::new(env!("CARGO_BIN_EXE_g4c"))
+        .env("G4C_CACHE_DIR", crate::common::test_cache())
+        .args(["chat", dir.to_str().unwrap(), "--max-new-tokens", "8", "--context", "48", "--json"])
+        .args(["--system", "ba", "--prefill-len", "16"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("g4c runs");
+    chat.stdin.take().unwrap().write_all("ba de fi\n".repeat(8).as_bytes()).unwrap();
+    let out = chat.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let turns: Vec<serde_json::Value> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(turns.len(), 8, "every message answered: {stderr}");
+    let lengths: Vec<usize> = turns.iter().map(|t| t["prompt_ids"].as_array().unwrap().len()).collect();
+    assert!(lengths.iter().all(|&n| n < 48), "{lengths:?}");
+    assert!(lengths.windows(2).any(|w| w[1] < w[0]), "no turn was dropped: {lengths:?}");
+    assert!(stderr.contains("turns were dropped"), "{stderr}");
+}

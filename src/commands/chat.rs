@@ -9,7 +9,9 @@ use anyhow::{bail, Result};
 use clap::Args;
 use g4c_driver::Session;
 use g4c_frontend::{ChatMessage, ChatTemplate, TextTokenizer};
-use g4c_runtime::{BatchEngine, GenerateOptions, ModelShape, SequenceEvent, SequenceRequest, SequenceSink, StopReason};
+use g4c_runtime::{
+    BatchEngine, GenerateOptions, ModelShape, PromptProblem, SequenceEvent, SequenceRequest, SequenceSink, StopReason,
+};
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -110,7 +112,12 @@ pub fn run(args: ChatArgs) -> Result<()> {
             .map_err(|_| anyhow::anyhow!("the message is not UTF-8 text"))
             .map(|text| text.trim_end_matches('\r').to_string());
         let prompt = match read.and_then(|text| Line::of(text, &mut conversation, &shape)) {
-            Ok(Line::Prompt(prompt)) => prompt,
+            Ok(Line::Prompt((prompt, dropped))) => {
+                if dropped > 0 {
+                    ui().note(&format!("the context is full: the conversation's first {dropped} turns were dropped"));
+                }
+                prompt
+            }
             Ok(Line::Nothing) => continue,
             Ok(Line::Command(Command::Exit)) => break,
             Ok(Line::Command(Command::Clear)) => {
@@ -183,21 +190,48 @@ const REPLY: &str = "\u{e000}g4c reply\u{e000}";
 impl Conversation<'_> {
     /// The prompt for the user's `text`: the tokens so far, then what the template adds for it (the
     /// end of the last reply's turn, the message, the start of the model's turn). Where the
-    /// template does not write the last reply as it is, the whole conversation rendered anew.
-    fn ask(&mut self, text: String, shape: &ModelShape) -> Result<Vec<u32>> {
-        let first = !self.messages.iter().any(|m| m.role == "assistant");
+    /// template does not write the last reply as it is, the whole conversation rendered anew. Where
+    /// the context is full, the oldest turns are dropped (as Ollama trims a conversation) until a
+    /// quarter of it is free again; how many is the second value.
+    fn ask(&mut self, text: String, shape: &ModelShape) -> Result<(Vec<u32>, usize)> {
+        let before = (self.messages.clone(), self.tokens.clone());
         self.messages.push(ChatMessage { role: "user".into(), content: text });
-        let prompt = self.prompt();
-        let checked = prompt.and_then(|prompt| match (shape.check_prompt(&prompt, 1), first) {
-            (Ok(()), _) => Ok(prompt),
-            // Only a shorter message helps then.
-            (Err(problem), true) => Err(anyhow::anyhow!("{problem}")),
-            (Err(problem), false) => Err(anyhow::anyhow!("{problem}; /clear starts a new conversation")),
-        });
-        if checked.is_err() {
-            self.messages.pop();
+        let mut dropped = 0;
+        let asked = loop {
+            let prompt = match self.prompt() {
+                Ok(prompt) => prompt,
+                Err(e) => break Err(e),
+            };
+            let full = matches!(shape.check_prompt(&prompt, 1), Err(PromptProblem::TooLong { .. }));
+            let trimming = dropped > 0 && prompt.len() > shape.context * 3 / 4;
+            if (full || trimming) && self.drop_oldest_turn() {
+                dropped += 1;
+                continue;
+            }
+            break match shape.check_prompt(&prompt, 1) {
+                Ok(()) => Ok((prompt, dropped)),
+                Err(problem) => Err(anyhow::anyhow!("{problem}")),
+            };
+        };
+        if asked.is_err() {
+            (self.messages, self.tokens) = before;
         }
-        checked
+        asked
+    }
+
+    /// Drops the oldest turn (a user's message and the reply to it; system messages stay) but the
+    /// last message; whether there was one.
+    fn drop_oldest_turn(&mut self) -> bool {
+        let Some(first) = self.messages.iter().position(|m| m.role != "system") else { return false };
+        if first + 1 >= self.messages.len() {
+            return false;
+        }
+        let reply =
+            self.messages.get(first + 1).is_some_and(|m| m.role == "assistant") && first + 2 < self.messages.len();
+        self.messages.drain(first..first + 1 + reply as usize);
+        // The tokens kept are no longer the conversation's: it is rendered anew.
+        self.tokens.clear();
+        true
     }
 
     fn prompt(&self) -> Result<Vec<u32>> {
@@ -237,8 +271,8 @@ impl Conversation<'_> {
 
 /// What a line read is.
 enum Line {
-    /// A message, and the prompt that asks it.
-    Prompt(Vec<u32>),
+    /// A message: the prompt that asks it, and how many of the oldest turns were dropped for it.
+    Prompt((Vec<u32>, usize)),
     /// A blank line.
     Nothing,
     /// A command, done as far as the conversation goes (`/clear` has cleared it).
