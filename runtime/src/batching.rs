@@ -179,7 +179,7 @@ impl BatchEngine {
             return Ok(index);
         }
         row.sequence = Some(Sequence {
-            sampler: Sampler::with_bias(request.options.sampling, &request.options.logit_bias, &request.prompt),
+            sampler: Sampler::new(request.options.sampling, &request.options.logit_bias, &request.prompt),
             prompt: request.prompt,
             options: request.options,
             generated: vec![],

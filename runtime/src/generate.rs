@@ -4,6 +4,7 @@
 
 use crate::error::{invalid, Result, RuntimeError};
 use crate::executor::{Executor, StepInputs, StepOutput};
+use crate::penalties::change_logits;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tensor::Tensor;
 use g4c_ir::{AttentionKind, Function, Module, ParamRole, ResultRole};
@@ -58,8 +59,8 @@ impl GenerateOptions {
 
     /// What each call copies back: only the greedy tokens when they are all this generation reads.
     pub fn step_output(&self) -> StepOutput {
-        match self.sampling.is_plain_greedy()
-            && self.logit_bias.is_empty()
+        match self.sampling.is_greedy()
+            && !change_logits(&self.sampling, &self.logit_bias)
             && self.forced.is_empty()
             && !self.keep_logits
             && self.logprobs.is_none()
@@ -244,7 +245,7 @@ pub fn generate(
     let mut out = prefill(exec, &shape, &[prompt], output)?;
     gen.timings.prefill_seconds = started.elapsed().as_secs_f64();
     let started = Instant::now();
-    let mut sampler = Sampler::with_bias(opts.sampling, &opts.logit_bias, prompt);
+    let mut sampler = Sampler::new(opts.sampling, &opts.logit_bias, prompt);
     let mut position = prompt.len();
     loop {
         // The call `out` came from, named only for an error (no formatting in the decode loop).

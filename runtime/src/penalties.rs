@@ -11,7 +11,18 @@
 use crate::sampling::SamplingParams;
 use std::collections::{BTreeMap, BTreeSet};
 
+/// Whether `params`' penalties or `bias` change any logit; if none does, a greedy pick is the
+/// largest of the logits as the model gives them (which a device's greedy token is).
+pub fn change_logits(params: &SamplingParams, bias: &[(u32, f32)]) -> bool {
+    !bias.is_empty()
+        || params.repetition_penalty != 1.0
+        || params.frequency_penalty != 0.0
+        || params.presence_penalty != 0.0
+}
+
 pub struct Penalties {
+    /// Whether anything changes logits (`change_logits`).
+    active: bool,
     /// Token ids and what is added to their logits.
     bias: Vec<(u32, f32)>,
     repetition: f32,
@@ -29,12 +40,13 @@ impl Penalties {
         let repetition = params.repetition_penalty;
         let prompt = if repetition != 1.0 { prompt.iter().copied().collect() } else { BTreeSet::new() };
         let (frequency, presence) = (params.frequency_penalty, params.presence_penalty);
-        Penalties { bias: bias.to_vec(), repetition, frequency, presence, prompt, reply: BTreeMap::new() }
+        let active = change_logits(params, bias);
+        Penalties { active, bias: bias.to_vec(), repetition, frequency, presence, prompt, reply: BTreeMap::new() }
     }
 
     /// Whether anything changes logits.
     pub fn is_active(&self) -> bool {
-        !self.bias.is_empty() || self.repetition != 1.0 || self.frequency != 0.0 || self.presence != 0.0
+        self.active
     }
 
     /// Counts `token`, the reply's next token.

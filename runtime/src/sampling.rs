@@ -47,15 +47,6 @@ impl SamplingParams {
             None => Ok(()),
         }
     }
-
-    /// Whether the pick is the largest of the logits as the model gives them (which a device's
-    /// greedy token is): greedy, and no penalty changes them.
-    pub fn is_plain_greedy(&self) -> bool {
-        self.is_greedy()
-            && self.repetition_penalty == 1.0
-            && self.frequency_penalty == 0.0
-            && self.presence_penalty == 0.0
-    }
 }
 
 impl Default for SamplingParams {
@@ -79,18 +70,16 @@ pub struct Sampler {
     params: SamplingParams,
     rng: ChaCha8Rng,
     penalties: Penalties,
+    /// The penalized logits, kept between picks so a step allocates no vocabulary-sized row.
+    penalized: Vec<f32>,
 }
 
 impl Sampler {
-    /// A sampler for a sequence that starts with `prompt`.
-    pub fn new(params: SamplingParams, prompt: &[u32]) -> Sampler {
-        Sampler::with_bias(params, &[], prompt)
-    }
-
-    /// A sampler that also adds `bias` to those tokens' logits (OpenAI's `logit_bias`).
-    pub fn with_bias(params: SamplingParams, bias: &[(u32, f32)], prompt: &[u32]) -> Sampler {
+    /// A sampler for a sequence that starts with `prompt`, adding `bias` to those tokens' logits
+    /// (OpenAI's `logit_bias`).
+    pub fn new(params: SamplingParams, bias: &[(u32, f32)], prompt: &[u32]) -> Sampler {
         let penalties = Penalties::new(&params, bias, prompt);
-        Sampler { params, rng: ChaCha8Rng::seed_from_u64(params.seed), penalties }
+        Sampler { params, rng: ChaCha8Rng::seed_from_u64(params.seed), penalties, penalized: Vec::new() }
     }
 
     /// The next token, from the logits the model gives.
@@ -98,9 +87,13 @@ impl Sampler {
         if !self.penalties.is_active() {
             return self.pick_from(logits);
         }
-        let mut penalized = logits.to_vec();
+        let mut penalized = std::mem::take(&mut self.penalized);
+        penalized.clear();
+        penalized.extend_from_slice(logits);
         self.penalties.apply(&mut penalized);
-        self.pick_from(&penalized)
+        let token = self.pick_from(&penalized);
+        self.penalized = penalized;
+        token
     }
 
     /// Counts `token`, the sequence's next token.
@@ -194,9 +187,9 @@ mod tests {
     #[test]
     fn greedy_cases() {
         let logits = [0.1, 3.0, 3.0, -1.0];
-        let mut s = Sampler::new(SamplingParams::default(), &[]);
+        let mut s = Sampler::new(SamplingParams::default(), &[], &[]);
         assert_eq!(s.pick(&logits), 1, "ties go to the lowest id");
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 1, ..Default::default() }, &[]);
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 1, ..Default::default() }, &[], &[]);
         assert_eq!(s.pick(&logits), 1);
     }
 
@@ -205,7 +198,7 @@ mod tests {
         // Probabilities 0.5, 0.25, 0.125, 0.125 at temperature 1.
         let logits = [2f32.ln() * 2.0, 2f32.ln(), 0.0, 0.0];
         let draw = |params: SamplingParams| {
-            let mut s = Sampler::new(params, &[]);
+            let mut s = Sampler::new(params, &[], &[]);
             let mut counts = [0usize; 4];
             for _ in 0..20_000 {
                 counts[s.pick(&logits) as usize] += 1;
@@ -234,7 +227,7 @@ mod tests {
     fn sampling_follows_the_penalized_softmax() {
         let logits = [2f32.ln() * 2.0, 2f32.ln(), 0.0, 0.0];
         let params = SamplingParams { temperature: 1.0, repetition_penalty: 2.0, seed: 7, ..Default::default() };
-        let mut s = Sampler::new(params, &[0]);
+        let mut s = Sampler::new(params, &[], &[0]);
         let mut counts = [0usize; 4];
         for _ in 0..20_000 {
             counts[s.pick(&logits) as usize] += 1;
@@ -249,7 +242,7 @@ mod tests {
     fn same_seed_same_tokens() {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
         let run = |seed| {
-            let mut s = Sampler::new(SamplingParams { temperature: 0.8, seed, ..Default::default() }, &[]);
+            let mut s = Sampler::new(SamplingParams { temperature: 0.8, seed, ..Default::default() }, &[], &[]);
             (0..20).map(|_| s.pick(&logits)).collect::<Vec<_>>()
         };
         assert_eq!(run(3), run(3));
