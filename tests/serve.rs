@@ -624,13 +624,19 @@ fn stop_reason_names_the_stop_string_or_id_that_ended_a_choice() {
 
 /// Sampling parameters a request leaves out take the model's own (`generation_config.json`), as
 /// vLLM's server does: a model shipping `top_k: 1` answers an unseeded request at temperature 1
-/// with the greedy tokens, and one that sets `top_k` itself samples.
+/// with the greedy tokens, and one that sets `top_k` itself samples. A default out of its range
+/// stops the server before it starts; greedy (`temperature: 0`) is a default like any other.
 #[test]
 fn sampling_left_out_takes_the_generation_config() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("tiny");
     let out = crate::common::g4c(&["synth", "--preset", "tiny", "--seed", "0", "-q", "-o", model.to_str().unwrap()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::write(model.join("generation_config.json"), r#"{"temperature": 0, "top_p": 0}"#).unwrap();
+    let out = crate::common::g4c(&["serve", model.to_str().unwrap(), "--port", "0", "--context", "64"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("generation_config.json: `top_p`: expected a number in (0, 1], found 0"), "{stderr}");
     std::fs::write(model.join("generation_config.json"), r#"{"eos_token_id": 1, "top_k": 1}"#).unwrap();
     let server = Server::start_on(&model, &["--context", "64"]);
     let tokens = |extra: Value| {

@@ -474,6 +474,14 @@ impl Reader {
         }
     }
 
+    /// Any number, if the field holds one (ranges are the caller's).
+    pub(crate) fn optional_number(&self, field: &str) -> Result<Option<f64>> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(v) => v.as_f64().map(Some).ok_or_else(|| self.bad(field, "a number".into(), kind_of(v))),
+        }
+    }
+
     pub(crate) fn optional_token_id(&self, field: &str, default: Option<u32>) -> Result<Option<u32>> {
         match self.obj.get(field) {
             None => Ok(default),

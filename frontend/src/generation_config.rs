@@ -52,26 +52,20 @@ impl GenerationConfig {
 }
 
 impl SamplingDefaults {
+    /// The fields' types only: their ranges are `SamplingParams::check`'s, which `serve`, the one
+    /// command that applies them, runs on them at start.
     fn read(r: &Reader) -> Result<SamplingDefaults> {
-        let number = |field: &str, expected: &str, ok: fn(f64) -> bool| -> Result<Option<f32>> {
-            match r.get(field) {
-                None => Ok(None),
-                Some(_) => match r.float(field, None)? {
-                    x if ok(x) => Ok(Some(x as f32)),
-                    x => Err(r.bad(field, expected.into(), x.to_string())),
-                },
-            }
-        };
+        let number = |field: &str| -> Result<Option<f32>> { Ok(r.optional_number(field)?.map(|x| x as f32)) };
         let top_k = match r.get("top_k") {
             None => None,
             Some(_) => Some(r.usize("top_k", None)?),
         };
         Ok(SamplingDefaults {
-            temperature: number("temperature", "a number >= 0", |x| x >= 0.0 && x.is_finite())?,
+            temperature: number("temperature")?,
             top_k,
-            top_p: number("top_p", "a number in (0, 1]", |x| x > 0.0 && x <= 1.0)?,
-            min_p: number("min_p", "a number in [0, 1]", |x| (0.0..=1.0).contains(&x))?,
-            repetition_penalty: number("repetition_penalty", "a number > 0", |x| x > 0.0 && x.is_finite())?,
+            top_p: number("top_p")?,
+            min_p: number("min_p")?,
+            repetition_penalty: number("repetition_penalty")?,
         })
     }
 }
@@ -93,17 +87,18 @@ mod tests {
         let expected = SamplingDefaults { top_k: Some(64), top_p: Some(0.95), ..Default::default() };
         assert_eq!(g.sampling, expected);
         assert_eq!(read("{}").unwrap().unwrap(), GenerationConfig::default());
+        // Greedy and min-p off are defaults, not errors; a null is no default.
+        let g = read(r#"{"temperature": 0, "min_p": 0.0, "top_p": null}"#).unwrap().unwrap();
+        assert_eq!(g.sampling, SamplingDefaults { temperature: Some(0.0), min_p: Some(0.0), ..Default::default() });
         assert!(GenerationConfig::read(tempfile::tempdir().unwrap().path(), 300).unwrap().is_none());
     }
 
     #[test]
-    fn defaults_out_of_range_are_errors_naming_the_field() {
+    fn defaults_of_the_wrong_type_are_errors_naming_the_field() {
         for (json, field) in [
-            (r#"{"top_p": 0}"#, "top_p"),
-            (r#"{"temperature": -1}"#, "temperature"),
             (r#"{"top_k": 2.5}"#, "top_k"),
-            (r#"{"repetition_penalty": 0}"#, "repetition_penalty"),
             (r#"{"min_p": "x"}"#, "min_p"),
+            (r#"{"temperature": [1]}"#, "temperature"),
             (r#"{"eos_token_id": 400}"#, "eos_token_id"),
             ("[1]", "(top level)"),
         ] {

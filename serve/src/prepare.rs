@@ -4,6 +4,7 @@ use crate::api::{self, Ask, Endpoint, PromptSpec};
 use crate::error::ApiError;
 use crate::tokenize::check_model;
 use crate::ModelInfo;
+use g4c_frontend::SamplingDefaults;
 use g4c_runtime::{GenerateOptions, PromptProblem, SamplingParams, SequenceRequest};
 
 /// A request body checked and made into what the engine is asked for: its prompt tokenized (chat
@@ -69,17 +70,19 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
         eos_ids: model.eos_ids.clone(),
         ignore_eos: ask.ignore_eos,
         stop_ids,
-        // What the request leaves out: the model's defaults, else OpenAI's (vLLM's `--generation-config
-        // auto`).
+        // What the request leaves out: the model's defaults (vLLM's `--generation-config auto`), else
+        // OpenAI's.
         sampling: SamplingParams {
-            temperature: ask.temperature.or(defaults.temperature).unwrap_or(1.0),
-            top_k: ask.top_k.or(defaults.top_k).unwrap_or(0),
-            top_p: ask.top_p.or(defaults.top_p).unwrap_or(1.0),
-            min_p: ask.min_p.or(defaults.min_p).unwrap_or(0.0),
             seed: ask.seed.unwrap_or_else(rand::random),
-            repetition_penalty: ask.repetition_penalty.or(defaults.repetition_penalty).unwrap_or(1.0),
             frequency_penalty: ask.frequency_penalty,
             presence_penalty: ask.presence_penalty,
+            ..sampling_params(&SamplingDefaults {
+                temperature: ask.temperature.or(defaults.temperature),
+                top_k: ask.top_k.or(defaults.top_k),
+                top_p: ask.top_p.or(defaults.top_p),
+                min_p: ask.min_p.or(defaults.min_p),
+                repetition_penalty: ask.repetition_penalty.or(defaults.repetition_penalty),
+            })
         },
         forced: vec![],
         keep_logits: false,
@@ -93,6 +96,26 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
         options.end_turn_at(model.turn_end);
     }
     Ok((ask, SequenceRequest { prompt, options }))
+}
+
+/// The sampling parameters `chosen` sets, OpenAI's defaults where it says nothing.
+fn sampling_params(chosen: &SamplingDefaults) -> SamplingParams {
+    SamplingParams {
+        temperature: chosen.temperature.unwrap_or(1.0),
+        top_k: chosen.top_k.unwrap_or(0),
+        top_p: chosen.top_p.unwrap_or(1.0),
+        min_p: chosen.min_p.unwrap_or(0.0),
+        repetition_penalty: chosen.repetition_penalty.unwrap_or(1.0),
+        ..SamplingParams::default()
+    }
+}
+
+/// Checks the model's sampling defaults (`generation_config.json`'s) by the rule requests are checked
+/// by, before the server takes one: `field: expected …, found …` for the first out of its range.
+pub fn check_sampling_defaults(defaults: &SamplingDefaults) -> Result<(), String> {
+    sampling_params(defaults)
+        .check()
+        .map_err(|(field, expected, found)| format!("`{field}`: expected {expected}, found {found}"))
 }
 
 /// The token ids of `prompt`: chat messages rendered by the model's template, text with BOS first.

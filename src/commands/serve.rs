@@ -56,6 +56,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     let listener = g4c_serve::bind(&args.host, args.port).map_err(anyhow::Error::msg)?;
     let mut session = Session::open(&args.model_dir, args.execution.session_options(&args.model_dir)?)?;
+    g4c_serve::prepare::check_sampling_defaults(&session.source.config.sampling_defaults)
+        .map_err(|e| anyhow!("{}: generation_config.json: {e}", args.model_dir.display()))?;
     let source = &session.source;
     let context = source.context(args.context, 4096)?;
     let shapes =
