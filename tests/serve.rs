@@ -581,6 +581,8 @@ fn tokenize_gives_the_ids_generation_takes_and_detokenize_their_text() {
         ("/tokenize", json!({}), None),
         ("/tokenize", json!({"prompt": "qqq"}), Some("prompt")),
         ("/tokenize", json!({"messages": messages, "add_generation_prompt": false}), Some("add_generation_prompt")),
+        ("/tokenize", json!({"messages": messages, "chat_template": "{{ messages }}"}), Some("chat_template")),
+        ("/tokenize", json!({"messages": messages, "continue_final_message": true}), Some("continue_final_message")),
         ("/detokenize", json!({"tokens": [2, 512]}), Some("tokens")),
         ("/detokenize", json!({"tokens": "ba"}), Some("tokens")),
     ] {

@@ -163,7 +163,6 @@ struct Common {
     // vLLM's, accepted only at the values that ask for nothing (the others: `unserved`).
     add_special_tokens: Option<bool>,
     add_generation_prompt: Option<bool>,
-    continue_final_message: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -330,13 +329,8 @@ impl Common {
             }
             _ => {}
         }
-        if self.add_generation_prompt == Some(false) || self.continue_final_message == Some(true) {
-            let name = if self.add_generation_prompt == Some(false) {
-                "add_generation_prompt"
-            } else {
-                "continue_final_message"
-            };
-            return Err(ApiError::unsupported(name, "continuing the last message"));
+        if self.add_generation_prompt == Some(false) {
+            return Err(ApiError::unsupported("add_generation_prompt", "continuing the last message"));
         }
         if self.stream != Some(true) && self.stream_options.is_some() {
             return Err(ApiError::param("stream_options", "`stream_options` is only allowed with `stream: true`"));

@@ -20,10 +20,6 @@ struct TokenizeBody {
     add_generation_prompt: Option<bool>,
     /// Each token's text in the vocabulary beside its id.
     return_token_strs: Option<bool>,
-    // vLLM's, accepted only where they ask for nothing: the ids would differ from what it gives.
-    continue_final_message: Option<bool>,
-    chat_template: Option<Value>,
-    tools: Option<Vec<Value>>,
 }
 
 #[derive(Deserialize)]
@@ -34,19 +30,12 @@ struct DetokenizeBody {
 
 /// `/tokenize`: `{"count", "max_model_len", "tokens", "token_strs"}`.
 pub fn tokenize(model: &ModelInfo, body: &[u8]) -> Result<Value, ApiError> {
-    let body: TokenizeBody = typed(&body_object(body)?, "request")?;
+    let value = body_object(body)?;
+    crate::unserved::check_rendering(&value)?;
+    let body: TokenizeBody = typed(&value, "request")?;
     check_model(model, body.model.as_deref())?;
     if model.tokenizer.is_none() {
         return Err(ApiError::invalid("this model has no tokenizer.json, so there is nothing to tokenize with"));
-    }
-    if body.continue_final_message == Some(true) {
-        return Err(ApiError::unsupported("continue_final_message", "continuing the last message"));
-    }
-    if body.chat_template.is_some() {
-        return Err(ApiError::unsupported("chat_template", "a chat template other than the model's"));
-    }
-    if body.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::unsupported("tools", "rendering tools"));
     }
     let ids = match (body.prompt, body.messages) {
         (Some(_), Some(_)) => return Err(ApiError::invalid("give `prompt` or `messages`, not both")),

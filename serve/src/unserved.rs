@@ -72,6 +72,7 @@ const UNSERVED: &[Unserved] = &[
     unserved("length_penalty", "a beam search's length penalty", is_one),
     unserved("truncate_prompt_tokens", "truncating the prompt", never),
     unserved("chat_template", "a chat template other than the model's", never),
+    unserved("continue_final_message", "continuing the last message", is_false),
     unserved("chat_template_kwargs", "arguments to the chat template", is_empty),
     unserved("documents", "documents for the chat template", is_empty),
     unserved("logits_processors", "logits processors", is_empty),
@@ -94,10 +95,25 @@ const UNSERVED: &[Unserved] = &[
     unserved("json_schema", "constrained decoding", never),
 ];
 
-/// The first field of `body` (a request object) asking for what this server does not do, as a
-/// `400` naming it.
+/// The fields that change how a chat is rendered into tokens: `/tokenize` refuses these alone.
+const RENDERING: &[&str] =
+    &["tools", "functions", "chat_template", "chat_template_kwargs", "documents", "continue_final_message"];
+
+/// The first field of `body` (a generation request object) asking for what this server does not
+/// do, as a `400` naming it. Fields whose meaning depends on the endpoint (`add_special_tokens`,
+/// `add_generation_prompt`) are the endpoint's to refuse.
 pub fn check(body: &Value) -> Result<(), ApiError> {
-    for u in UNSERVED {
+    check_where(body, |_| true)
+}
+
+/// As `check`, for a `/tokenize` body: only the fields that would give other ids than generation
+/// takes.
+pub fn check_rendering(body: &Value) -> Result<(), ApiError> {
+    check_where(body, |field| RENDERING.contains(&field))
+}
+
+fn check_where(body: &Value, applies: impl Fn(&str) -> bool) -> Result<(), ApiError> {
+    for u in UNSERVED.iter().filter(|u| applies(u.field)) {
         if let Some(v) = body.get(u.field).filter(|v| !v.is_null()) {
             if !(u.asks_nothing)(v) {
                 return Err(ApiError::unsupported(u.field, u.what));

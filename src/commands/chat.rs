@@ -202,16 +202,14 @@ impl Conversation<'_> {
                 Ok(prompt) => prompt,
                 Err(e) => break Err(e),
             };
-            let full = matches!(shape.check_prompt(&prompt, 1), Err(PromptProblem::TooLong { .. }));
+            let checked = shape.check_prompt(&prompt, 1);
+            let full = matches!(checked, Err(PromptProblem::TooLong { .. }));
             let trimming = dropped > 0 && prompt.len() > shape.context * 3 / 4;
             if (full || trimming) && self.drop_oldest_turn() {
                 dropped += 1;
                 continue;
             }
-            break match shape.check_prompt(&prompt, 1) {
-                Ok(()) => Ok((prompt, dropped)),
-                Err(problem) => Err(anyhow::anyhow!("{problem}")),
-            };
+            break checked.map(|()| (prompt, dropped)).map_err(|problem| anyhow::anyhow!("{problem}"));
         };
         if asked.is_err() {
             (self.messages, self.tokens) = before;
