@@ -18,7 +18,7 @@ pub use emit::{emit_module, emit_module_with_prefills, emit_scoring_module, Entr
 pub use error::{FrontendError, Result};
 pub use generation_config::SamplingDefaults;
 pub use quantization::WeightQuantization;
-pub use tokenizer::{TextStream, TextTokenizer};
+pub use tokenizer::{TextStream, TextTokenizer, TokenBytes};
 pub use weights::{bind_weights, declared_weights, expected_tensors, ExpectedTensor};
 
 use std::path::Path;

@@ -88,6 +88,64 @@ impl TextTokenizer {
     }
 }
 
+/// A vocabulary token as the text it stands for: its bytes (a byte-fallback token's one byte may be
+/// part of a character), or a special token, which no text spells.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TokenBytes {
+    Text(Vec<u8>),
+    Special,
+}
+
+impl TextTokenizer {
+    /// Every token of the vocabulary as what it decodes to, for masks over the vocabulary
+    /// (structured output). Known for tokenizers that decode as Gemma's does (byte-fallback tokens
+    /// `<0xHH>`, and pieces with `▁` for a space); others are an error naming their decoder.
+    pub fn vocabulary_bytes(&self) -> Result<Vec<TokenBytes>> {
+        let decoder = serde_json::to_value(self.inner.get_decoder()).unwrap_or_default();
+        let Some(space) = byte_fallback_space(&decoder) else {
+            return Err(FrontendError::Invalid {
+                message: format!(
+                    "structured output needs a tokenizer that decodes as Gemma's (byte fallback, `▁` for a space); this tokenizer.json's decoder is {decoder}"
+                ),
+            });
+        };
+        let added = self.inner.get_added_tokens_decoder();
+        let special = |id: u32| added.get(&id).is_some_and(|t| t.special);
+        let bytes = |id: u32| match self.inner.id_to_token(id) {
+            Some(piece) if !special(id) && !piece.is_empty() => match byte_fallback(&piece) {
+                Some(byte) => TokenBytes::Text(vec![byte]),
+                None => TokenBytes::Text(piece.replace(space, " ").into_bytes()),
+            },
+            _ => TokenBytes::Special,
+        };
+        Ok((0..self.inner.get_vocab_size(true) as u32).map(bytes).collect())
+    }
+}
+
+/// The character a byte-fallback decoder (one with `ByteFallback` and a `Replace` of a character by a
+/// space, as tokenizer.json writes them) turns into a space; `None` for other decoders.
+fn byte_fallback_space(decoder: &serde_json::Value) -> Option<char> {
+    let steps = match decoder["type"].as_str() {
+        Some("Sequence") => decoder["decoders"].as_array()?.clone(),
+        _ => vec![decoder.clone()],
+    };
+    let falls_back = steps.iter().any(|d| d["type"] == "ByteFallback");
+    let space = steps.iter().find_map(|d| {
+        let mut pattern = d["pattern"]["String"].as_str()?.chars();
+        match (d["type"].as_str(), d["content"].as_str(), pattern.next(), pattern.next()) {
+            (Some("Replace"), Some(" "), Some(c), None) => Some(c),
+            _ => None,
+        }
+    });
+    space.filter(|_| falls_back)
+}
+
+/// The byte a byte-fallback piece (`<0xE2>`) stands for.
+fn byte_fallback(piece: &str) -> Option<u8> {
+    let hex = piece.strip_prefix("<0x")?.strip_suffix('>')?;
+    (hex.len() == 2).then(|| u8::from_str_radix(hex, 16).ok()).flatten()
+}
+
 impl TextTokenizer {
     /// Text of ids given one at a time, as it becomes printable (`TextStream`).
     pub fn stream(&self) -> TextStream<&TextTokenizer> {
@@ -129,7 +187,36 @@ impl<T: Deref<Target = TextTokenizer>> TextStream<T> {
 
 #[cfg(test)]
 mod tests {
-    use super::TextTokenizer;
+    use super::{TextTokenizer, TokenBytes};
+
+    fn synthetic(json: serde_json::Value) -> TextTokenizer {
+        let inner = tokenizers::Tokenizer::from_bytes(json.to_string().as_bytes()).unwrap();
+        TextTokenizer { inner, bos: Some(2), eos: Some(1) }
+    }
+
+    /// The bytes of a text's tokens, joined, are the text's: what a mask over the vocabulary
+    /// (structured output) takes each token for is what decoding gives.
+    #[test]
+    fn vocabulary_bytes_spell_what_encoding_splits() {
+        let tokenizer = synthetic(crate::synth::byte_tokenizer_json(512));
+        let bytes = tokenizer.vocabulary_bytes().unwrap();
+        assert_eq!(bytes.len(), 512);
+        let text = "{\"é\": [1, true]} ba";
+        let ids = tokenizer.encode_continuation(text).unwrap();
+        assert!(ids.len() > 10 && ids.contains(&(4 + 0xC3)), "é by its bytes: {ids:?}");
+        let spelled: Vec<u8> = ids
+            .iter()
+            .flat_map(|&id| match &bytes[id as usize] {
+                TokenBytes::Text(b) => b.clone(),
+                TokenBytes::Special => panic!("{id} is special"),
+            })
+            .collect();
+        assert_eq!(String::from_utf8(spelled).unwrap(), text);
+        let turn_end = tokenizer.turn_end().unwrap() as usize;
+        assert_eq!((&bytes[1], &bytes[turn_end]), (&TokenBytes::Special, &TokenBytes::Special));
+        let word_level = synthetic(crate::synth::tokenizer_json(64)).vocabulary_bytes().unwrap_err().to_string();
+        assert!(word_level.contains("decodes as Gemma's") && word_level.contains("null"), "{word_level}");
+    }
 
     #[test]
     fn streamed_text_is_the_decoded_text() {

@@ -5,7 +5,7 @@
 
 mod tokenizer;
 
-pub use tokenizer::{tokenizer_json, CHAT_TEMPLATE};
+pub use tokenizer::{byte_tokenizer_json, tokenizer_json, CHAT_TEMPLATE};
 
 use crate::config::Gemma4Config;
 use crate::error::{io_error, FrontendError, Result};

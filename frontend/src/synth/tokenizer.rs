@@ -1,7 +1,8 @@
 //! A small word-level `tokenizer.json` for the tiny preset, so the demo prints words: ids 0–3 are
 //! `<pad>`, `<eos>`, `<bos>`, `<unk>` (Gemma's numbering for the first three), the last five are
 //! Gemma 4's turn markers and the chat roles its template writes (`CHAT_TEMPLATE`), the rest are
-//! made-up syllable words.
+//! made-up syllable words. `byte_tokenizer_json` is one of Gemma's kind (byte fallback) over the same
+//! special tokens, which can spell any text: for structured output, whose grammars need that.
 
 use serde_json::json;
 
@@ -66,4 +67,31 @@ pub fn tokenizer_json(vocab_size: usize) -> serde_json::Value {
         "decoder": null,
         "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
     })
+}
+
+/// A tokenizer of Gemma's kind (BPE with byte fallback, `▁` for a space, no merges) for the tiny
+/// preset's vocabulary size: the specials and chat tokens where `tokenizer_json` has them, the 256
+/// byte tokens `<0x00>`…`<0xFF>`, the printable ASCII characters, then `▁`-led syllable words
+/// (which encoding never makes, as it has no merges, but the model may pick).
+pub fn byte_tokenizer_json(vocab_size: usize) -> serde_json::Value {
+    let bytes = (0..=255u8).map(|b| format!("<0x{b:02X}>"));
+    let ascii = (b' '..=b'~').map(|c| if c == b' ' { "\u{2581}".to_string() } else { (c as char).to_string() });
+    let mut pieces: Vec<String> = SPECIAL.iter().map(|s| s.to_string()).chain(bytes).chain(ascii).collect();
+    let fillers = words(vocab_size).into_iter().skip(SPECIAL.len()).map(|w| format!("\u{2581}{w}"));
+    pieces.extend(fillers.take(vocab_size - CHAT.len() - pieces.len()));
+    pieces.extend(CHAT.iter().map(|(t, _)| t.to_string()));
+    let vocab: serde_json::Map<String, serde_json::Value> =
+        pieces.iter().enumerate().map(|(i, p)| (p.clone(), json!(i))).collect();
+    let mut tokenizer = tokenizer_json(vocab_size);
+    tokenizer["normalizer"] = json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"});
+    tokenizer["pre_tokenizer"] = serde_json::Value::Null;
+    tokenizer["decoder"] = json!({"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+        {"type": "ByteFallback"},
+        {"type": "Fuse"}
+    ]});
+    tokenizer["model"] = json!({"type": "BPE", "dropout": null, "unk_token": "<unk>",
+        "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": true,
+        "byte_fallback": true, "ignore_merges": false, "vocab": vocab, "merges": []});
+    tokenizer
 }
