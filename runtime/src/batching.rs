@@ -179,7 +179,12 @@ impl BatchEngine {
             return Ok(index);
         }
         row.sequence = Some(Sequence {
-            sampler: Sampler::new(request.options.sampling, &request.options.logit_bias, &request.prompt),
+            sampler: Sampler::new(
+                request.options.sampling,
+                &request.options.logit_bias,
+                request.options.constraint.clone(),
+                &request.prompt,
+            ),
             prompt: request.prompt,
             options: request.options,
             generated: vec![],
@@ -317,11 +322,15 @@ impl BatchEngine {
             let what = || format!("row {index} at position {}", row.cached.len() - 1);
             let token = match output {
                 StepOutput::GreedyTokens => greedy_token(out, index, vocab, what).map(|token| (token, None)),
-                StepOutput::Logits => logits_row(out, index, vocab, what).map(|logits| {
-                    let token = seq.sampler.pick(logits);
-                    (token, seq.options.logprobs.map(|n| TokenLogprobs::of(logits, token, n)))
+                StepOutput::Logits => logits_row(out, index, vocab, what).and_then(|logits| {
+                    let token = seq.sampler.pick(logits)?;
+                    Ok((token, seq.options.logprobs.map(|n| TokenLogprobs::of(logits, token, n))))
                 }),
             };
+            let token = token.and_then(|(token, logprobs)| {
+                seq.sampler.observe(token)?;
+                Ok((token, logprobs))
+            });
             let (token, logprobs) = match token {
                 Ok(token) => token,
                 Err(e) => {
@@ -331,7 +340,6 @@ impl BatchEngine {
                     continue;
                 }
             };
-            seq.sampler.observe(token);
             seq.generated.push(token);
             let room = context - seq.prompt.len();
             let stop = seq.options.stop_after(token, seq.generated.len(), room);

@@ -2,6 +2,7 @@
 //! prompt, then one decode call per token. Backend-agnostic: anything that can call a module's entry
 //! points is an `Executor`.
 
+use crate::constraint::Constraint;
 use crate::error::{invalid, Result, RuntimeError};
 use crate::executor::{Executor, StepInputs, StepOutput};
 use crate::penalties::change_logits;
@@ -30,6 +31,9 @@ pub struct GenerateOptions {
     pub logprobs: Option<usize>,
     /// Added to these tokens' logits before anything reads them (OpenAI's `logit_bias`).
     pub logit_bias: Vec<(u32, f32)>,
+    /// The grammar the generated text is kept to (structured output), made for this sequence's
+    /// ends (`eos_ids` and `stop_ids`).
+    pub constraint: Option<Constraint>,
 }
 
 impl GenerateOptions {
@@ -61,6 +65,7 @@ impl GenerateOptions {
     pub fn step_output(&self) -> StepOutput {
         match self.sampling.is_greedy()
             && !change_logits(&self.sampling, &self.logit_bias)
+            && self.constraint.is_none()
             && self.forced.is_empty()
             && !self.keep_logits
             && self.logprobs.is_none()
@@ -245,7 +250,7 @@ pub fn generate(
     let mut out = prefill(exec, &shape, &[prompt], output)?;
     gen.timings.prefill_seconds = started.elapsed().as_secs_f64();
     let started = Instant::now();
-    let mut sampler = Sampler::new(opts.sampling, &opts.logit_bias, prompt);
+    let mut sampler = Sampler::new(opts.sampling, &opts.logit_bias, opts.constraint.clone(), prompt);
     let mut position = prompt.len();
     loop {
         // The call `out` came from, named only for an error (no formatting in the decode loop).
@@ -258,14 +263,17 @@ pub fn generate(
             StepOutput::GreedyTokens => greedy_token(&out, 0, shape.vocab, call)?,
             StepOutput::Logits => {
                 let logits = logits_row(&out, 0, shape.vocab, call)?;
-                let token = opts.forced.get(gen.generated_ids.len()).copied().unwrap_or_else(|| sampler.pick(logits));
+                let token = match opts.forced.get(gen.generated_ids.len()) {
+                    Some(&forced) => forced,
+                    None => sampler.pick(logits)?,
+                };
                 if opts.keep_logits {
                     gen.logits.push(logits.to_vec());
                 }
                 token
             }
         };
-        sampler.observe(token);
+        sampler.observe(token)?;
         gen.generated_ids.push(token);
         on_token(token);
         if let Some(stop) = opts.stop_after(token, gen.generated_ids.len(), room) {

@@ -10,6 +10,7 @@ pub mod backend;
 pub mod batching;
 pub mod bench;
 pub mod cache;
+pub mod constraint;
 mod error;
 pub mod eval;
 pub mod executor;

@@ -1,6 +1,9 @@
 //! Choosing the next token from logits: greedy, or seeded sampling with temperature, then min-p,
-//! top-k and top-p (in that order, as vLLM's sampler), after any penalties (`penalties`).
+//! top-k and top-p (in that order, as vLLM's sampler), after any penalties (`penalties`) and the
+//! mask of a grammar the text is kept to (`constraint`).
 
+use crate::constraint::Constraint;
+use crate::error::Result;
 use crate::penalties::Penalties;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -32,7 +35,7 @@ impl SamplingParams {
 
     /// The first parameter out of its range, as (field, expected range, value found): the one check
     /// `run`, `chat` and `serve` apply (fields named as the request's, snake case).
-    pub fn check(&self) -> Result<(), (&'static str, &'static str, f32)> {
+    pub fn check(&self) -> std::result::Result<(), (&'static str, &'static str, f32)> {
         type InRange = fn(f32) -> bool;
         let checks: [(&str, &str, f32, InRange); 6] = [
             ("temperature", "a number >= 0", self.temperature, |x| x >= 0.0 && x.is_finite()),
@@ -65,40 +68,47 @@ impl Default for SamplingParams {
 }
 
 /// Picks one sequence's tokens: `pick` each from its logits, and `observe` each token the sequence
-/// takes (picked or not), which the penalties count.
+/// takes (picked or not), which the penalties count and the grammar moves past.
 pub struct Sampler {
     params: SamplingParams,
     rng: ChaCha8Rng,
     penalties: Penalties,
-    /// The penalized logits, kept between picks so a step allocates no vocabulary-sized row.
-    penalized: Vec<f32>,
+    constraint: Option<Constraint>,
+    /// The penalized, masked logits, kept between picks so a step allocates no vocabulary-sized row.
+    adjusted: Vec<f32>,
 }
 
 impl Sampler {
     /// A sampler for a sequence that starts with `prompt`, adding `bias` to those tokens' logits
-    /// (OpenAI's `logit_bias`).
-    pub fn new(params: SamplingParams, bias: &[(u32, f32)], prompt: &[u32]) -> Sampler {
+    /// (OpenAI's `logit_bias`), and keeping its text to `constraint`'s grammar if it has one.
+    pub fn new(params: SamplingParams, bias: &[(u32, f32)], constraint: Option<Constraint>, prompt: &[u32]) -> Sampler {
         let penalties = Penalties::new(&params, bias, prompt);
-        Sampler { params, rng: ChaCha8Rng::seed_from_u64(params.seed), penalties, penalized: Vec::new() }
+        let rng = ChaCha8Rng::seed_from_u64(params.seed);
+        Sampler { params, rng, penalties, constraint, adjusted: Vec::new() }
     }
 
-    /// The next token, from the logits the model gives.
-    pub fn pick(&mut self, logits: &[f32]) -> u32 {
-        if !self.penalties.is_active() {
-            return self.pick_from(logits);
+    /// The next token, from the logits the model gives; an error if the grammar fails.
+    pub fn pick(&mut self, logits: &[f32]) -> Result<u32> {
+        if !self.penalties.is_active() && self.constraint.is_none() {
+            return Ok(self.pick_from(logits));
         }
-        let mut penalized = std::mem::take(&mut self.penalized);
-        penalized.clear();
-        penalized.extend_from_slice(logits);
-        self.penalties.apply(&mut penalized);
-        let token = self.pick_from(&penalized);
-        self.penalized = penalized;
-        token
+        let mut adjusted = std::mem::take(&mut self.adjusted);
+        adjusted.clear();
+        adjusted.extend_from_slice(logits);
+        self.penalties.apply(&mut adjusted);
+        if let Some(constraint) = &mut self.constraint {
+            constraint.mask(&mut adjusted)?;
+        }
+        let token = self.pick_from(&adjusted);
+        self.adjusted = adjusted;
+        Ok(token)
     }
 
-    /// Counts `token`, the sequence's next token.
-    pub fn observe(&mut self, token: u32) {
+    /// Counts `token`, the sequence's next token, and moves the grammar past it; an error if the
+    /// grammar does not allow it.
+    pub fn observe(&mut self, token: u32) -> Result<()> {
         self.penalties.observe(token);
+        self.constraint.as_mut().map_or(Ok(()), |c| c.consume(token))
     }
 
     fn pick_from(&mut self, logits: &[f32]) -> u32 {
@@ -187,10 +197,10 @@ mod tests {
     #[test]
     fn greedy_cases() {
         let logits = [0.1, 3.0, 3.0, -1.0];
-        let mut s = Sampler::new(SamplingParams::default(), &[], &[]);
-        assert_eq!(s.pick(&logits), 1, "ties go to the lowest id");
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 1, ..Default::default() }, &[], &[]);
-        assert_eq!(s.pick(&logits), 1);
+        let mut s = Sampler::new(SamplingParams::default(), &[], None, &[]);
+        assert_eq!(s.pick(&logits).unwrap(), 1, "ties go to the lowest id");
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 1, ..Default::default() }, &[], None, &[]);
+        assert_eq!(s.pick(&logits).unwrap(), 1);
     }
 
     #[test]
@@ -198,10 +208,10 @@ mod tests {
         // Probabilities 0.5, 0.25, 0.125, 0.125 at temperature 1.
         let logits = [2f32.ln() * 2.0, 2f32.ln(), 0.0, 0.0];
         let draw = |params: SamplingParams| {
-            let mut s = Sampler::new(params, &[], &[]);
+            let mut s = Sampler::new(params, &[], None, &[]);
             let mut counts = [0usize; 4];
             for _ in 0..20_000 {
-                counts[s.pick(&logits) as usize] += 1;
+                counts[s.pick(&logits).unwrap() as usize] += 1;
             }
             counts.map(|c| c as f64 / 20_000.0)
         };
@@ -227,10 +237,10 @@ mod tests {
     fn sampling_follows_the_penalized_softmax() {
         let logits = [2f32.ln() * 2.0, 2f32.ln(), 0.0, 0.0];
         let params = SamplingParams { temperature: 1.0, repetition_penalty: 2.0, seed: 7, ..Default::default() };
-        let mut s = Sampler::new(params, &[], &[0]);
+        let mut s = Sampler::new(params, &[], None, &[0]);
         let mut counts = [0usize; 4];
         for _ in 0..20_000 {
-            counts[s.pick(&logits) as usize] += 1;
+            counts[s.pick(&logits).unwrap() as usize] += 1;
         }
         let got = counts.map(|c| c as f64 / 20_000.0);
         for (got, want) in got.iter().zip([1.0 / 3.0, 1.0 / 3.0, 1.0 / 6.0, 1.0 / 6.0]) {
@@ -242,8 +252,8 @@ mod tests {
     fn same_seed_same_tokens() {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
         let run = |seed| {
-            let mut s = Sampler::new(SamplingParams { temperature: 0.8, seed, ..Default::default() }, &[], &[]);
-            (0..20).map(|_| s.pick(&logits)).collect::<Vec<_>>()
+            let mut s = Sampler::new(SamplingParams { temperature: 0.8, seed, ..Default::default() }, &[], None, &[]);
+            (0..20).map(|_| s.pick(&logits).unwrap()).collect::<Vec<_>>()
         };
         assert_eq!(run(3), run(3));
         assert_ne!(run(3), run(4));
