@@ -104,6 +104,7 @@ fn server_request(bytes: &[u8]) -> Result<(), String> {
                 sliding_slots: Some(19),
             },
             sampling_defaults: Default::default(),
+            grammars: Default::default(),
         }
     });
     let mut outcome = Ok(());

@@ -26,5 +26,6 @@ mod properties;
 mod quantize;
 mod serve;
 mod snapshots;
+mod structured;
 mod synth;
 mod verifier;

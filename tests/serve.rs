@@ -653,3 +653,56 @@ fn sampling_left_out_takes_the_generation_config() {
     let sampled: Vec<Value> = (0..3).map(|seed| tokens(json!({"top_k": 0, "seed": seed}))).collect();
     assert!(sampled.iter().any(|s| *s != greedy), "the request's own top_k: {sampled:?}");
 }
+
+/// Structured output as OpenAI's, vLLM's and llama.cpp's clients ask for it: the reply follows the
+/// grammar (checked by serde_json and the `regex` crate) and ends with `stop` where it is complete,
+/// side by side with an unconstrained request; a grammar that does not compile is a 400 naming the
+/// field that gave it.
+#[test]
+fn structured_output_keeps_replies_to_the_grammar_each_server_names() {
+    use crate::structured::{byte_model, follows_schema, SCHEMA};
+    let (_tmp, model) = byte_model();
+    let server = Server::start_on(&model, &["--context", "128"]);
+    let schema: Value = serde_json::from_str(SCHEMA).unwrap();
+    let reply = |endpoint: &str, extra: Value| {
+        let mut body = match endpoint {
+            "/v1/completions" => json!({"prompt": "ba de", "max_tokens": 60, "temperature": 0}),
+            _ => json!({"messages": [{"role": "user", "content": "ba"}], "max_tokens": 60, "temperature": 0}),
+        };
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let (status, _, reply) = server.post(endpoint, &body);
+        assert_eq!(status, 200, "{body}: {reply}");
+        let choice = &reply["choices"][0];
+        let text = choice["text"].as_str().or(choice["message"]["content"].as_str()).unwrap().to_string();
+        (text, choice["finish_reason"].as_str().unwrap().to_string())
+    };
+    let json_schema = json!({"type": "json_schema", "json_schema": {"name": "t", "schema": schema}});
+    for (endpoint, extra) in [
+        ("/v1/chat/completions", json!({"response_format": json_schema})),
+        ("/v1/completions", json!({"guided_json": schema})),
+        ("/v1/completions", json!({"structured_outputs": {"json": SCHEMA}, "temperature": 1, "seed": 5})),
+        ("/v1/chat/completions", json!({"json_schema": schema})),
+    ] {
+        let (text, finish) = reply(endpoint, extra.clone());
+        assert!(follows_schema(&text) && finish == "stop", "{extra}: {text:?} ({finish})");
+    }
+    // Any object: the random model's keys run on past `max_tokens`, but they are keys.
+    let (text, _) = reply("/v1/completions", json!({"response_format": {"type": "json_object"}}));
+    assert!(text.starts_with("{\""), "{text:?}");
+    let (text, finish) = reply("/v1/chat/completions", json!({"guided_choice": ["yes", "no way"]}));
+    assert!((text == "yes" || text == "no way") && finish == "stop", "{text:?} ({finish})");
+    let (text, _) = reply("/v1/completions", json!({"structured_outputs": {"regex": "[0-9]{3}-[a-z]{2}"}}));
+    assert!(regex::Regex::new("^[0-9]{3}-[a-z]{2}$").unwrap().is_match(&text), "{text:?}");
+    let (free, _) = reply("/v1/completions", json!({"max_tokens": 40}));
+    assert!(!follows_schema(&free), "{free:?}");
+
+    for (body, param) in [
+        (json!({"prompt": "ba", "guided_regex": "(a"}), "guided_regex"),
+        (json!({"prompt": "ba", "guided_json": {"type": 5}}), "guided_json"),
+        (json!({"prompt": "ba", "guided_choice": ["a"], "ignore_eos": true}), "guided_choice"),
+        (json!({"prompt": "ba", "grammar": "root ::= \"a\""}), "grammar"),
+    ] {
+        let (status, _, reply) = server.post("/v1/completions", &body);
+        assert_eq!((status, reply["error"]["param"].as_str()), (400, Some(param)), "{body}: {reply}");
+    }
+}

@@ -6,6 +6,7 @@
 
 use crate::error::ApiError;
 use g4c_frontend::ChatMessage;
+use g4c_runtime::constraint::Grammar;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -72,6 +73,8 @@ pub struct Ask {
     pub presence_penalty: f32,
     /// OpenAI's `logit_bias`: token ids and what is added to their logits (-100 to 100).
     pub logit_bias: Vec<(u32, f32)>,
+    /// The grammar the text must follow (structured output), and the field that asked for it.
+    pub grammar: Option<(&'static str, Grammar)>,
 }
 
 /// The most tokens a request may ask for: as many positions as any context has.
@@ -93,7 +96,8 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Ask, ApiError> {
             completion_prompt(typed(prompt, "prompt")?)?
         }
     };
-    common.check(endpoint, prompt)
+    let grammar = crate::structured::requested(&value)?;
+    Ok(Ask { grammar, ..common.check(endpoint, prompt)? })
 }
 
 /// A request body: a JSON object, else a `400` saying what it is not.
@@ -395,6 +399,7 @@ impl Common {
             logit_bias,
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0) as f32,
             presence_penalty: self.presence_penalty.unwrap_or(0.0) as f32,
+            grammar: None,
         })
     }
 
@@ -605,13 +610,7 @@ mod tests {
             ("skip_special_tokens", serde_json::json!(false)),
             ("add_generation_prompt", serde_json::json!(false)),
             ("continue_final_message", serde_json::json!(true)),
-            ("guided_json", serde_json::json!({"type": "object"})),
-            ("guided_regex", serde_json::json!("a+")),
-            ("guided_choice", serde_json::json!(["a"])),
-            ("guided_grammar", serde_json::json!("root ::= \"a\"")),
-            ("structured_outputs", serde_json::json!({"regex": "a"})),
             ("grammar", serde_json::json!("root ::= \"a\"")),
-            ("json_schema", serde_json::json!({})),
             ("bad_words", serde_json::json!(["a"])),
             ("allowed_token_ids", serde_json::json!([6])),
             ("prompt_logprobs", serde_json::json!(1)),

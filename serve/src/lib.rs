@@ -11,17 +11,19 @@ mod origins;
 pub mod prepare;
 mod reply;
 mod routes;
+pub mod structured;
 pub mod text;
 pub mod tokenize;
 mod unserved;
 mod worker;
 
 use g4c_frontend::{ChatTemplate, TextTokenizer};
+use g4c_runtime::constraint::Grammars;
 use g4c_runtime::{BatchEngine, ModelShape};
 pub use origins::AllowedOrigins;
 use routes::App;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// What the server knows of the model beyond the engine.
@@ -37,6 +39,20 @@ pub struct ModelInfo {
     pub shape: ModelShape,
     /// Sampling parameters a request leaves out take these (`generation_config.json`'s).
     pub sampling_defaults: g4c_frontend::SamplingDefaults,
+    /// The vocabulary indexed for structured output (`ModelInfo::grammars`).
+    pub grammars: OnceLock<Result<Grammars, String>>,
+}
+
+impl ModelInfo {
+    /// The vocabulary indexed for structured output, made at the first request that asks for it
+    /// (a moment's work for a vocabulary of 262,144 tokens, which most servers never need).
+    pub fn grammars(&self) -> Result<&Grammars, String> {
+        let index = || {
+            let tokenizer = self.tokenizer.as_deref().ok_or("structured output needs the model's tokenizer.json")?;
+            Grammars::of_tokenizer(tokenizer, self.shape.vocab, &self.eos_ids)
+        };
+        self.grammars.get_or_init(index).as_ref().map_err(Clone::clone)
+    }
 }
 
 pub struct ServeOptions {

@@ -88,12 +88,23 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
         keep_logits: false,
         logprobs: ask.logprobs,
         logit_bias: ask.logit_bias.clone(),
+        constraint: None,
     };
     if let Err((field, expected, found)) = options.sampling.check() {
         return Err(ApiError::param(field, format!("`{field}`: expected {expected}, found {found}")));
     }
     if endpoint == Endpoint::Chat {
         options.end_turn_at(model.turn_end);
+    }
+    if let Some((field, grammar)) = &ask.grammar {
+        let refused = |e: String| ApiError::param(field, format!("`{field}`: {e}"));
+        if ask.ignore_eos {
+            return Err(refused(
+                "structured output ends where its grammar is complete, which `ignore_eos` asks not to".into(),
+            ));
+        }
+        let ends: Vec<u32> = options.eos_ids.iter().chain(&options.stop_ids).copied().collect();
+        options.constraint = Some(model.grammars().and_then(|g| g.constraint(grammar, &ends)).map_err(refused)?);
     }
     Ok((ask, SequenceRequest { prompt, options }))
 }
@@ -172,6 +183,7 @@ mod tests {
                 sliding_slots: None,
             },
             sampling_defaults: Default::default(),
+            grammars: Default::default(),
         }
     }
 

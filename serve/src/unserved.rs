@@ -54,7 +54,6 @@ const UNSERVED: &[Unserved] = &[
     unserved("functions", "function calling", is_empty),
     unserved("function_call", "function calling", |v| v == "none" || v == "auto"),
     unserved("suffix", "a suffix", is_empty),
-    unserved("response_format", "a response format other than text", |v| v.get("type").is_some_and(|t| t == "text")),
     unserved("modalities", "output other than text", |v| v.as_array().is_some_and(|m| m.iter().all(|x| x == "text"))),
     unserved("audio", "audio output", never),
     unserved("prediction", "a predicted output", never),
@@ -77,11 +76,6 @@ const UNSERVED: &[Unserved] = &[
     unserved("documents", "documents for the chat template", is_empty),
     unserved("logits_processors", "logits processors", is_empty),
     unserved("return_tokens_as_token_ids", "tokens as `token_id:N` strings", is_false),
-    unserved("guided_json", "constrained decoding", never),
-    unserved("guided_regex", "constrained decoding", never),
-    unserved("guided_choice", "constrained decoding", never),
-    unserved("guided_grammar", "constrained decoding", never),
-    unserved("structured_outputs", "constrained decoding", never),
     // llama.cpp's.
     unserved("repeat_penalty", "llama.cpp's penalty over the last tokens (`repetition_penalty` is served)", is_one),
     unserved("n_predict", "llama.cpp's `n_predict` (`max_tokens` is served)", |v| v.as_f64() == Some(-1.0)),
@@ -91,8 +85,7 @@ const UNSERVED: &[Unserved] = &[
     unserved("xtc_probability", "XTC sampling", is_zero),
     unserved("dynatemp_range", "dynamic temperature", is_zero),
     unserved("top_n_sigma", "top-n-sigma sampling", |v| v.as_f64() == Some(-1.0)),
-    unserved("grammar", "constrained decoding", never),
-    unserved("json_schema", "constrained decoding", never),
+    unserved("grammar", "a GBNF grammar (`guided_grammar` takes one in Lark syntax)", never),
 ];
 
 /// The fields that change how a chat is rendered into tokens: `/tokenize` refuses these alone.

@@ -1,10 +1,11 @@
 use crate::ui::with_feedback;
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use clap::builder::{OsStringValueParser, TypedValueParser};
 use clap::Args;
 use g4c_driver::Session;
 use g4c_frontend::{ChatMessage, ChatTemplate, Shapes};
 use g4c_ir::Target;
+use g4c_runtime::constraint::{Grammar, Grammars};
 use g4c_runtime::{generate, GenerateOptions, Generation, ModelShape};
 use std::path::PathBuf;
 
@@ -32,6 +33,14 @@ pub struct RunArgs {
     /// Keep generating after an end-of-sequence token
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Keep the generated text to this JSON schema, given as JSON (`{"type": "object"}`: any JSON
+    /// object); generation ends where the text is complete
+    #[arg(long, value_name = "SCHEMA", conflicts_with_all = ["regex", "ignore_eos"])]
+    pub json_schema: Option<String>,
+    /// Keep the generated text to this regular expression (Rust's regex syntax), which the whole text
+    /// matches; generation ends where it may
+    #[arg(long, value_name = "REGEX", conflicts_with = "ignore_eos")]
+    pub regex: Option<String>,
     /// Comma-separated token ids that also end generation (even with --ignore-eos)
     #[arg(long, value_name = "LIST", allow_negative_numbers = true)]
     pub stop_ids: Option<String>,
@@ -136,9 +145,19 @@ pub fn run(args: RunArgs) -> Result<()> {
         keep_logits: args.logits_out.is_some(),
         logprobs: None,
         logit_bias: args.sampling.logit_bias(config.vocab_size)?,
+        constraint: None,
     };
     if args.chat {
         opts.end_turn_at(tokenizer.and_then(|t| t.turn_end()));
+    }
+    if let Some((flag, grammar)) = structured_output(&args)? {
+        let Some(tokenizer) = tokenizer else {
+            bail!("{flag}: structured output needs the checkpoint's tokenizer.json")
+        };
+        let grammars = Grammars::of_tokenizer(tokenizer, config.vocab_size, &config.eos_token_ids)
+            .map_err(|e| anyhow!("{flag}: {e}"))?;
+        let ends: Vec<u32> = opts.eos_ids.iter().chain(&opts.stop_ids).copied().collect();
+        opts.constraint = Some(grammars.constraint(&grammar, &ends).map_err(|e| anyhow!("{flag}: {e}"))?);
     }
 
     let mut printer = super::printer::StreamPrinter::new(tokenizer, !args.json);
@@ -178,6 +197,16 @@ pub fn run(args: RunArgs) -> Result<()> {
 
 /// `--stop-ids`: token ids of the model's vocabulary (`vocab` of them).
 /// `--prompt`'s text. clap's own check of a `String` flag refuses non-UTF-8 without naming the flag.
+/// The grammar `--json-schema` or `--regex` asks for, with the flag that asked.
+fn structured_output(args: &RunArgs) -> Result<Option<(&'static str, Grammar)>> {
+    if let Some(schema) = &args.json_schema {
+        let schema =
+            serde_json::from_str(schema).map_err(|e| anyhow!("--json-schema: expected a JSON schema as JSON: {e}"))?;
+        return Ok(Some(("--json-schema", Grammar::JsonSchema(schema))));
+    }
+    Ok(args.regex.clone().map(|regex| ("--regex", Grammar::Regex(regex))))
+}
+
 fn utf8_text(text: std::ffi::OsString) -> Result<String, String> {
     text.into_string().map_err(|_| "not UTF-8 text (the invalid bytes are shown as �)".to_string())
 }

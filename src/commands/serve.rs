@@ -90,6 +90,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         turn_end,
         shape: engine.shape().clone(),
         sampling_defaults: config.sampling_defaults,
+        grammars: Default::default(),
     };
     let options = g4c_serve::ServeOptions {
         listener,
