@@ -14,8 +14,8 @@ pub fn available() -> Option<u64> {
 /// What the memory cgroup leaves under its limit, if one is set: cgroup v2's `memory.max` less
 /// `memory.current`, or v1's `memory.limit_in_bytes` less `memory.usage_in_bytes`, each usage less
 /// the inactive file cache the kernel reclaims before it fails an allocation (`inactive_file`, as
-/// kubelet's working set counts it). Read where `/proc/self/cgroup` places the process and, for a
-/// container (whose cgroup is the mount's root), at the root.
+/// kubelet's working set counts it). Read where `/proc/self/cgroup` places the process, at each of
+/// its ancestors, and, for a container (whose cgroup is the mount's root), at the root.
 fn cgroup_left() -> Option<u64> {
     struct Files {
         dir: String,
@@ -34,11 +34,14 @@ fn cgroup_left() -> Option<u64> {
     for line in std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default().lines() {
         let mut fields = line.splitn(3, ':');
         let (Some(_), Some(controllers), Some(path)) = (fields.next(), fields.next(), fields.next()) else { continue };
-        let path = path.trim_start_matches('/');
-        if controllers.is_empty() {
-            places.push(v2(format!("/sys/fs/cgroup/{path}")));
-        } else if controllers.split(',').any(|c| c == "memory") {
-            places.push(v1(format!("/sys/fs/cgroup/memory/{path}")));
+        // A limit set on an ancestor holds its descendants too (systemd sets it on the slice).
+        let ancestors = std::path::Path::new(path.trim_start_matches('/')).ancestors();
+        for dir in ancestors.map(|a| a.display().to_string()).filter(|a| !a.is_empty()) {
+            if controllers.is_empty() {
+                places.push(v2(format!("/sys/fs/cgroup/{dir}")));
+            } else if controllers.split(',').any(|c| c == "memory") {
+                places.push(v1(format!("/sys/fs/cgroup/memory/{dir}")));
+            }
         }
     }
     places.push(v2("/sys/fs/cgroup".into()));
