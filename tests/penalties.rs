@@ -2,7 +2,9 @@
 //! transformers: greedy decoding over biased and penalized logits of the tiny golden model, as
 //! scripts/goldens/make_penalty_goldens.py made it (transformers' `SequenceBiasLogitsProcessor` and
 //! `RepetitionPenaltyLogitsProcessor`, then vLLM's formula for the other two), through `g4c run` on the interpreter and PJRT, and
-//! through the batching engine that `g4c serve` runs, every case side by side.
+//! through the batching engine that `g4c serve` runs, every case side by side; vLLM's
+//! `allowed_token_ids` and `min_tokens` (transformers' `PrefixConstrainedLogitsProcessor` and
+//! `MinNewTokensLengthLogitsProcessor`), which only `serve` takes, through the engine.
 
 use crate::batching::{admit, drain};
 use crate::common::{g4c, golden_cases, golden_dir};
@@ -13,13 +15,25 @@ struct PenaltyCase {
     prompt_ids: Vec<u32>,
     params: SamplingParams,
     logit_bias: Vec<(u32, f32)>,
+    allowed_token_ids: Vec<u32>,
+    min_tokens: usize,
+    stop_ids: Vec<u32>,
     generated_ids: Vec<u32>,
+}
+
+impl PenaltyCase {
+    /// Whether `g4c run` has flags for all the case asks (`serve`'s fields alone: not).
+    fn runs_on_the_cli(&self) -> bool {
+        self.allowed_token_ids.is_empty() && self.min_tokens == 0 && self.stop_ids.is_empty()
+    }
 }
 
 fn penalty_cases() -> Vec<PenaltyCase> {
     let text = std::fs::read_to_string(golden_dir("tiny").join("penalties.json")).unwrap();
     let golden: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let ids = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array().map_or(vec![], |a| a.iter().map(|x| x.as_u64().unwrap() as u32).collect())
+    };
     let number = |v: &serde_json::Value| v.as_f64().unwrap() as f32;
     golden["cases"]
         .as_array()
@@ -40,6 +54,9 @@ fn penalty_cases() -> Vec<PenaltyCase> {
                 .iter()
                 .map(|(id, bias)| (id.parse().unwrap(), number(bias)))
                 .collect(),
+            allowed_token_ids: ids(&c["allowed_token_ids"]),
+            min_tokens: c["min_tokens"].as_u64().unwrap_or(0) as usize,
+            stop_ids: ids(&c["stop_ids"]),
             generated_ids: ids(&c["generated_ids"]),
         })
         .collect()
@@ -48,7 +65,7 @@ fn penalty_cases() -> Vec<PenaltyCase> {
 #[test]
 fn run_with_penalties_matches_transformers() {
     let dir = golden_dir("tiny").join("hf");
-    for case in penalty_cases() {
+    for case in penalty_cases().into_iter().filter(PenaltyCase::runs_on_the_cli) {
         let p = &case.params;
         let prompt = case.prompt_ids.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(",");
         let new_tokens = case.generated_ids.len().to_string();
@@ -85,6 +102,9 @@ fn batched_sequences_with_penalties_match_transformers() {
                 ignore_eos: true,
                 sampling: case.params,
                 logit_bias: case.logit_bias.clone(),
+                allowed_token_ids: case.allowed_token_ids.clone(),
+                min_tokens: case.min_tokens,
+                stop_ids: case.stop_ids.clone(),
                 ..Default::default()
             };
             admit(&mut engine, SequenceRequest { prompt: case.prompt_ids.clone(), options })

@@ -179,12 +179,7 @@ impl BatchEngine {
             return Ok(index);
         }
         row.sequence = Some(Sequence {
-            sampler: Sampler::new(
-                request.options.sampling,
-                &request.options.logit_bias,
-                request.options.constraint.clone(),
-                &request.prompt,
-            ),
+            sampler: Sampler::new(&request.options, &request.prompt),
             prompt: request.prompt,
             options: request.options,
             generated: vec![],

@@ -34,6 +34,10 @@ pub struct GenerateOptions {
     /// The grammar the generated text is kept to (structured output), made for this sequence's
     /// ends (`eos_ids` and `stop_ids`).
     pub constraint: Option<Constraint>,
+    /// The only tokens that may be generated (empty: any; vLLM's `allowed_token_ids`).
+    pub allowed_token_ids: Vec<u32>,
+    /// No end (EOS, a stop id) before this many tokens (vLLM's `min_tokens`).
+    pub min_tokens: usize,
 }
 
 impl GenerateOptions {
@@ -64,7 +68,7 @@ impl GenerateOptions {
     /// What each call copies back: only the greedy tokens when they are all this generation reads.
     pub fn step_output(&self) -> StepOutput {
         match self.sampling.is_greedy()
-            && !change_logits(&self.sampling, &self.logit_bias)
+            && !change_logits(self)
             && self.constraint.is_none()
             && self.forced.is_empty()
             && !self.keep_logits
@@ -250,7 +254,7 @@ pub fn generate(
     let mut out = prefill(exec, &shape, &[prompt], output)?;
     gen.timings.prefill_seconds = started.elapsed().as_secs_f64();
     let started = Instant::now();
-    let mut sampler = Sampler::new(opts.sampling, &opts.logit_bias, opts.constraint.clone(), prompt);
+    let mut sampler = Sampler::new(opts, prompt);
     let mut position = prompt.len();
     loop {
         // The call `out` came from, named only for an error (no formatting in the decode loop).

@@ -1,6 +1,9 @@
 //! What changes the logits before the sampler (or the greedy pick) reads them, in vLLM's order:
-//! - **logit bias** (OpenAI's `logit_bias`): added to chosen tokens' logits, first (vLLM applies it
-//!   with the logits processors, before the penalties);
+//! - **allowed tokens** (vLLM's `allowed_token_ids`): every other token's logit is -inf;
+//! - **a least number of tokens** (vLLM's `min_tokens`): until the reply has that many, the
+//!   sequence's ends (EOS unless ignored, its stop ids) have -inf;
+//! - **logit bias** (OpenAI's `logit_bias`): added to chosen tokens' logits (vLLM applies these three
+//!   as logits processors, before the penalties);
 //!
 //! then penalties on tokens the sequence has already seen, as vLLM's `apply_penalties`:
 //! - **repetition** (vLLM's `repetition_penalty`, transformers' `RepetitionPenaltyLogitsProcessor`):
@@ -8,13 +11,16 @@
 //! - **frequency** (OpenAI's `frequency_penalty`): subtracted once per time the reply holds the token;
 //! - **presence** (OpenAI's `presence_penalty`): subtracted once if the reply holds the token.
 
-use crate::sampling::SamplingParams;
+use crate::generate::GenerateOptions;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Whether `params`' penalties or `bias` change any logit; if none does, a greedy pick is the
-/// largest of the logits as the model gives them (which a device's greedy token is).
-pub fn change_logits(params: &SamplingParams, bias: &[(u32, f32)]) -> bool {
-    !bias.is_empty()
+/// Whether `options` change any logit; if none does, a greedy pick is the largest of the logits as
+/// the model gives them (which a device's greedy token is).
+pub fn change_logits(options: &GenerateOptions) -> bool {
+    let params = &options.sampling;
+    !options.allowed_token_ids.is_empty()
+        || options.min_tokens > 0
+        || !options.logit_bias.is_empty()
         || params.repetition_penalty != 1.0
         || params.frequency_penalty != 0.0
         || params.presence_penalty != 0.0
@@ -23,6 +29,11 @@ pub fn change_logits(params: &SamplingParams, bias: &[(u32, f32)]) -> bool {
 pub struct Penalties {
     /// Whether anything changes logits (`change_logits`).
     active: bool,
+    /// The only tokens that may be picked (none: all).
+    allowed: Vec<u32>,
+    /// The tokens that end the sequence, kept from it until the reply has `min_tokens`.
+    ends: Vec<u32>,
+    min_tokens: usize,
     /// Token ids and what is added to their logits.
     bias: Vec<(u32, f32)>,
     repetition: f32,
@@ -32,16 +43,29 @@ pub struct Penalties {
     prompt: BTreeSet<u32>,
     /// How many times the reply holds each token so far.
     reply: BTreeMap<u32, u32>,
+    /// The reply's length so far.
+    generated: usize,
 }
 
 impl Penalties {
-    /// The penalties `params` ask for, and `bias`, on a sequence that starts with `prompt`.
-    pub fn new(params: &SamplingParams, bias: &[(u32, f32)], prompt: &[u32]) -> Penalties {
+    /// What `options` ask for, on a sequence that starts with `prompt`.
+    pub fn new(options: &GenerateOptions, prompt: &[u32]) -> Penalties {
+        let params = &options.sampling;
         let repetition = params.repetition_penalty;
-        let prompt = if repetition != 1.0 { prompt.iter().copied().collect() } else { BTreeSet::new() };
-        let (frequency, presence) = (params.frequency_penalty, params.presence_penalty);
-        let active = change_logits(params, bias);
-        Penalties { active, bias: bias.to_vec(), repetition, frequency, presence, prompt, reply: BTreeMap::new() }
+        let eos = options.eos_ids.iter().filter(|_| !options.ignore_eos);
+        Penalties {
+            active: change_logits(options),
+            allowed: options.allowed_token_ids.clone(),
+            ends: eos.chain(&options.stop_ids).copied().collect(),
+            min_tokens: options.min_tokens,
+            bias: options.logit_bias.clone(),
+            repetition,
+            frequency: params.frequency_penalty,
+            presence: params.presence_penalty,
+            prompt: if repetition != 1.0 { prompt.iter().copied().collect() } else { BTreeSet::new() },
+            reply: BTreeMap::new(),
+            generated: 0,
+        }
     }
 
     /// Whether anything changes logits.
@@ -53,12 +77,26 @@ impl Penalties {
     pub fn observe(&mut self, token: u32) {
         if self.is_active() {
             *self.reply.entry(token).or_default() += 1;
+            self.generated += 1;
         }
     }
 
     /// Applies the bias and penalties to `logits`, one row of the vocabulary (ids past its end are
     /// let be).
     pub fn apply(&self, logits: &mut [f32]) {
+        if !self.allowed.is_empty() {
+            let kept: Vec<(usize, f32)> =
+                self.allowed.iter().filter_map(|&id| Some((id as usize, *logits.get(id as usize)?))).collect();
+            logits.fill(f32::NEG_INFINITY);
+            kept.into_iter().for_each(|(id, logit)| logits[id] = logit);
+        }
+        if self.generated < self.min_tokens {
+            for &id in &self.ends {
+                if let Some(l) = logits.get_mut(id as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
         for &(id, bias) in &self.bias {
             if let Some(l) = logits.get_mut(id as usize) {
                 *l += bias;
@@ -82,16 +120,17 @@ impl Penalties {
 #[cfg(test)]
 mod tests {
     use super::Penalties;
+    use crate::generate::GenerateOptions;
     use crate::sampling::SamplingParams;
 
     fn penalties(repetition: f32, frequency: f32, presence: f32, prompt: &[u32]) -> Penalties {
-        let params = SamplingParams {
+        let sampling = SamplingParams {
             repetition_penalty: repetition,
             frequency_penalty: frequency,
             presence_penalty: presence,
             ..Default::default()
         };
-        Penalties::new(&params, &[], prompt)
+        Penalties::new(&GenerateOptions { sampling, ..Default::default() }, prompt)
     }
 
     #[test]
@@ -117,11 +156,12 @@ mod tests {
 
     #[test]
     fn the_bias_is_added_before_the_repetition_penalty_divides() {
-        let mut p = Penalties::new(
-            &SamplingParams { repetition_penalty: 2.0, ..Default::default() },
-            &[(0, 3.0), (2, -1.0)],
-            &[0],
-        );
+        let options = GenerateOptions {
+            sampling: SamplingParams { repetition_penalty: 2.0, ..Default::default() },
+            logit_bias: vec![(0, 3.0), (2, -1.0)],
+            ..Default::default()
+        };
+        let mut p = Penalties::new(&options, &[0]);
         assert!(p.is_active());
         p.observe(2);
         let mut logits = [1.0, 1.0, 0.5];
@@ -141,5 +181,30 @@ mod tests {
         p.observe(9);
         p.apply(&mut logits);
         assert_eq!(logits, [1.0, -1.0]);
+    }
+
+    #[test]
+    fn only_allowed_tokens_and_no_end_before_the_least_number_of_tokens() {
+        let options = GenerateOptions {
+            allowed_token_ids: vec![0, 1, 3, 9],
+            min_tokens: 2,
+            eos_ids: vec![1],
+            stop_ids: vec![3],
+            ..Default::default()
+        };
+        let mut p = Penalties::new(&options, &[]);
+        let inf = f32::NEG_INFINITY;
+        let mut logits = [1.0, 2.0, 3.0, 4.0, 5.0];
+        p.apply(&mut logits);
+        assert_eq!(logits, [1.0, inf, inf, inf, inf], "EOS and the stop id wait; 2 and 4 are not allowed");
+        p.observe(0);
+        p.observe(0);
+        let mut logits = [1.0, 2.0, 3.0, 4.0, 5.0];
+        p.apply(&mut logits);
+        assert_eq!(logits, [1.0, 2.0, inf, 4.0, inf], "two tokens in, the ends may come");
+        let ignored = GenerateOptions { ignore_eos: true, ..options };
+        let mut logits = [1.0, 2.0, 3.0, 4.0, 5.0];
+        Penalties::new(&ignored, &[]).apply(&mut logits);
+        assert_eq!(logits[1], 2.0, "an ignored EOS is no end to keep back (nor one that stops)");
     }
 }

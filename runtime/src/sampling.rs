@@ -4,6 +4,7 @@
 
 use crate::constraint::Constraint;
 use crate::error::Result;
+use crate::generate::GenerateOptions;
 use crate::penalties::Penalties;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -79,12 +80,13 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// A sampler for a sequence that starts with `prompt`, adding `bias` to those tokens' logits
-    /// (OpenAI's `logit_bias`), and keeping its text to `constraint`'s grammar if it has one.
-    pub fn new(params: SamplingParams, bias: &[(u32, f32)], constraint: Option<Constraint>, prompt: &[u32]) -> Sampler {
-        let penalties = Penalties::new(&params, bias, prompt);
+    /// A sampler for a sequence that starts with `prompt`, picking as `options` ask (their sampling
+    /// parameters, what changes the logits, the grammar the text is kept to).
+    pub fn new(options: &GenerateOptions, prompt: &[u32]) -> Sampler {
+        let params = options.sampling;
+        let penalties = Penalties::new(options, prompt);
         let rng = ChaCha8Rng::seed_from_u64(params.seed);
-        Sampler { params, rng, penalties, constraint, adjusted: Vec::new() }
+        Sampler { params, rng, penalties, constraint: options.constraint.clone(), adjusted: Vec::new() }
     }
 
     /// The next token, from the logits the model gives; an error if the grammar fails.
@@ -194,12 +196,16 @@ pub fn argmax(v: &[f32]) -> usize {
 mod tests {
     use super::*;
 
+    fn sampler(sampling: SamplingParams, prompt: &[u32]) -> Sampler {
+        Sampler::new(&GenerateOptions { sampling, ..Default::default() }, prompt)
+    }
+
     #[test]
     fn greedy_cases() {
         let logits = [0.1, 3.0, 3.0, -1.0];
-        let mut s = Sampler::new(SamplingParams::default(), &[], None, &[]);
+        let mut s = sampler(SamplingParams::default(), &[]);
         assert_eq!(s.pick(&logits).unwrap(), 1, "ties go to the lowest id");
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 1, ..Default::default() }, &[], None, &[]);
+        let mut s = sampler(SamplingParams { temperature: 1.0, top_k: 1, ..Default::default() }, &[]);
         assert_eq!(s.pick(&logits).unwrap(), 1);
     }
 
@@ -208,7 +214,7 @@ mod tests {
         // Probabilities 0.5, 0.25, 0.125, 0.125 at temperature 1.
         let logits = [2f32.ln() * 2.0, 2f32.ln(), 0.0, 0.0];
         let draw = |params: SamplingParams| {
-            let mut s = Sampler::new(params, &[], None, &[]);
+            let mut s = sampler(params, &[]);
             let mut counts = [0usize; 4];
             for _ in 0..20_000 {
                 counts[s.pick(&logits).unwrap() as usize] += 1;
@@ -237,7 +243,7 @@ mod tests {
     fn sampling_follows_the_penalized_softmax() {
         let logits = [2f32.ln() * 2.0, 2f32.ln(), 0.0, 0.0];
         let params = SamplingParams { temperature: 1.0, repetition_penalty: 2.0, seed: 7, ..Default::default() };
-        let mut s = Sampler::new(params, &[], None, &[0]);
+        let mut s = sampler(params, &[0]);
         let mut counts = [0usize; 4];
         for _ in 0..20_000 {
             counts[s.pick(&logits).unwrap() as usize] += 1;
@@ -252,7 +258,7 @@ mod tests {
     fn same_seed_same_tokens() {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
         let run = |seed| {
-            let mut s = Sampler::new(SamplingParams { temperature: 0.8, seed, ..Default::default() }, &[], None, &[]);
+            let mut s = sampler(SamplingParams { temperature: 0.8, seed, ..Default::default() }, &[]);
             (0..20).map(|_| s.pick(&logits).unwrap()).collect::<Vec<_>>()
         };
         assert_eq!(run(3), run(3));

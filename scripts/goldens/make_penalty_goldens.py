@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Greedy generations under a logit bias and repetition, frequency and presence penalties, for `g4c
-run --logit-bias/--repetition-penalty/--frequency-penalty/--presence-penalty`
-(tests/goldens/tiny/penalties.json).
+run --logit-bias/--repetition-penalty/--frequency-penalty/--presence-penalty`, and under vLLM's
+`allowed_token_ids` and `min_tokens`, for serve's batching engine (tests/goldens/tiny/penalties.json).
 Run by hand, never in CI, in the venv make_goldens.py names:
 
     /tmp/gv/bin/python scripts/goldens/make_penalty_goldens.py tests/goldens
@@ -14,6 +14,9 @@ make_goldens.py's `greedy` does, EOS ignored. Before each argmax the logits go t
 - OpenAI's frequency and presence penalties as vLLM applies them after it (`apply_penalties`):
   logit -= frequency * count + presence * (count > 0), counting the reply's tokens only; transformers
   has no processor for these, so this script writes them from that formula.
+Before all of these, for the last two cases, transformers' own `PrefixConstrainedLogitsProcessor`
+(the allowed tokens, whatever the prefix) and `MinNewTokensLengthLogitsProcessor` (a stop id kept
+back until the reply has `min_tokens`); generation then stops at the first stop id it picks.
 
 Each case records, per step, the margin between the two largest penalized logits: g4c computes the
 logits in its own order of operations, so a case is only worth comparing where no step is a near-tie
@@ -28,7 +31,12 @@ from pathlib import Path
 import torch
 import transformers
 from transformers import Gemma4ForCausalLM
-from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor, SequenceBiasLogitsProcessor
+from transformers.generation.logits_process import (
+    MinNewTokensLengthLogitsProcessor,
+    PrefixConstrainedLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SequenceBiasLogitsProcessor,
+)
 
 NEW_TOKENS = 24
 # name: (prompt, repetition, frequency, presence, logit bias {id: bias})
@@ -40,11 +48,18 @@ CASES = {
     # where the other order would not choose it.
     "logit_bias": ([2, 10, 20, 30, 10, 20, 30], 2.0, 0.0, 0.0, {382: -100.0, 20: 10.0}),
 }
+ALLOWED_PROMPT = [2, 17, 301, 44]
+ALLOWED = [10, 17, 20, 30, 44, 301, 382]
+MIN_TOKENS_PROMPT = [2, 100, 200, 300, 100]
+MIN_TOKENS = 6
 
 
 @torch.no_grad()
-def penalized_greedy(model, prompt, repetition, frequency, presence, bias, bias_last=False):
+def penalized_greedy(model, prompt, repetition, frequency, presence, bias, bias_last=False, allowed=None,
+                     stop_ids=(), min_tokens=0):
     cache = transformers.DynamicCache(config=model.config)
+    only = PrefixConstrainedLogitsProcessor(lambda batch, ids: allowed, num_beams=1) if allowed else None
+    least = MinNewTokensLengthLogitsProcessor(len(prompt), min_tokens, list(stop_ids)) if min_tokens else None
     biased = SequenceBiasLogitsProcessor([[[i], b] for i, b in bias.items()]) if bias else None
     repeat = RepetitionPenaltyLogitsProcessor(repetition) if repetition != 1.0 else None
     ids = torch.tensor([prompt])
@@ -52,6 +67,10 @@ def penalized_greedy(model, prompt, repetition, frequency, presence, bias, bias_
     tokens, margins = [], []
     for _ in range(NEW_TOKENS):
         logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1].float()
+        if only is not None:
+            logits = only(torch.tensor([seen]), logits)
+        if least is not None:
+            logits = least(torch.tensor([seen]), logits)
         if biased is not None and not bias_last:
             logits = biased(torch.tensor([seen]), logits)
         if repeat is not None:
@@ -65,8 +84,40 @@ def penalized_greedy(model, prompt, repetition, frequency, presence, bias, bias_
         tokens.append(token)
         seen.append(token)
         margins.append(float(f"{float(top2[0] - top2[1]):.3g}"))
+        if token in stop_ids:
+            break
         ids = torch.tensor([[token]])
     return tokens, margins
+
+
+def plain_case(name, prompt, tokens, margins, **extra):
+    if min(margins) < 1e-3:
+        sys.exit(f"{name}: a near-tie ({min(margins)}) among the logits: change the case")
+    return {"name": name, "prompt_ids": prompt, "repetition_penalty": 1.0, "frequency_penalty": 0.0,
+            "presence_penalty": 0.0, "logit_bias": {}, **extra, "generated_ids": tokens, "top2_margin": margins}
+
+
+def allowed_case(model):
+    tokens, margins = penalized_greedy(model, ALLOWED_PROMPT, 1.0, 0.0, 0.0, {}, allowed=ALLOWED)
+    plain, _ = penalized_greedy(model, ALLOWED_PROMPT, 1.0, 0.0, 0.0, {})
+    print(f"allowed_token_ids: {tokens} (plain {plain}) min margin {min(margins)}")
+    if all(t in ALLOWED for t in plain):
+        sys.exit("allowed_token_ids: plain decoding keeps to the allowed tokens already: change the list")
+    return plain_case("allowed_token_ids", ALLOWED_PROMPT, tokens, margins, allowed_token_ids=ALLOWED)
+
+
+def min_tokens_case(model):
+    plain, _ = penalized_greedy(model, MIN_TOKENS_PROMPT, 1.0, 0.0, 0.0, {})
+    # The stop id: the first of the plain reply's tokens that would end it before `min_tokens` and,
+    # kept back until then, ends it after.
+    for stop in plain[:MIN_TOKENS]:
+        tokens, margins = penalized_greedy(model, MIN_TOKENS_PROMPT, 1.0, 0.0, 0.0, {}, stop_ids=[stop],
+                                           min_tokens=MIN_TOKENS)
+        if MIN_TOKENS < len(tokens) < NEW_TOKENS:
+            print(f"min_tokens: stop {stop}: {tokens} (plain {plain}) min margin {min(margins)}")
+            return plain_case("min_tokens", MIN_TOKENS_PROMPT, tokens, margins, stop_ids=[stop],
+                              min_tokens=MIN_TOKENS)
+    sys.exit("min_tokens: no stop id of the plain reply ends the kept-back one: change the case")
 
 
 def main():
@@ -90,6 +141,8 @@ def main():
                       "frequency_penalty": frequency, "presence_penalty": presence,
                       "logit_bias": {str(i): b for i, b in bias.items()},
                       "generated_ids": tokens, "top2_margin": margins})
+    cases.append(allowed_case(model))
+    cases.append(min_tokens_case(model))
     golden = {"model": "tiny", "made_by": "scripts/goldens/make_penalty_goldens.py",
               "transformers": transformers.__version__, "torch": torch.__version__, "attention": "eager",
               "dtype": "float32", "decode": "greedy over penalized logits, DynamicCache, EOS ignored",

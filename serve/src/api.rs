@@ -75,6 +75,10 @@ pub struct Ask {
     pub logit_bias: Vec<(u32, f32)>,
     /// The grammar the text must follow (structured output), and the field that asked for it.
     pub grammar: Option<(&'static str, Grammar)>,
+    /// vLLM's `min_tokens`: no end (EOS, stop id, stop string) before this many tokens.
+    pub min_tokens: usize,
+    /// vLLM's `allowed_token_ids`: the only tokens to generate (empty: any).
+    pub allowed_token_ids: Vec<u32>,
 }
 
 /// The most tokens a request may ask for: as many positions as any context has.
@@ -157,6 +161,8 @@ struct Common {
     frequency_penalty: Option<f64>,
     repetition_penalty: Option<f64>,
     logit_bias: Option<serde_json::Map<String, Value>>,
+    min_tokens: Option<u64>,
+    allowed_token_ids: Option<Vec<u32>>,
     n: Option<u64>,
     stream: Option<bool>,
     stream_options: Option<StreamOptions>,
@@ -349,6 +355,17 @@ impl Common {
                 return Err(ApiError::param(name, format!("`{name}`: expected 1 to {MAX_TOKENS_LIMIT}, found {n}")));
             }
         }
+        let min_tokens = self.min_tokens.unwrap_or(0);
+        if let Some((name, n)) = max_tokens.filter(|&(_, n)| min_tokens > n) {
+            return Err(ApiError::param("min_tokens", format!("`min_tokens` ({min_tokens}) exceeds `{name}` ({n})")));
+        }
+        let min_tokens = min_tokens.min(MAX_TOKENS_LIMIT) as usize;
+        if self.allowed_token_ids.as_ref().is_some_and(|ids| ids.is_empty()) {
+            return Err(ApiError::param(
+                "allowed_token_ids",
+                "`allowed_token_ids`: expected at least one id, found none",
+            ));
+        }
         // OpenAI's range; the others are `SamplingParams::check`'s, once the model's defaults are in
         // (`prepare`).
         if let Some(t) = self.temperature.filter(|t| !(0.0..=2.0).contains(t)) {
@@ -400,6 +417,8 @@ impl Common {
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0) as f32,
             presence_penalty: self.presence_penalty.unwrap_or(0.0) as f32,
             grammar: None,
+            min_tokens,
+            allowed_token_ids: self.allowed_token_ids.unwrap_or_default(),
         })
     }
 
@@ -586,7 +605,6 @@ mod tests {
         let nothing = [
             ("repetition_penalty", serde_json::json!(1.0)),
             ("repeat_penalty", serde_json::json!(1)),
-            ("min_tokens", serde_json::json!(0)),
             ("include_stop_str_in_output", serde_json::json!(false)),
             ("skip_special_tokens", serde_json::json!(true)),
             ("add_generation_prompt", serde_json::json!(true)),
@@ -605,14 +623,12 @@ mod tests {
         }
         let something = [
             ("repeat_penalty", serde_json::json!(1.1)),
-            ("min_tokens", serde_json::json!(10)),
             ("include_stop_str_in_output", serde_json::json!(true)),
             ("skip_special_tokens", serde_json::json!(false)),
             ("add_generation_prompt", serde_json::json!(false)),
             ("continue_final_message", serde_json::json!(true)),
             ("grammar", serde_json::json!("root ::= \"a\"")),
             ("bad_words", serde_json::json!(["a"])),
-            ("allowed_token_ids", serde_json::json!([6])),
             ("prompt_logprobs", serde_json::json!(1)),
             ("truncate_prompt_tokens", serde_json::json!(50)),
             ("chat_template", serde_json::json!("{{ messages }}")),

@@ -38,6 +38,10 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
             format!("stop token id {bad} is outside the vocabulary (0..{})", shape.vocab),
         ));
     }
+    if let Some(bad) = ask.allowed_token_ids.iter().find(|&&id| id as usize >= shape.vocab) {
+        let message = format!("`allowed_token_ids`: token id {bad} is outside the vocabulary (0..{})", shape.vocab);
+        return Err(ApiError::param("allowed_token_ids", message));
+    }
     if let Some((bad, _)) = ask.logit_bias.iter().find(|&&(id, _)| id as usize >= shape.vocab) {
         let message = format!("`logit_bias`: token id {bad} is outside the vocabulary (0..{})", shape.vocab);
         return Err(ApiError::param("logit_bias", message));
@@ -89,6 +93,8 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
         logprobs: ask.logprobs,
         logit_bias: ask.logit_bias.clone(),
         constraint: None,
+        allowed_token_ids: ask.allowed_token_ids.clone(),
+        min_tokens: ask.min_tokens,
     };
     if let Err((field, expected, found)) = options.sampling.check() {
         return Err(ApiError::param(field, format!("`{field}`: expected {expected}, found {found}")));
@@ -278,5 +284,25 @@ mod tests {
             .unwrap_err()
             .message
             .contains("outside the vocabulary"));
+    }
+
+    /// vLLM's `allowed_token_ids` and `min_tokens` reach the engine (what they do: tests/penalties.rs),
+    /// checked against the vocabulary and `max_tokens`; `min_tokens` would keep a grammar from ending.
+    #[test]
+    fn allowed_ids_and_min_tokens_are_checked_and_passed_on() {
+        let model = tiny();
+        let request = body(serde_json::json!({"prompt": "ba", "allowed_token_ids": [5, 9], "min_tokens": 3}));
+        let (_, request) = prepare(&model, Endpoint::Completion, &request).unwrap();
+        assert_eq!((request.options.allowed_token_ids, request.options.min_tokens), (vec![5, 9], 3));
+        for (request, param) in [
+            (serde_json::json!({"prompt": "ba", "allowed_token_ids": [5, 512]}), "allowed_token_ids"),
+            (serde_json::json!({"prompt": "ba", "allowed_token_ids": []}), "allowed_token_ids"),
+            (serde_json::json!({"prompt": "ba", "min_tokens": 20, "max_tokens": 10}), "min_tokens"),
+            (serde_json::json!({"prompt": "ba", "min_tokens": -1}), "min_tokens"),
+            (serde_json::json!({"prompt": "ba", "min_tokens": 2, "guided_regex": "a+"}), "guided_regex"),
+        ] {
+            let e = prepare(&model, Endpoint::Completion, &body(request.clone())).unwrap_err();
+            assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some(param)), "{request}: {}", e.message);
+        }
     }
 }

@@ -75,7 +75,7 @@ impl Reply {
         app: &App,
     ) -> Reply {
         let (model, metrics) = (app.model.name.clone(), app.metrics.clone());
-        let text = StopText::new(app.model.tokenizer.clone(), ask.stop.clone());
+        let text = StopText::new(app.model.tokenizer.clone(), ask.stop.clone(), ask.min_tokens);
         let created = crate::unix_seconds();
         Reply {
             id,

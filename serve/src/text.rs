@@ -13,12 +13,17 @@ pub struct StopText {
     released: usize,
     /// The stop string generated, once one is (nothing after it is text).
     stopped: Option<String>,
+    /// Tokens pushed so far, and how many come before a stop string counts (vLLM's `min_tokens`).
+    pushed: usize,
+    min_tokens: usize,
 }
 
 impl StopText {
-    /// Text from `tokenizer` (none: no text, only ids) ending at the first of `stops`.
-    pub fn new(tokenizer: Option<Arc<TextTokenizer>>, stops: Vec<String>) -> StopText {
-        StopText { stream: tokenizer.map(TextStream::new), stops, text: String::new(), released: 0, stopped: None }
+    /// Text from `tokenizer` (none: no text, only ids) ending at the first of `stops` that ends in
+    /// text after the first `min_tokens` tokens.
+    pub fn new(tokenizer: Option<Arc<TextTokenizer>>, stops: Vec<String>, min_tokens: usize) -> StopText {
+        let stream = tokenizer.map(TextStream::new);
+        StopText { stream, stops, text: String::new(), released: 0, stopped: None, pushed: 0, min_tokens }
     }
 
     /// Whether a stop string has been generated (nothing after it is text).
@@ -37,10 +42,14 @@ impl StopText {
         if self.stopped.is_some() {
             return Ok(String::new());
         }
+        self.pushed += 1;
         let Some(piece) = stream.push(id).map_err(|e| e.to_string())? else { return Ok(String::new()) };
         // A stop string may begin in text held back before this piece.
         let from = self.released;
         self.text += &piece;
+        if self.pushed < self.min_tokens {
+            return Ok(self.release(self.text.len()));
+        }
         let found = self.stops.iter().filter_map(|s| self.text[from..].find(s.as_str()).map(|i| (from + i, s)));
         if let Some((at, stop)) = found.min_by_key(|&(at, _)| at) {
             self.stopped = Some(stop.clone());
@@ -86,7 +95,7 @@ mod tests {
     /// Releases `words` one token each; returns what was released and whether it stopped.
     fn run(stops: &[&str], words: &[&str]) -> (String, bool) {
         let t = tokenizer();
-        let mut text = StopText::new(Some(t.clone()), stops.iter().map(|s| s.to_string()).collect());
+        let mut text = StopText::new(Some(t.clone()), stops.iter().map(|s| s.to_string()).collect(), 0);
         let mut out = String::new();
         for w in words {
             out += &text.push(t.token_id(w).unwrap()).unwrap();

@@ -61,11 +61,9 @@ const UNSERVED: &[Unserved] = &[
     unserved("verbosity", "a verbosity", never),
     unserved("web_search_options", "web search", never),
     // vLLM's.
-    unserved("min_tokens", "a least number of tokens", is_zero),
     unserved("include_stop_str_in_output", "keeping the stop string", is_false),
     unserved("skip_special_tokens", "text with special tokens", is_true),
     unserved("bad_words", "banning words", is_empty),
-    unserved("allowed_token_ids", "restricting the tokens", never),
     unserved("prompt_logprobs", "the prompt's log probabilities", never),
     unserved("use_beam_search", "beam search", is_false),
     unserved("length_penalty", "a beam search's length penalty", is_one),

@@ -141,11 +141,9 @@ pub fn run(args: RunArgs) -> Result<()> {
             None => vec![],
         },
         sampling: args.sampling.params()?,
-        forced: vec![],
         keep_logits: args.logits_out.is_some(),
-        logprobs: None,
         logit_bias: args.sampling.logit_bias(config.vocab_size)?,
-        constraint: None,
+        ..Default::default()
     };
     if args.chat {
         opts.end_turn_at(tokenizer.and_then(|t| t.turn_end()));
