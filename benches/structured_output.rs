@@ -20,7 +20,7 @@ fn vocabulary() -> Vec<TokenBytes> {
         state ^= state << 17;
         (state % n as u64) as usize
     };
-    let mut tokens = vec![TokenBytes::Special];
+    let mut tokens = vec![TokenBytes::Special("<eos>".into())];
     tokens.extend((0..=255u8).map(|b| TokenBytes::Text(vec![b])));
     while tokens.len() < VOCAB {
         let len = 2 + next(7);

@@ -55,6 +55,10 @@ impl Recorder {
         events.iter().filter_map(|e| if let SequenceEvent::Token(t, _) = e { Some(*t) } else { None }).collect()
     }
 
+    pub(crate) fn events(&self) -> Vec<SequenceEvent> {
+        self.events.lock().unwrap().clone()
+    }
+
     fn cached_tokens(&self) -> usize {
         match self.events.lock().unwrap().first() {
             Some(SequenceEvent::Admitted { cached_tokens, .. }) => *cached_tokens,
@@ -341,7 +345,7 @@ fn faulty_engine(nan: Option<(usize, usize)>, panic_at: Option<usize>) -> (Batch
     (BatchEngine::new(Box::new(faulty), session.source.config.sliding_window).unwrap(), resets)
 }
 
-fn failure(recorder: &Recorder) -> String {
+pub(crate) fn failure(recorder: &Recorder) -> String {
     match recorder.events.lock().unwrap().last() {
         Some(SequenceEvent::Failed(message)) => message.clone(),
         other => panic!("expected a failure, found {other:?}"),

@@ -5,7 +5,10 @@
 //! shows the mask is applied. Its tokenizer is swapped for one of Gemma's kind, which can spell any
 //! text (`synth::byte_tokenizer_json`). Serve's fields: `serve::structured_output_*`.
 
-use crate::common::{assert_one_line_error, g4c, synth_tiny};
+use crate::batching::{admit, drain, engine, failure};
+use crate::common::{assert_one_line_error, g4c, golden_cases, synth_tiny};
+use g4c_runtime::constraint::{Grammar, Grammars};
+use g4c_runtime::{GenerateOptions, SequenceEvent, SequenceRequest, StopReason};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -79,4 +82,50 @@ fn grammars_that_cannot_be_kept_are_one_line_errors_naming_the_flag() {
     let (_tmp, words) = synth_tiny(0);
     let out = g4c(&["run", words.to_str().unwrap(), "--prompt", "ba", "--json-schema", "{}"]);
     assert_one_line_error(&out, &["--json-schema", "decodes as Gemma's"]);
+}
+
+/// In the batching engine `serve` runs, side by side: a constrained sequence asking for log
+/// probabilities, a plain greedy golden sequence (the call reads logits for the first; this row must
+/// still take transformers' tokens), and one whose grammar fails (no allowed token continues it),
+/// which ends alone.
+#[test]
+fn constrained_and_plain_sequences_share_the_engine_and_a_failing_grammar_ends_only_its_own() {
+    let tokenizer_dir = tempfile::tempdir().unwrap();
+    let json = g4c_frontend::synth::byte_tokenizer_json(512).to_string();
+    std::fs::write(tokenizer_dir.path().join("tokenizer.json"), json).unwrap();
+    let tokenizer = g4c_frontend::TextTokenizer::open(tokenizer_dir.path(), Some(2), Some(1)).unwrap().unwrap();
+    let grammars = Grammars::of_tokenizer(&tokenizer, 512, &[1]).unwrap();
+    let constrained = |grammar: &str, allowed: Vec<u32>| {
+        let mut options = GenerateOptions {
+            max_new_tokens: 12,
+            eos_ids: vec![1],
+            logprobs: Some(2),
+            allowed_token_ids: allowed,
+            ..Default::default()
+        };
+        options.constraint = Some(grammars.constraint(&Grammar::Regex(grammar.into()), &options.ends()).unwrap());
+        SequenceRequest { prompt: vec![2, 17, 301, 44], options }
+    };
+    let mut engine = engine(4);
+    let kept = admit(&mut engine, constrained("[0-9]{3}-[a-c]", vec![]));
+    let plain = &golden_cases("tiny")[0];
+    let options = GenerateOptions { max_new_tokens: plain.generated_ids.len(), ignore_eos: true, ..Default::default() };
+    let beside = admit(&mut engine, SequenceRequest { prompt: plain.prompt_ids.clone(), options });
+    // Digits only (`0`–`9` are ids 276–285), where the grammar wants a `z`.
+    let failing = admit(&mut engine, constrained("z+", (276..286).collect()));
+    drain(&mut engine);
+
+    let tokens = kept.tokens();
+    let text = tokenizer.decode(&tokens).unwrap();
+    assert!(regex::Regex::new("^[0-9]{3}-[a-c]$").unwrap().is_match(&text), "{text:?} {tokens:?}");
+    assert_eq!(tokens.last(), Some(&1), "ends with EOS once complete");
+    assert_eq!(kept.events().last(), Some(&SequenceEvent::Finished(StopReason::Eos)));
+    for event in kept.events() {
+        if let SequenceEvent::Token(_, logprobs) = event {
+            let logprobs = logprobs.expect("asked for");
+            assert!(logprobs.top.iter().all(|(_, lp)| lp.is_finite()), "from the logits before the mask");
+        }
+    }
+    assert_eq!(beside.tokens(), plain.generated_ids, "{} beside a constrained row", plain.name);
+    assert!(failure(&failing).contains("structured output: the grammar allows no token"), "{}", failure(&failing));
 }

@@ -89,11 +89,12 @@ impl TextTokenizer {
 }
 
 /// A vocabulary token as the text it stands for: its bytes (a byte-fallback token's one byte may be
-/// part of a character), or a special token, which no text spells.
+/// part of a character), or a special token, which no text spells, by its name (`<turn|>`; empty
+/// where the tokenizer has none).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TokenBytes {
     Text(Vec<u8>),
-    Special,
+    Special(String),
 }
 
 impl TextTokenizer {
@@ -111,24 +112,32 @@ impl TextTokenizer {
         };
         let added = self.inner.get_added_tokens_decoder();
         let special = |id: u32| added.get(&id).is_some_and(|t| t.special);
+        // Added tokens that are not special (HTML tags in Gemma's) are text, as decoding prints them.
         let bytes = |id: u32| match self.inner.id_to_token(id) {
             Some(piece) if !special(id) && !piece.is_empty() => match byte_fallback(&piece) {
                 Some(byte) => TokenBytes::Text(vec![byte]),
                 None => TokenBytes::Text(piece.replace(space, " ").into_bytes()),
             },
-            _ => TokenBytes::Special,
+            piece => TokenBytes::Special(piece.unwrap_or_default()),
         };
         Ok((0..self.inner.get_vocab_size(true) as u32).map(bytes).collect())
     }
 }
 
 /// The character a byte-fallback decoder (one with `ByteFallback` and a `Replace` of a character by a
-/// space, as tokenizer.json writes them) turns into a space; `None` for other decoders.
+/// space, as tokenizer.json writes them) turns into a space; `None` for other decoders, and for one
+/// that strips the text it decodes (Llama 2's drops the first space), whose tokens are not their text.
 fn byte_fallback_space(decoder: &serde_json::Value) -> Option<char> {
-    let steps = match decoder["type"].as_str() {
-        Some("Sequence") => decoder["decoders"].as_array()?.clone(),
-        _ => vec![decoder.clone()],
-    };
+    fn steps(decoder: &serde_json::Value) -> Vec<serde_json::Value> {
+        match (decoder["type"].as_str(), decoder["decoders"].as_array()) {
+            (Some("Sequence"), Some(inner)) => inner.iter().flat_map(steps).collect(),
+            _ => vec![decoder.clone()],
+        }
+    }
+    let steps = steps(decoder);
+    if steps.iter().any(|d| d["type"] == "Strip") {
+        return None;
+    }
     let falls_back = steps.iter().any(|d| d["type"] == "ByteFallback");
     let space = steps.iter().find_map(|d| {
         let mut pattern = d["pattern"]["String"].as_str()?.chars();
@@ -208,12 +217,20 @@ mod tests {
             .iter()
             .flat_map(|&id| match &bytes[id as usize] {
                 TokenBytes::Text(b) => b.clone(),
-                TokenBytes::Special => panic!("{id} is special"),
+                TokenBytes::Special(name) => panic!("{id} is special: {name}"),
             })
             .collect();
         assert_eq!(String::from_utf8(spelled).unwrap(), text);
         let turn_end = tokenizer.turn_end().unwrap() as usize;
-        assert_eq!((&bytes[1], &bytes[turn_end]), (&TokenBytes::Special, &TokenBytes::Special));
+        assert_eq!(
+            (&bytes[1], &bytes[turn_end]),
+            (&TokenBytes::Special("<eos>".into()), &TokenBytes::Special("<turn|>".into()))
+        );
+        // Llama 2's decoder strips the text's first space, which no token's bytes can say.
+        let mut stripping = crate::synth::byte_tokenizer_json(512);
+        stripping["decoder"]["decoders"].as_array_mut().unwrap().push(serde_json::json!(
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+        assert!(synthetic(stripping).vocabulary_bytes().is_err());
         let word_level = synthetic(crate::synth::tokenizer_json(64)).vocabulary_bytes().unwrap_err().to_string();
         assert!(word_level.contains("decodes as Gemma's") && word_level.contains("null"), "{word_level}");
     }

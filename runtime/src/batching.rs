@@ -315,23 +315,33 @@ impl BatchEngine {
                 continue;
             }
             let what = || format!("row {index} at position {}", row.cached.len() - 1);
-            let token = match output {
-                StepOutput::GreedyTokens => greedy_token(out, index, vocab, what).map(|token| (token, None)),
-                StepOutput::Logits => logits_row(out, index, vocab, what).and_then(|logits| {
-                    let token = seq.sampler.pick(logits)?;
-                    Ok((token, seq.options.logprobs.map(|n| TokenLogprobs::of(logits, token, n))))
-                }),
+            // Logits that are not finite spoil the row's caches; a grammar's failure ends the sequence
+            // alone, its caches kept for the next prompt that shares them.
+            let picked = match output {
+                StepOutput::GreedyTokens => {
+                    greedy_token(out, index, vocab, what).map(|token| (token, None)).map_err(|e| (e, true))
+                }
+                StepOutput::Logits => match logits_row(out, index, vocab, what) {
+                    Ok(logits) => seq
+                        .sampler
+                        .pick(logits)
+                        .map_err(|e| (e, false))
+                        .map(|token| (token, seq.options.logprobs.map(|n| TokenLogprobs::of(logits, token, n)))),
+                    Err(e) => Err((e, true)),
+                },
             };
-            let token = token.and_then(|(token, logprobs)| {
-                seq.sampler.observe(token)?;
-                Ok((token, logprobs))
+            let picked = picked.and_then(|(token, logprobs)| match seq.sampler.observe(token) {
+                Ok(()) => Ok((token, logprobs)),
+                Err(e) => Err((e, false)),
             });
-            let (token, logprobs) = match token {
-                Ok(token) => token,
-                Err(e) => {
+            let (token, logprobs) = match picked {
+                Ok(picked) => picked,
+                Err((e, spoils)) => {
                     seq.sink.send(SequenceEvent::Failed(e.to_string()));
                     self.free(index);
-                    spoiled.push(index);
+                    if spoils {
+                        spoiled.push(index);
+                    }
                     continue;
                 }
             };

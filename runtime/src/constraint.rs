@@ -2,7 +2,8 @@
 //! choice of strings, a Lark grammar), as vLLM's and llama.cpp's servers keep it with llguidance.
 //! Before each pick, every token that cannot continue text the grammar allows has its logit set to
 //! -inf; where the grammar may end, the sequence's own ends (EOS, its stop tokens) are allowed, and
-//! once the grammar is complete, nothing else is. Special tokens are text no grammar spells.
+//! once the grammar is complete, nothing else is. Special tokens are no text: only a Lark grammar
+//! names them (`<turn|>`).
 
 use crate::error::{Result, RuntimeError};
 use g4c_frontend::{TextTokenizer, TokenBytes};
@@ -41,7 +42,8 @@ impl Grammar {
 
 /// `schema` with JSON written one way, as Python's `json.dumps` writes it (`, ` and `: `, no other
 /// whitespace), unless it says how (llguidance's `x-guidance`): where any whitespace is allowed, a
-/// model may write it forever and never end the value.
+/// model may write it forever and never end the value. `oneOf` is taken as `anyOf` (llguidance
+/// refuses it otherwise), as Pydantic's tagged unions need.
 fn formatted(schema: &serde_json::Value) -> serde_json::Value {
     let mut schema = match schema {
         serde_json::Value::Bool(true) => serde_json::json!({}),
@@ -64,17 +66,19 @@ pub struct Grammars {
 }
 
 impl Grammars {
-    /// For a model of `vocab` logits whose tokens are `tokens` (ids past them are special: no text)
-    /// and whose end of sequence is `eos`.
+    /// For a model of `vocab` logits whose tokens are `tokens` (ids past them are special tokens
+    /// named `<[ID]>`) and whose end of sequence is `eos`.
     pub fn new(tokens: &[TokenBytes], vocab: usize, eos: u32) -> std::result::Result<Grammars, String> {
         if eos as usize >= vocab {
             return Err(format!("the end-of-sequence id {eos} is outside the vocabulary (0..{vocab})"));
         }
-        // A special token is a name after toktrie's marker byte, which no text contains.
+        // A special token is its name after toktrie's marker byte, which no text contains.
+        let special = |name: &str| [&[TokTrie::SPECIAL_TOKEN_MARKER][..], name.as_bytes()].concat();
         let words: Vec<Vec<u8>> = (0..vocab)
             .map(|id| match tokens.get(id) {
                 Some(TokenBytes::Text(bytes)) => bytes.clone(),
-                _ => [&[TokTrie::SPECIAL_TOKEN_MARKER][..], format!("<[{id}]>").as_bytes()].concat(),
+                Some(TokenBytes::Special(name)) if !name.is_empty() => special(name),
+                _ => special(&format!("<[{id}]>")),
             })
             .collect();
         let info = TokRxInfo::new(vocab as u32, eos);
@@ -92,12 +96,12 @@ impl Grammars {
         eos_ids: &[u32],
     ) -> std::result::Result<Grammars, String> {
         let tokens = tokenizer.vocabulary_bytes().map_err(|e| e.to_string())?;
-        let eos = *eos_ids.first().ok_or("structured output needs the model's EOS token, which it names none of")?;
+        let eos = *eos_ids.first().ok_or("structured output needs the model's EOS token; its config names none")?;
         Grammars::new(&tokens, vocab, eos)
     }
 
-    /// A sequence's constraint to `grammar`, for a sequence that ends at any of `ends`; an error
-    /// says why the grammar does not compile.
+    /// A sequence's constraint to `grammar`, for a sequence that ends at any of `ends`
+    /// (`GenerateOptions::ends`); an error says why the grammar does not compile.
     pub fn constraint(&self, grammar: &Grammar, ends: &[u32]) -> std::result::Result<Constraint, String> {
         let parser = self.factory.create_parser(grammar.top_level()?).map_err(one_line)?;
         let matcher = Matcher::new(Ok(parser));
@@ -119,21 +123,26 @@ impl Constraint {
     /// Sets the logit of every token the grammar does not allow next to -inf; an error if it allows
     /// none of the vocabulary.
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<()> {
-        let mut allowed = self.matcher.compute_mask_or_eos().map_err(|_| failed(NO_TOKEN))?;
+        let mut allowed = self.matcher.compute_mask_or_eos().map_err(|e| match e.to_string() {
+            // llguidance's word for a state no token of the vocabulary continues.
+            e if e.starts_with("NoExtensionBias") => failed(NO_TOKEN),
+            e => failed(e),
+        })?;
+        // Where the grammar may end, the sequence's own ends stand for its end (EOS only if it is one).
         if allowed.is_allowed(self.eos) {
-            for &id in self.ends.iter().filter(|&&id| (id as usize) < logits.len()) {
+            allowed.disallow_token(self.eos);
+            let size = allowed.len();
+            for &id in self.ends.iter().filter(|&&id| (id as usize) < size) {
                 allowed.allow_token(id);
             }
         }
-        let mut any = false;
         for (id, logit) in logits.iter_mut().enumerate() {
-            if id < allowed.len() && allowed.is_allowed(id as u32) {
-                any = true;
-            } else {
+            if id >= allowed.len() || !allowed.is_allowed(id as u32) {
                 *logit = f32::NEG_INFINITY;
             }
         }
-        match any {
+        // Tokens the penalties already ruled out (`min_tokens`, `allowed_token_ids`) count as none.
+        match logits.iter().any(|l| l.is_finite()) {
             true => Ok(()),
             false => Err(failed(NO_TOKEN)),
         }
@@ -182,7 +191,8 @@ mod tests {
 
     /// Ids 0 `<eos>`, 1 `a`, 2 `b`, 3 `ab`, 4 `"`, 5 a turn end; 6 and 7 past the tokenizer's.
     fn vocabulary() -> Vec<TokenBytes> {
-        vec![Special, Text(b"a".to_vec()), Text(b"b".to_vec()), Text(b"ab".to_vec()), Text(b"\"".to_vec()), Special]
+        let text = |t: &str| Text(t.as_bytes().to_vec());
+        vec![Special("<eos>".into()), text("a"), text("b"), text("ab"), text("\""), Special("<turn|>".into())]
     }
 
     fn allowed(c: &mut super::Constraint) -> Vec<usize> {
@@ -204,6 +214,12 @@ mod tests {
         let mut c = grammars.constraint(&Grammar::Regex("a+".into()), &[0]).unwrap();
         c.consume(1).unwrap();
         assert_eq!(allowed(&mut c), [0, 1], "more `a` or the end; `ab` would not match");
+        let mut c = grammars.constraint(&Grammar::Choice(vec!["b".into()]), &[5]).unwrap();
+        c.consume(2).unwrap();
+        assert_eq!(allowed(&mut c), [5], "EOS is no end of this sequence (it ignores EOS): the stop id is");
+        let mut c = grammars.constraint(&Grammar::Lark("start: \"a\" <turn|> \"b\"".into()), &[0]).unwrap();
+        c.consume(1).unwrap();
+        assert_eq!(allowed(&mut c), [5], "a Lark grammar names a special token");
     }
 
     #[test]

@@ -49,6 +49,12 @@ impl GenerateOptions {
         }
     }
 
+    /// The tokens that end the sequence: EOS unless it is ignored, and the stop ids.
+    pub fn ends(&self) -> Vec<u32> {
+        let eos = self.eos_ids.iter().filter(|_| !self.ignore_eos);
+        eos.chain(&self.stop_ids).copied().collect()
+    }
+
     /// Why generation ends after `token`, the `generated`-th token, when the context leaves `room`
     /// tokens to generate; `None` if it goes on.
     pub fn stop_after(&self, token: u32, generated: usize, room: usize) -> Option<StopReason> {

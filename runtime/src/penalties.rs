@@ -52,11 +52,10 @@ impl Penalties {
     pub fn new(options: &GenerateOptions, prompt: &[u32]) -> Penalties {
         let params = &options.sampling;
         let repetition = params.repetition_penalty;
-        let eos = options.eos_ids.iter().filter(|_| !options.ignore_eos);
         Penalties {
             active: change_logits(options),
             allowed: options.allowed_token_ids.clone(),
-            ends: eos.chain(&options.stop_ids).copied().collect(),
+            ends: options.ends(),
             min_tokens: options.min_tokens,
             bias: options.logit_bias.clone(),
             repetition,

@@ -109,7 +109,7 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
                 "structured output ends where its grammar is complete, which `ignore_eos` asks not to".into(),
             ));
         }
-        let ends: Vec<u32> = options.eos_ids.iter().chain(&options.stop_ids).copied().collect();
+        let ends = options.ends();
         options.constraint = Some(model.grammars().and_then(|g| g.constraint(grammar, &ends)).map_err(refused)?);
     }
     Ok((ask, SequenceRequest { prompt, options }))

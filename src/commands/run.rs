@@ -107,6 +107,31 @@ pub fn run(args: RunArgs) -> Result<()> {
     if prompt.is_empty() {
         bail!("the prompt is empty: give at least one token id");
     }
+    // Before compiling: a grammar that does not compile fails at once.
+    let mut opts = GenerateOptions {
+        max_new_tokens: args.max_new_tokens,
+        eos_ids: config.eos_token_ids.clone(),
+        ignore_eos: args.ignore_eos,
+        stop_ids: match &args.stop_ids {
+            Some(list) => stop_ids(list, config.vocab_size)?,
+            None => vec![],
+        },
+        sampling: args.sampling.params()?,
+        keep_logits: args.logits_out.is_some(),
+        logit_bias: args.sampling.logit_bias(config.vocab_size)?,
+        ..Default::default()
+    };
+    if args.chat {
+        opts.end_turn_at(tokenizer.and_then(|t| t.turn_end()));
+    }
+    if let Some((flag, grammar)) = structured_output(&args)? {
+        let Some(tokenizer) = tokenizer else {
+            bail!("{flag}: structured output needs the checkpoint's tokenizer.json")
+        };
+        let grammars = Grammars::of_tokenizer(tokenizer, config.vocab_size, &config.eos_token_ids)
+            .map_err(|e| anyhow!("{flag}: {e}"))?;
+        opts.constraint = Some(grammars.constraint(&grammar, &opts.ends()).map_err(|e| anyhow!("{flag}: {e}"))?);
+    }
     let fixed = source.fixed_shapes();
     let fixed_shapes = session.backend == g4c_driver::BackendKind::Pjrt;
     // The backends but pjrt size their caches to the run; generation stops where the context ends.
@@ -132,31 +157,6 @@ pub fn run(args: RunArgs) -> Result<()> {
     };
     let batch = fixed.as_ref().map_or(1, |s| s.batch);
     let module = session.module(&Shapes { batch, prefill_len, context })?;
-    let mut opts = GenerateOptions {
-        max_new_tokens: args.max_new_tokens,
-        eos_ids: config.eos_token_ids.clone(),
-        ignore_eos: args.ignore_eos,
-        stop_ids: match &args.stop_ids {
-            Some(list) => stop_ids(list, config.vocab_size)?,
-            None => vec![],
-        },
-        sampling: args.sampling.params()?,
-        keep_logits: args.logits_out.is_some(),
-        logit_bias: args.sampling.logit_bias(config.vocab_size)?,
-        ..Default::default()
-    };
-    if args.chat {
-        opts.end_turn_at(tokenizer.and_then(|t| t.turn_end()));
-    }
-    if let Some((flag, grammar)) = structured_output(&args)? {
-        let Some(tokenizer) = tokenizer else {
-            bail!("{flag}: structured output needs the checkpoint's tokenizer.json")
-        };
-        let grammars = Grammars::of_tokenizer(tokenizer, config.vocab_size, &config.eos_token_ids)
-            .map_err(|e| anyhow!("{flag}: {e}"))?;
-        let ends: Vec<u32> = opts.eos_ids.iter().chain(&opts.stop_ids).copied().collect();
-        opts.constraint = Some(grammars.constraint(&grammar, &ends).map_err(|e| anyhow!("{flag}: {e}"))?);
-    }
 
     let mut printer = super::printer::StreamPrinter::new(tokenizer, !args.json);
     let mut ready = with_feedback(|feedback| session.executor(module.clone(), feedback))?;
@@ -193,8 +193,6 @@ pub fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
-/// `--stop-ids`: token ids of the model's vocabulary (`vocab` of them).
-/// `--prompt`'s text. clap's own check of a `String` flag refuses non-UTF-8 without naming the flag.
 /// The grammar `--json-schema` or `--regex` asks for, with the flag that asked.
 fn structured_output(args: &RunArgs) -> Result<Option<(&'static str, Grammar)>> {
     if let Some(schema) = &args.json_schema {
@@ -205,10 +203,12 @@ fn structured_output(args: &RunArgs) -> Result<Option<(&'static str, Grammar)>> 
     Ok(args.regex.clone().map(|regex| ("--regex", Grammar::Regex(regex))))
 }
 
+/// `--prompt`'s text. clap's own check of a `String` flag refuses non-UTF-8 without naming the flag.
 fn utf8_text(text: std::ffi::OsString) -> Result<String, String> {
     text.into_string().map_err(|_| "not UTF-8 text (the invalid bytes are shown as �)".to_string())
 }
 
+/// `--stop-ids`: token ids of the model's vocabulary (`vocab` of them).
 fn stop_ids(list: &str, vocab: usize) -> Result<Vec<u32>> {
     let ids = super::parse_list(list, "--stop-ids", "a token id")?;
     if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
