@@ -614,6 +614,10 @@ fn stop_reason_names_the_stop_string_or_id_that_ended_a_choice() {
     let body = json!({"prompt": "ba de", "max_tokens": 12, "temperature": 0, "stop": [stop]});
     let stopped = choice(body, "/v1/completions");
     assert_eq!((&stopped["finish_reason"], &stopped["stop_reason"]), (&json!("stop"), &json!(stop)), "{stopped}");
+    // vLLM's `include_stop_str_in_output`: the same text, and the stop string.
+    let body = json!({"prompt": "ba de", "max_tokens": 12, "temperature": 0, "stop": [stop], "include_stop_str_in_output": true});
+    let kept = choice(body, "/v1/completions");
+    assert_eq!(kept["text"].as_str().unwrap(), format!("{}{stop}", stopped["text"].as_str().unwrap()), "{kept}");
     // A listed stop id: a token the reply generates without it.
     let messages = json!([{"role": "user", "content": "ba"}]);
     let body = json!({"messages": messages, "max_tokens": 20, "temperature": 0, "return_token_ids": true});

@@ -79,6 +79,8 @@ pub struct Ask {
     pub min_tokens: usize,
     /// vLLM's `allowed_token_ids`: the only tokens to generate (empty: any).
     pub allowed_token_ids: Vec<u32>,
+    /// vLLM's `include_stop_str_in_output`: the text keeps the stop string that ended it.
+    pub include_stop_str_in_output: bool,
 }
 
 /// The most tokens a request may ask for: as many positions as any context has.
@@ -163,6 +165,7 @@ struct Common {
     logit_bias: Option<serde_json::Map<String, Value>>,
     min_tokens: Option<u64>,
     allowed_token_ids: Option<Vec<u32>>,
+    include_stop_str_in_output: Option<bool>,
     n: Option<u64>,
     stream: Option<bool>,
     stream_options: Option<StreamOptions>,
@@ -419,6 +422,7 @@ impl Common {
             grammar: None,
             min_tokens,
             allowed_token_ids: self.allowed_token_ids.unwrap_or_default(),
+            include_stop_str_in_output: self.include_stop_str_in_output.unwrap_or(false),
         })
     }
 
@@ -605,7 +609,6 @@ mod tests {
         let nothing = [
             ("repetition_penalty", serde_json::json!(1.0)),
             ("repeat_penalty", serde_json::json!(1)),
-            ("include_stop_str_in_output", serde_json::json!(false)),
             ("skip_special_tokens", serde_json::json!(true)),
             ("add_generation_prompt", serde_json::json!(true)),
             ("continue_final_message", serde_json::json!(false)),
@@ -623,7 +626,6 @@ mod tests {
         }
         let something = [
             ("repeat_penalty", serde_json::json!(1.1)),
-            ("include_stop_str_in_output", serde_json::json!(true)),
             ("skip_special_tokens", serde_json::json!(false)),
             ("add_generation_prompt", serde_json::json!(false)),
             ("continue_final_message", serde_json::json!(true)),

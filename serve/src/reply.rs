@@ -6,7 +6,7 @@ use crate::api::{Ask, Endpoint};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::routes::App;
-use crate::text::StopText;
+use crate::text::{StopStrings, StopText};
 use g4c_frontend::TextTokenizer;
 use g4c_runtime::{SequenceEvent, StopReason, TokenLogprobs};
 use serde_json::{json, Value};
@@ -75,7 +75,9 @@ impl Reply {
         app: &App,
     ) -> Reply {
         let (model, metrics) = (app.model.name.clone(), app.metrics.clone());
-        let text = StopText::new(app.model.tokenizer.clone(), ask.stop.clone(), ask.min_tokens);
+        let rule =
+            StopStrings { stops: ask.stop.clone(), min_tokens: ask.min_tokens, keep: ask.include_stop_str_in_output };
+        let text = StopText::new(app.model.tokenizer.clone(), rule);
         let created = crate::unix_seconds();
         Reply {
             id,

@@ -5,25 +5,34 @@
 use g4c_frontend::{TextStream, TextTokenizer};
 use std::sync::Arc;
 
+/// Which strings end the text, and how.
+#[derive(Clone, Debug, Default)]
+pub struct StopStrings {
+    pub stops: Vec<String>,
+    /// Tokens that come before a stop string counts (vLLM's `min_tokens`).
+    pub min_tokens: usize,
+    /// The text keeps the stop string that ended it (vLLM's `include_stop_str_in_output`).
+    pub keep: bool,
+}
+
 pub struct StopText {
     stream: Option<TextStream<Arc<TextTokenizer>>>,
-    stops: Vec<String>,
+    rule: StopStrings,
     text: String,
     /// Bytes of `text` released so far.
     released: usize,
     /// The stop string generated, once one is (nothing after it is text).
     stopped: Option<String>,
-    /// Tokens pushed so far, and how many come before a stop string counts (vLLM's `min_tokens`).
+    /// Tokens pushed so far.
     pushed: usize,
-    min_tokens: usize,
 }
 
 impl StopText {
-    /// Text from `tokenizer` (none: no text, only ids) ending at the first of `stops` that ends in
-    /// text after the first `min_tokens` tokens.
-    pub fn new(tokenizer: Option<Arc<TextTokenizer>>, stops: Vec<String>, min_tokens: usize) -> StopText {
+    /// Text from `tokenizer` (none: no text, only ids) ending at the first of `rule`'s stops that
+    /// ends in text after its first `min_tokens` tokens.
+    pub fn new(tokenizer: Option<Arc<TextTokenizer>>, rule: StopStrings) -> StopText {
         let stream = tokenizer.map(TextStream::new);
-        StopText { stream, stops, text: String::new(), released: 0, stopped: None, pushed: 0, min_tokens }
+        StopText { stream, rule, text: String::new(), released: 0, stopped: None, pushed: 0 }
     }
 
     /// Whether a stop string has been generated (nothing after it is text).
@@ -47,16 +56,18 @@ impl StopText {
         // A stop string may begin in text held back before this piece.
         let from = self.released;
         self.text += &piece;
-        if self.pushed < self.min_tokens {
+        if self.pushed < self.rule.min_tokens {
             return Ok(self.release(self.text.len()));
         }
-        let found = self.stops.iter().filter_map(|s| self.text[from..].find(s.as_str()).map(|i| (from + i, s)));
+        let stops = &self.rule.stops;
+        let found = stops.iter().filter_map(|s| self.text[from..].find(s.as_str()).map(|i| (from + i, s)));
         if let Some((at, stop)) = found.min_by_key(|&(at, _)| at) {
+            let end = if self.rule.keep { at + stop.len() } else { at };
             self.stopped = Some(stop.clone());
-            self.text.truncate(at);
-            return Ok(self.release(at));
+            self.text.truncate(end);
+            return Ok(self.release(end));
         }
-        let held = self.stops.iter().map(|s| partial_suffix(&self.text[from..], s)).max().unwrap_or(0);
+        let held = stops.iter().map(|s| partial_suffix(&self.text[from..], s)).max().unwrap_or(0);
         Ok(self.release(self.text.len() - held))
     }
 
@@ -82,7 +93,7 @@ fn partial_suffix(text: &str, stop: &str) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{partial_suffix, StopText};
+    use super::{partial_suffix, StopStrings, StopText};
     use g4c_frontend::TextTokenizer;
     use std::sync::Arc;
 
@@ -94,8 +105,12 @@ mod tests {
 
     /// Releases `words` one token each; returns what was released and whether it stopped.
     fn run(stops: &[&str], words: &[&str]) -> (String, bool) {
+        run_with(StopStrings { stops: stops.iter().map(|s| s.to_string()).collect(), ..Default::default() }, words)
+    }
+
+    fn run_with(rule: StopStrings, words: &[&str]) -> (String, bool) {
         let t = tokenizer();
-        let mut text = StopText::new(Some(t.clone()), stops.iter().map(|s| s.to_string()).collect(), 0);
+        let mut text = StopText::new(Some(t.clone()), rule);
         let mut out = String::new();
         for w in words {
             out += &text.push(t.token_id(w).unwrap()).unwrap();
@@ -112,6 +127,15 @@ mod tests {
         assert_eq!(run(&["a b"], &["ba", "be", "bi"]), ("b".into(), true));
         assert_eq!(run(&["zz", "e b"], &["ba", "be", "bi"]), ("ba b".into(), true));
         assert_eq!(run(&["bax"], &["ba", "be"]), ("ba be".into(), false), "a partial match is released at the end");
+    }
+
+    #[test]
+    fn a_stop_string_can_be_kept_and_counts_only_after_the_least_number_of_tokens() {
+        let rule = |min_tokens, keep| StopStrings { stops: vec!["e b".into()], min_tokens, keep };
+        assert_eq!(run_with(rule(0, true), &["ba", "be", "bi"]), ("ba be b".into(), true));
+        // Across the 2nd token's text and the 3rd's: it counts, the 2nd not being before the least.
+        assert_eq!(run_with(rule(2, false), &["ba", "be", "bi"]), ("ba b".into(), true));
+        assert_eq!(run_with(rule(3, false), &["ba", "be", "bi"]), ("ba be bi".into(), false), "within the first 3");
     }
 
     #[test]

@@ -61,7 +61,6 @@ const UNSERVED: &[Unserved] = &[
     unserved("verbosity", "a verbosity", never),
     unserved("web_search_options", "web search", never),
     // vLLM's.
-    unserved("include_stop_str_in_output", "keeping the stop string", is_false),
     unserved("skip_special_tokens", "text with special tokens", is_true),
     unserved("bad_words", "banning words", is_empty),
     unserved("prompt_logprobs", "the prompt's log probabilities", never),
