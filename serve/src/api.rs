@@ -81,6 +81,9 @@ pub struct Ask {
     pub allowed_token_ids: Vec<u32>,
     /// vLLM's `include_stop_str_in_output`: the text keeps the stop string that ended it.
     pub include_stop_str_in_output: bool,
+    /// vLLM's `truncate_prompt_tokens`: only the prompt's last tokens, this many (`-1`: as many as
+    /// the context holds with room for a token).
+    pub truncate_prompt_tokens: Option<i64>,
 }
 
 /// The most tokens a request may ask for: as many positions as any context has.
@@ -166,6 +169,7 @@ struct Common {
     min_tokens: Option<u64>,
     allowed_token_ids: Option<Vec<u32>>,
     include_stop_str_in_output: Option<bool>,
+    truncate_prompt_tokens: Option<i64>,
     n: Option<u64>,
     stream: Option<bool>,
     stream_options: Option<StreamOptions>,
@@ -423,6 +427,7 @@ impl Common {
             min_tokens,
             allowed_token_ids: self.allowed_token_ids.unwrap_or_default(),
             include_stop_str_in_output: self.include_stop_str_in_output.unwrap_or(false),
+            truncate_prompt_tokens: self.truncate_prompt_tokens,
         })
     }
 
@@ -632,7 +637,6 @@ mod tests {
             ("grammar", serde_json::json!("root ::= \"a\"")),
             ("bad_words", serde_json::json!(["a"])),
             ("prompt_logprobs", serde_json::json!(1)),
-            ("truncate_prompt_tokens", serde_json::json!(50)),
             ("chat_template", serde_json::json!("{{ messages }}")),
             ("tool_choice", serde_json::json!("required")),
             ("functions", serde_json::json!([{"name": "f"}])),

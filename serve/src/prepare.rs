@@ -22,8 +22,20 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
     if tokenizer.is_none() && !ask.stop.is_empty() {
         return Err(ApiError::param("stop", "`stop`: stop strings need the model's tokenizer.json, which it lacks"));
     }
-    let prompt = prompt_ids(model, &ask.prompt)?;
     let shape = &model.shape;
+    let mut prompt = prompt_ids(model, &ask.prompt)?;
+    if let Some(keep) = ask.truncate_prompt_tokens {
+        let keep = match keep {
+            -1 => shape.context - 1,
+            k if k >= 1 && k as usize <= shape.context => k as usize,
+            k => {
+                let message = format!("`truncate_prompt_tokens`: expected -1 or 1 to {}, found {k}", shape.context);
+                return Err(ApiError::param("truncate_prompt_tokens", message));
+            }
+        };
+        // The last tokens, as vLLM keeps them.
+        prompt.drain(..prompt.len().saturating_sub(keep));
+    }
     let param = if endpoint == Endpoint::Chat { "messages" } else { "prompt" };
     shape.check_prompt(&prompt, 1).map_err(|problem| {
         let error = ApiError::param(param, problem.to_string());
@@ -284,6 +296,24 @@ mod tests {
             .unwrap_err()
             .message
             .contains("outside the vocabulary"));
+    }
+
+    /// vLLM's `truncate_prompt_tokens` keeps the prompt's last tokens (-1: all the context holds with
+    /// room for one more); what it cannot be is a `400`.
+    #[test]
+    fn truncated_prompts_keep_their_last_tokens() {
+        let model = tiny();
+        let ids: Vec<u32> = (100..140).collect();
+        let prompt = |truncate: serde_json::Value| {
+            let request = body(serde_json::json!({"prompt": ids, "truncate_prompt_tokens": truncate}));
+            prepare(&model, Endpoint::Completion, &request).map(|(_, r)| r.prompt)
+        };
+        assert_eq!(prompt(serde_json::json!(3)).unwrap(), [137, 138, 139]);
+        assert_eq!(prompt(serde_json::json!(-1)).unwrap(), ids[9..], "31 of a context of 32");
+        for bad in [0, -2, 33] {
+            let e = prompt(serde_json::json!(bad)).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("truncate_prompt_tokens"), "{bad}: {}", e.message);
+        }
     }
 
     /// vLLM's `allowed_token_ids` and `min_tokens` reach the engine (what they do: tests/penalties.rs),

@@ -66,7 +66,6 @@ const UNSERVED: &[Unserved] = &[
     unserved("prompt_logprobs", "the prompt's log probabilities", never),
     unserved("use_beam_search", "beam search", is_false),
     unserved("length_penalty", "a beam search's length penalty", is_one),
-    unserved("truncate_prompt_tokens", "truncating the prompt", never),
     unserved("chat_template", "a chat template other than the model's", never),
     unserved("continue_final_message", "continuing the last message", is_false),
     unserved("chat_template_kwargs", "arguments to the chat template", is_empty),
