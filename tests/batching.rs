@@ -59,7 +59,7 @@ impl Recorder {
         self.events.lock().unwrap().clone()
     }
 
-    fn cached_tokens(&self) -> usize {
+    pub(crate) fn cached_tokens(&self) -> usize {
         match self.events.lock().unwrap().first() {
             Some(SequenceEvent::Admitted { cached_tokens, .. }) => *cached_tokens,
             other => panic!("the first event is not Admitted: {other:?}"),

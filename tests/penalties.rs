@@ -3,12 +3,13 @@
 //! scripts/goldens/make_penalty_goldens.py made it (transformers' `SequenceBiasLogitsProcessor` and
 //! `RepetitionPenaltyLogitsProcessor`, then vLLM's formula for the other two), through `g4c run` on the interpreter and PJRT, and
 //! through the batching engine that `g4c serve` runs, every case side by side; vLLM's
-//! `allowed_token_ids` and `min_tokens` (transformers' `PrefixConstrainedLogitsProcessor` and
-//! `MinNewTokensLengthLogitsProcessor`), which only `serve` takes, through the engine.
+//! `allowed_token_ids`, `bad_words` and `min_tokens` (transformers' `PrefixConstrainedLogitsProcessor`,
+//! `NoBadWordsLogitsProcessor` and `MinNewTokensLengthLogitsProcessor`), which only `serve` takes,
+//! through the engine.
 
 use crate::batching::{admit, drain};
 use crate::common::{g4c, golden_cases, golden_dir};
-use g4c_runtime::{GenerateOptions, SamplingParams, SequenceRequest};
+use g4c_runtime::{GenerateOptions, SamplingParams, SequenceEvent, SequenceRequest, StopReason};
 
 struct PenaltyCase {
     name: String,
@@ -16,6 +17,7 @@ struct PenaltyCase {
     params: SamplingParams,
     logit_bias: Vec<(u32, f32)>,
     allowed_token_ids: Vec<u32>,
+    bad_words: Vec<Vec<u32>>,
     min_tokens: usize,
     stop_ids: Vec<u32>,
     generated_ids: Vec<u32>,
@@ -24,7 +26,10 @@ struct PenaltyCase {
 impl PenaltyCase {
     /// Whether `g4c run` has flags for all the case asks (`serve`'s fields alone: not).
     fn runs_on_the_cli(&self) -> bool {
-        self.allowed_token_ids.is_empty() && self.min_tokens == 0 && self.stop_ids.is_empty()
+        self.allowed_token_ids.is_empty()
+            && self.bad_words.is_empty()
+            && self.min_tokens == 0
+            && self.stop_ids.is_empty()
     }
 }
 
@@ -55,6 +60,7 @@ fn penalty_cases() -> Vec<PenaltyCase> {
                 .map(|(id, bias)| (id.parse().unwrap(), number(bias)))
                 .collect(),
             allowed_token_ids: ids(&c["allowed_token_ids"]),
+            bad_words: c["bad_words"].as_array().map_or(vec![], |words| words.iter().map(ids).collect()),
             min_tokens: c["min_tokens"].as_u64().unwrap_or(0) as usize,
             stop_ids: ids(&c["stop_ids"]),
             generated_ids: ids(&c["generated_ids"]),
@@ -103,6 +109,7 @@ fn batched_sequences_with_penalties_match_transformers() {
                 sampling: case.params,
                 logit_bias: case.logit_bias.clone(),
                 allowed_token_ids: case.allowed_token_ids.clone(),
+                bad_words: case.bad_words.clone(),
                 min_tokens: case.min_tokens,
                 stop_ids: case.stop_ids.clone(),
                 ..Default::default()
@@ -118,6 +125,10 @@ fn batched_sequences_with_penalties_match_transformers() {
     drain(&mut engine);
     for (case, recorder) in cases.iter().zip(&running) {
         assert_eq!(recorder.tokens(), case.generated_ids, "{}", case.name);
+        if !case.stop_ids.is_empty() {
+            let stopped = Some(&SequenceEvent::Finished(StopReason::StopId));
+            assert_eq!(recorder.events().last(), stopped, "{} ends at its stop id", case.name);
+        }
     }
     assert_eq!(beside.tokens(), plain.generated_ids, "{} without penalties", plain.name);
 }

@@ -87,7 +87,7 @@ fn grammars_that_cannot_be_kept_are_one_line_errors_naming_the_flag() {
 /// In the batching engine `serve` runs, side by side: a constrained sequence asking for log
 /// probabilities, a plain greedy golden sequence (the call reads logits for the first; this row must
 /// still take transformers' tokens), and one whose grammar fails (no allowed token continues it),
-/// which ends alone.
+/// which ends alone, its row's caches kept: a later prompt that shares them finds them.
 #[test]
 fn constrained_and_plain_sequences_share_the_engine_and_a_failing_grammar_ends_only_its_own() {
     let tokenizer_dir = tempfile::tempdir().unwrap();
@@ -95,7 +95,7 @@ fn constrained_and_plain_sequences_share_the_engine_and_a_failing_grammar_ends_o
     std::fs::write(tokenizer_dir.path().join("tokenizer.json"), json).unwrap();
     let tokenizer = g4c_frontend::TextTokenizer::open(tokenizer_dir.path(), Some(2), Some(1)).unwrap().unwrap();
     let grammars = Grammars::of_tokenizer(&tokenizer, 512, &[1]).unwrap();
-    let constrained = |grammar: &str, allowed: Vec<u32>| {
+    let constrained = |prompt: &[u32], grammar: &str, allowed: Vec<u32>| {
         let mut options = GenerateOptions {
             max_new_tokens: 12,
             eos_ids: vec![1],
@@ -104,15 +104,15 @@ fn constrained_and_plain_sequences_share_the_engine_and_a_failing_grammar_ends_o
             ..Default::default()
         };
         options.constraint = Some(grammars.constraint(&Grammar::Regex(grammar.into()), &options.ends()).unwrap());
-        SequenceRequest { prompt: vec![2, 17, 301, 44], options }
+        SequenceRequest { prompt: prompt.to_vec(), options }
     };
     let mut engine = engine(4);
-    let kept = admit(&mut engine, constrained("[0-9]{3}-[a-c]", vec![]));
+    let kept = admit(&mut engine, constrained(&[2, 17, 301, 44], "[0-9]{3}-[a-c]", vec![]));
     let plain = &golden_cases("tiny")[0];
     let options = GenerateOptions { max_new_tokens: plain.generated_ids.len(), ignore_eos: true, ..Default::default() };
     let beside = admit(&mut engine, SequenceRequest { prompt: plain.prompt_ids.clone(), options });
     // Digits only (`0`–`9` are ids 276–285), where the grammar wants a `z`.
-    let failing = admit(&mut engine, constrained("z+", (276..286).collect()));
+    let failing = admit(&mut engine, constrained(&[2, 5, 6, 7], "z+", (276..286).collect()));
     drain(&mut engine);
 
     let tokens = kept.tokens();
@@ -127,5 +127,15 @@ fn constrained_and_plain_sequences_share_the_engine_and_a_failing_grammar_ends_o
         }
     }
     assert_eq!(beside.tokens(), plain.generated_ids, "{} beside a constrained row", plain.name);
-    assert!(failure(&failing).contains("structured output: the grammar allows no token"), "{}", failure(&failing));
+    let failed = failure(&failing);
+    assert!(failed.contains("structured output: the tokens the grammar allows here are ruled out"), "{failed}");
+    let after = admit(
+        &mut engine,
+        SequenceRequest {
+            prompt: vec![2, 5, 6, 7, 8],
+            options: GenerateOptions { max_new_tokens: 1, ..Default::default() },
+        },
+    );
+    drain(&mut engine);
+    assert_eq!(after.cached_tokens(), 4, "the failed sequence's prompt is still cached");
 }

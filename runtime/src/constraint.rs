@@ -136,15 +136,19 @@ impl Constraint {
                 allowed.allow_token(id);
             }
         }
+        let mut grammar_allows_any = false;
         for (id, logit) in logits.iter_mut().enumerate() {
-            if id >= allowed.len() || !allowed.is_allowed(id as u32) {
+            if id < allowed.len() && allowed.is_allowed(id as u32) {
+                grammar_allows_any = true;
+            } else {
                 *logit = f32::NEG_INFINITY;
             }
         }
-        // Tokens the penalties already ruled out (`min_tokens`, `allowed_token_ids`) count as none.
-        match logits.iter().any(|l| l.is_finite()) {
-            true => Ok(()),
-            false => Err(failed(NO_TOKEN)),
+        match (grammar_allows_any, logits.iter().any(|l| l.is_finite())) {
+            (_, true) => Ok(()),
+            (false, false) => Err(failed(NO_TOKEN)),
+            // The grammar allows some, but the penalties had ruled those out.
+            (true, false) => Err(failed(RULED_OUT)),
         }
     }
 
@@ -158,6 +162,8 @@ impl Constraint {
 }
 
 const NO_TOKEN: &str = "the grammar allows no token of the vocabulary here";
+const RULED_OUT: &str =
+    "the tokens the grammar allows here are ruled out by allowed_token_ids, bad_words or min_tokens";
 
 fn failed(e: impl std::fmt::Display) -> RuntimeError {
     RuntimeError::Invalid(format!("structured output: {}", one_line(e)))

@@ -36,6 +36,8 @@ pub struct GenerateOptions {
     pub constraint: Option<Constraint>,
     /// The only tokens that may be generated (empty: any; vLLM's `allowed_token_ids`).
     pub allowed_token_ids: Vec<u32>,
+    /// Token sequences the reply may not hold (vLLM's `bad_words`, tokenized).
+    pub bad_words: Vec<Vec<u32>>,
     /// No end (EOS, a stop id) before this many tokens (vLLM's `min_tokens`).
     pub min_tokens: usize,
 }

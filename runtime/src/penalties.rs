@@ -1,7 +1,9 @@
 //! What changes the logits before the sampler (or the greedy pick) reads them, in vLLM's order:
 //! - **allowed tokens** (vLLM's `allowed_token_ids`): every other token's logit is -inf;
-//! - **a least number of tokens** (vLLM's `min_tokens`): until the reply has that many, the
-//!   sequence's ends (EOS unless ignored, its stop ids) have -inf;
+//! - **bad words** (vLLM's `bad_words`, as token sequences): a sequence's last token has -inf where
+//!   the reply ends with the rest of it (a one-token word: always);
+//! - **a least number of tokens** (vLLM's `min_tokens`): until the reply has that many, EOS (even
+//!   where ignored) and the stop ids have -inf;
 //! - **logit bias** (OpenAI's `logit_bias`): added to chosen tokens' logits (vLLM applies these three
 //!   as logits processors, before the penalties);
 //!
@@ -19,6 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 pub fn change_logits(options: &GenerateOptions) -> bool {
     let params = &options.sampling;
     !options.allowed_token_ids.is_empty()
+        || !options.bad_words.is_empty()
         || options.min_tokens > 0
         || !options.logit_bias.is_empty()
         || params.repetition_penalty != 1.0
@@ -31,7 +34,9 @@ pub struct Penalties {
     active: bool,
     /// The only tokens that may be picked (none: all).
     allowed: Vec<u32>,
-    /// The tokens that end the sequence, kept from it until the reply has `min_tokens`.
+    /// Token sequences the reply may not hold.
+    bad_words: Vec<Vec<u32>>,
+    /// EOS and the stop ids, kept from the reply until it has `min_tokens`.
     ends: Vec<u32>,
     min_tokens: usize,
     /// Token ids and what is added to their logits.
@@ -43,7 +48,8 @@ pub struct Penalties {
     prompt: BTreeSet<u32>,
     /// How many times the reply holds each token so far.
     reply: BTreeMap<u32, u32>,
-    /// The reply's length so far.
+    /// The reply so far (kept where bad words need it; else only counted).
+    history: Vec<u32>,
     generated: usize,
 }
 
@@ -55,7 +61,9 @@ impl Penalties {
         Penalties {
             active: change_logits(options),
             allowed: options.allowed_token_ids.clone(),
-            ends: options.ends(),
+            bad_words: options.bad_words.iter().filter(|w| !w.is_empty()).cloned().collect(),
+            // As vLLM: EOS even where it is ignored (it would not end the reply, but is kept back).
+            ends: options.eos_ids.iter().chain(&options.stop_ids).copied().collect(),
             min_tokens: options.min_tokens,
             bias: options.logit_bias.clone(),
             repetition,
@@ -63,6 +71,7 @@ impl Penalties {
             presence: params.presence_penalty,
             prompt: if repetition != 1.0 { prompt.iter().copied().collect() } else { BTreeSet::new() },
             reply: BTreeMap::new(),
+            history: Vec::new(),
             generated: 0,
         }
     }
@@ -77,6 +86,9 @@ impl Penalties {
         if self.is_active() {
             *self.reply.entry(token).or_default() += 1;
             self.generated += 1;
+            if !self.bad_words.is_empty() {
+                self.history.push(token);
+            }
         }
     }
 
@@ -88,6 +100,14 @@ impl Penalties {
                 self.allowed.iter().filter_map(|&id| Some((id as usize, *logits.get(id as usize)?))).collect();
             logits.fill(f32::NEG_INFINITY);
             kept.into_iter().for_each(|(id, logit)| logits[id] = logit);
+        }
+        for word in &self.bad_words {
+            let (last, before) = word.split_last().expect("bad words are not empty");
+            if self.history.ends_with(before) {
+                if let Some(l) = logits.get_mut(*last as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
         }
         if self.generated < self.min_tokens {
             for &id in &self.ends {
@@ -183,6 +203,23 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_words_last_token_is_banned_where_the_reply_ends_with_the_rest() {
+        let options = GenerateOptions { bad_words: vec![vec![4], vec![1, 2], vec![1, 2, 3]], ..Default::default() };
+        let mut p = Penalties::new(&options, &[1, 2]);
+        let inf = f32::NEG_INFINITY;
+        let apply = |p: &Penalties| {
+            let mut logits = [0.0; 5];
+            p.apply(&mut logits);
+            logits
+        };
+        assert_eq!(apply(&p), [0.0, 0.0, 0.0, 0.0, inf], "the prompt's `1 2` is not the reply's");
+        p.observe(1);
+        assert_eq!(apply(&p), [0.0, 0.0, inf, 0.0, inf]);
+        p.observe(2);
+        assert_eq!(apply(&p), [0.0, 0.0, 0.0, inf, inf]);
+    }
+
+    #[test]
     fn only_allowed_tokens_and_no_end_before_the_least_number_of_tokens() {
         let options = GenerateOptions {
             allowed_token_ids: vec![0, 1, 3, 9],
@@ -204,6 +241,6 @@ mod tests {
         let ignored = GenerateOptions { ignore_eos: true, ..options };
         let mut logits = [1.0, 2.0, 3.0, 4.0, 5.0];
         Penalties::new(&ignored, &[]).apply(&mut logits);
-        assert_eq!(logits[1], 2.0, "an ignored EOS is no end to keep back (nor one that stops)");
+        assert_eq!(logits[1], inf, "an ignored EOS is kept back too, as vLLM keeps it");
     }
 }

@@ -3,7 +3,7 @@
 //! mask of a grammar the text is kept to (`constraint`).
 
 use crate::constraint::Constraint;
-use crate::error::Result;
+use crate::error::{Result, RuntimeError};
 use crate::generate::GenerateOptions;
 use crate::penalties::Penalties;
 use rand::{Rng, SeedableRng};
@@ -98,6 +98,11 @@ impl Sampler {
         adjusted.clear();
         adjusted.extend_from_slice(logits);
         self.penalties.apply(&mut adjusted);
+        if !adjusted.iter().any(|l| l.is_finite()) {
+            return Err(RuntimeError::Invalid(
+                "no token is left to pick: allowed_token_ids, bad_words and min_tokens rule out every one".into(),
+            ));
+        }
         if let Some(constraint) = &mut self.constraint {
             constraint.mask(&mut adjusted)?;
         }

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Greedy generations under a logit bias and repetition, frequency and presence penalties, for `g4c
 run --logit-bias/--repetition-penalty/--frequency-penalty/--presence-penalty`, and under vLLM's
-`allowed_token_ids` and `min_tokens`, for serve's batching engine (tests/goldens/tiny/penalties.json).
+`allowed_token_ids`, `bad_words` (as token sequences) and `min_tokens`, for serve's batching engine
+(tests/goldens/tiny/penalties.json).
 Run by hand, never in CI, in the venv make_goldens.py names:
 
     /tmp/gv/bin/python scripts/goldens/make_penalty_goldens.py tests/goldens
@@ -14,9 +15,11 @@ make_goldens.py's `greedy` does, EOS ignored. Before each argmax the logits go t
 - OpenAI's frequency and presence penalties as vLLM applies them after it (`apply_penalties`):
   logit -= frequency * count + presence * (count > 0), counting the reply's tokens only; transformers
   has no processor for these, so this script writes them from that formula.
-Before all of these, for the last two cases, transformers' own `PrefixConstrainedLogitsProcessor`
-(the allowed tokens, whatever the prefix) and `MinNewTokensLengthLogitsProcessor` (a stop id kept
-back until the reply has `min_tokens`); generation then stops at the first stop id it picks.
+Before all of these, for the last three cases, transformers' own `PrefixConstrainedLogitsProcessor`
+(the allowed tokens, whatever the prefix), `NoBadWordsLogitsProcessor` (which matches a word's
+first tokens against the prompt too, where vLLM matches the reply's alone: the case is one where
+they agree) and `MinNewTokensLengthLogitsProcessor` (a stop id kept back until the reply has
+`min_tokens`); generation then stops at the first stop id it picks.
 
 Each case records, per step, the margin between the two largest penalized logits: g4c computes the
 logits in its own order of operations, so a case is only worth comparing where no step is a near-tie
@@ -33,6 +36,7 @@ import transformers
 from transformers import Gemma4ForCausalLM
 from transformers.generation.logits_process import (
     MinNewTokensLengthLogitsProcessor,
+    NoBadWordsLogitsProcessor,
     PrefixConstrainedLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     SequenceBiasLogitsProcessor,
@@ -50,16 +54,17 @@ CASES = {
 }
 ALLOWED_PROMPT = [2, 17, 301, 44]
 ALLOWED = [10, 17, 20, 30, 44, 301, 382]
-MIN_TOKENS_PROMPT = [2, 100, 200, 300, 100]
+MIN_TOKENS_PROMPT = [2, 11, 12]
 MIN_TOKENS = 6
 
 
 @torch.no_grad()
 def penalized_greedy(model, prompt, repetition, frequency, presence, bias, bias_last=False, allowed=None,
-                     stop_ids=(), min_tokens=0):
+                     stop_ids=(), min_tokens=0, bad_words=None):
     cache = transformers.DynamicCache(config=model.config)
     only = PrefixConstrainedLogitsProcessor(lambda batch, ids: allowed, num_beams=1) if allowed else None
     least = MinNewTokensLengthLogitsProcessor(len(prompt), min_tokens, list(stop_ids)) if min_tokens else None
+    banned = NoBadWordsLogitsProcessor(bad_words, eos_token_id=None) if bad_words else None
     biased = SequenceBiasLogitsProcessor([[[i], b] for i, b in bias.items()]) if bias else None
     repeat = RepetitionPenaltyLogitsProcessor(repetition) if repetition != 1.0 else None
     ids = torch.tensor([prompt])
@@ -69,6 +74,8 @@ def penalized_greedy(model, prompt, repetition, frequency, presence, bias, bias_
         logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1].float()
         if only is not None:
             logits = only(torch.tensor([seen]), logits)
+        if banned is not None:
+            logits = banned(torch.tensor([seen]), logits)
         if least is not None:
             logits = least(torch.tensor([seen]), logits)
         if biased is not None and not bias_last:
@@ -106,18 +113,35 @@ def allowed_case(model):
     return plain_case("allowed_token_ids", ALLOWED_PROMPT, tokens, margins, allowed_token_ids=ALLOWED)
 
 
+def bad_words_case(model):
+    prompt = ALLOWED_PROMPT
+    plain, _ = penalized_greedy(model, prompt, 1.0, 0.0, 0.0, {})
+    # One word of one token (the plain reply's third), then one of two: a pair of the reply that
+    # banning the first word leaves, its first token not the prompt's last.
+    single = [plain[2]]
+    once, _ = penalized_greedy(model, prompt, 1.0, 0.0, 0.0, {}, bad_words=[single])
+    at = next(i for i in range(4, len(once) - 1) if once[i] != prompt[-1])
+    words = [single, once[at:at + 2]]
+    tokens, margins = penalized_greedy(model, prompt, 1.0, 0.0, 0.0, {}, bad_words=words)
+    print(f"bad_words {words}: {tokens} (plain {plain}) min margin {min(margins)}")
+    if tokens[:at + 1] != once[:at + 1] or tokens[at + 1] == once[at + 1]:
+        sys.exit("bad_words: the pair is not where it was banned: change the case")
+    return plain_case("bad_words", prompt, tokens, margins, bad_words=words)
+
+
 def min_tokens_case(model):
     plain, _ = penalized_greedy(model, MIN_TOKENS_PROMPT, 1.0, 0.0, 0.0, {})
-    # The stop id: the first of the plain reply's tokens that would end it before `min_tokens` and,
-    # kept back until then, ends it after.
+    # The stop id: one of the plain reply's tokens that would end it before `min_tokens` and, kept back
+    # until then, ends it at the first token it may: keeping it back one token more or less would
+    # change the tokens.
     for stop in plain[:MIN_TOKENS]:
         tokens, margins = penalized_greedy(model, MIN_TOKENS_PROMPT, 1.0, 0.0, 0.0, {}, stop_ids=[stop],
                                            min_tokens=MIN_TOKENS)
-        if MIN_TOKENS < len(tokens) < NEW_TOKENS:
+        if len(tokens) == MIN_TOKENS + 1:
             print(f"min_tokens: stop {stop}: {tokens} (plain {plain}) min margin {min(margins)}")
             return plain_case("min_tokens", MIN_TOKENS_PROMPT, tokens, margins, stop_ids=[stop],
                               min_tokens=MIN_TOKENS)
-    sys.exit("min_tokens: no stop id of the plain reply ends the kept-back one: change the case")
+    sys.exit("min_tokens: no stop id of the plain reply ends the kept-back one at once: change the case")
 
 
 def main():
@@ -142,6 +166,7 @@ def main():
                       "logit_bias": {str(i): b for i, b in bias.items()},
                       "generated_ids": tokens, "top2_margin": margins})
     cases.append(allowed_case(model))
+    cases.append(bad_words_case(model))
     cases.append(min_tokens_case(model))
     golden = {"model": "tiny", "made_by": "scripts/goldens/make_penalty_goldens.py",
               "transformers": transformers.__version__, "torch": torch.__version__, "attention": "eager",

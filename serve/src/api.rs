@@ -84,6 +84,8 @@ pub struct Ask {
     /// vLLM's `truncate_prompt_tokens`: only the prompt's last tokens, this many (`-1`: as many as
     /// the context holds with room for a token).
     pub truncate_prompt_tokens: Option<i64>,
+    /// vLLM's `bad_words`: words the reply may not hold.
+    pub bad_words: Vec<String>,
 }
 
 /// The most tokens a request may ask for: as many positions as any context has.
@@ -170,6 +172,7 @@ struct Common {
     allowed_token_ids: Option<Vec<u32>>,
     include_stop_str_in_output: Option<bool>,
     truncate_prompt_tokens: Option<i64>,
+    bad_words: Option<Vec<String>>,
     n: Option<u64>,
     stream: Option<bool>,
     stream_options: Option<StreamOptions>,
@@ -362,11 +365,8 @@ impl Common {
                 return Err(ApiError::param(name, format!("`{name}`: expected 1 to {MAX_TOKENS_LIMIT}, found {n}")));
             }
         }
-        let min_tokens = self.min_tokens.unwrap_or(0);
-        if let Some((name, n)) = max_tokens.filter(|&(_, n)| min_tokens > n) {
-            return Err(ApiError::param("min_tokens", format!("`min_tokens` ({min_tokens}) exceeds `{name}` ({n})")));
-        }
-        let min_tokens = min_tokens.min(MAX_TOKENS_LIMIT) as usize;
+        // At most the reply's length, which `prepare` knows.
+        let min_tokens = self.min_tokens.unwrap_or(0).min(MAX_TOKENS_LIMIT + 1) as usize;
         if self.allowed_token_ids.as_ref().is_some_and(|ids| ids.is_empty()) {
             return Err(ApiError::param(
                 "allowed_token_ids",
@@ -428,6 +428,7 @@ impl Common {
             allowed_token_ids: self.allowed_token_ids.unwrap_or_default(),
             include_stop_str_in_output: self.include_stop_str_in_output.unwrap_or(false),
             truncate_prompt_tokens: self.truncate_prompt_tokens,
+            bad_words: self.bad_words.unwrap_or_default(),
         })
     }
 
@@ -635,7 +636,6 @@ mod tests {
             ("add_generation_prompt", serde_json::json!(false)),
             ("continue_final_message", serde_json::json!(true)),
             ("grammar", serde_json::json!("root ::= \"a\"")),
-            ("bad_words", serde_json::json!(["a"])),
             ("prompt_logprobs", serde_json::json!(1)),
             ("chat_template", serde_json::json!("{{ messages }}")),
             ("tool_choice", serde_json::json!("required")),

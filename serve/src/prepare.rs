@@ -4,7 +4,7 @@ use crate::api::{self, Ask, Endpoint, PromptSpec};
 use crate::error::ApiError;
 use crate::tokenize::check_model;
 use crate::ModelInfo;
-use g4c_frontend::SamplingDefaults;
+use g4c_frontend::{SamplingDefaults, TextTokenizer};
 use g4c_runtime::{GenerateOptions, PromptProblem, SamplingParams, SequenceRequest};
 
 /// A request body checked and made into what the engine is asked for: its prompt tokenized (chat
@@ -22,6 +22,13 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
     if tokenizer.is_none() && !ask.stop.is_empty() {
         return Err(ApiError::param("stop", "`stop`: stop strings need the model's tokenizer.json, which it lacks"));
     }
+    let bad_words = match tokenizer {
+        Some(t) => bad_words(t, &ask.bad_words)?,
+        None if ask.bad_words.is_empty() => vec![],
+        None => {
+            return Err(ApiError::param("bad_words", "`bad_words` needs the model's tokenizer.json, which it lacks"))
+        }
+    };
     let shape = &model.shape;
     let mut prompt = prompt_ids(model, &ask.prompt)?;
     if let Some(keep) = ask.truncate_prompt_tokens {
@@ -44,19 +51,14 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
             _ => error,
         }
     })?;
-    if let Some(bad) = ask.stop_ids.iter().find(|&&id| id as usize >= shape.vocab) {
-        return Err(ApiError::param(
-            "stop",
-            format!("stop token id {bad} is outside the vocabulary (0..{})", shape.vocab),
-        ));
-    }
-    if let Some(bad) = ask.allowed_token_ids.iter().find(|&&id| id as usize >= shape.vocab) {
-        let message = format!("`allowed_token_ids`: token id {bad} is outside the vocabulary (0..{})", shape.vocab);
-        return Err(ApiError::param("allowed_token_ids", message));
-    }
-    if let Some((bad, _)) = ask.logit_bias.iter().find(|&&(id, _)| id as usize >= shape.vocab) {
-        let message = format!("`logit_bias`: token id {bad} is outside the vocabulary (0..{})", shape.vocab);
-        return Err(ApiError::param("logit_bias", message));
+    let biased: Vec<u32> = ask.logit_bias.iter().map(|&(id, _)| id).collect();
+    for (field, ids) in
+        [("stop", &ask.stop_ids), ("allowed_token_ids", &ask.allowed_token_ids), ("logit_bias", &biased)]
+    {
+        if let Some(bad) = ids.iter().find(|&&id| id as usize >= shape.vocab) {
+            let message = format!("`{field}`: token id {bad} is outside the vocabulary (0..{})", shape.vocab);
+            return Err(ApiError::param(field, message));
+        }
     }
     let context = shape.context;
     let room = context - prompt.len();
@@ -106,6 +108,7 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
         logit_bias: ask.logit_bias.clone(),
         constraint: None,
         allowed_token_ids: ask.allowed_token_ids.clone(),
+        bad_words,
         min_tokens: ask.min_tokens,
     };
     if let Err((field, expected, found)) = options.sampling.check() {
@@ -114,17 +117,56 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
     if endpoint == Endpoint::Chat {
         options.end_turn_at(model.turn_end);
     }
+    if ask.min_tokens > options.max_new_tokens {
+        let message =
+            format!("`min_tokens` ({}) exceeds the reply's most tokens ({})", ask.min_tokens, options.max_new_tokens);
+        return Err(ApiError::param("min_tokens", message));
+    }
+    let ends = options.eos_ids.iter().chain(&options.stop_ids);
+    if ask.min_tokens > 0
+        && !ask.allowed_token_ids.is_empty()
+        && ask.allowed_token_ids.iter().all(|id| ends.clone().any(|e| e == id))
+    {
+        let message = "`allowed_token_ids`: every allowed token ends the reply, which `min_tokens` forbids";
+        return Err(ApiError::param("allowed_token_ids", message));
+    }
     if let Some((field, grammar)) = &ask.grammar {
         let refused = |e: String| ApiError::param(field, format!("`{field}`: {e}"));
-        if ask.ignore_eos {
-            return Err(refused(
-                "structured output ends where its grammar is complete, which `ignore_eos` asks not to".into(),
-            ));
+        if ask.ignore_eos || ask.min_tokens > 0 {
+            let other = if ask.ignore_eos { "`ignore_eos`" } else { "`min_tokens`" };
+            return Err(refused(format!(
+                "structured output ends where its grammar is complete, which {other} may forbid"
+            )));
         }
         let ends = options.ends();
         options.constraint = Some(model.grammars().and_then(|g| g.constraint(grammar, &ends)).map_err(refused)?);
     }
     Ok((ask, SequenceRequest { prompt, options }))
+}
+
+/// vLLM's `bad_words` as token sequences: each word's tokens, and, where a space before it spells it
+/// with as many other tokens (Gemma's `▁word`), those too: a word at the start of the text and one
+/// in the middle of it.
+fn bad_words(tokenizer: &TextTokenizer, words: &[String]) -> Result<Vec<Vec<u32>>, ApiError> {
+    let mut sequences = vec![];
+    for (i, word) in words.iter().enumerate() {
+        let encode = |text: &str| {
+            tokenizer
+                .encode_continuation(text)
+                .map_err(|e| ApiError::param("bad_words", format!("`bad_words[{i}]`: {e}")))
+        };
+        let word = word.trim_start();
+        if word.is_empty() {
+            return Err(ApiError::param("bad_words", format!("`bad_words[{i}]` is empty")));
+        }
+        let alone = encode(word)?;
+        let spaced = encode(&format!(" {word}"))?;
+        if spaced.len() == alone.len() && spaced.first() != alone.first() {
+            sequences.push(spaced);
+        }
+        sequences.push(alone);
+    }
+    Ok(sequences)
 }
 
 /// The sampling parameters `chosen` sets, OpenAI's defaults where it says nothing.
@@ -313,6 +355,25 @@ mod tests {
         for bad in [0, -2, 33] {
             let e = prompt(serde_json::json!(bad)).unwrap_err();
             assert_eq!(e.param.as_deref(), Some("truncate_prompt_tokens"), "{bad}: {}", e.message);
+        }
+    }
+
+    /// vLLM's `bad_words` reach the engine as token sequences (what they do: the penalties' tests and
+    /// tests/penalties.rs).
+    #[test]
+    fn bad_words_are_tokenized() {
+        let model = tiny();
+        let t = model.tokenizer.as_deref().unwrap();
+        let id = |w: &str| t.token_id(w).unwrap();
+        let request = body(serde_json::json!({"prompt": "ba", "bad_words": ["ba de", " fo"]}));
+        let (_, request) = prepare(&model, Endpoint::Completion, &request).unwrap();
+        // This word-level tokenizer spells a word the same after a space: one sequence each.
+        assert_eq!(request.options.bad_words, [vec![id("ba"), id("de")], vec![id("fo")]]);
+        for words in [serde_json::json!([" "]), serde_json::json!(["qqq"])] {
+            let request = body(serde_json::json!({"prompt": "ba", "bad_words": words}));
+            let e = prepare(&model, Endpoint::Completion, &request).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("bad_words"), "{words}: {}", e.message);
+            assert!(e.message.contains("`bad_words[0]`"), "{}", e.message);
         }
     }
 

@@ -123,7 +123,14 @@ fn schema(path: &str, v: &Value) -> Result<Value, ApiError> {
 /// A grammar in llguidance's Lark syntax (vLLM's `guidance` backend's); GBNF is refused by name.
 fn lark(path: &str, v: &Value) -> Result<Grammar, ApiError> {
     let grammar = text(path, v)?;
-    if grammar.contains("::=") {
+    // GBNF's rules read `name ::= …`; a Lark grammar's are `name: …` (`::=` may be in its strings).
+    let gbnf_rule = |line: &str| {
+        line.split_once("::=").is_some_and(|(name, _)| {
+            let name = name.trim();
+            !name.is_empty() && name.chars().all(|c| c.is_alphanumeric() || c == '_' || c == '-')
+        })
+    };
+    if grammar.lines().any(gbnf_rule) {
         let message = format!("`{path}`: expected a grammar in Lark syntax (`start: …`); GBNF (`::=`) is not read");
         return Err(ApiError::param(param(path), message));
     }
@@ -181,6 +188,10 @@ mod tests {
                 Some(("response_format", Grammar::JsonSchema(schema.clone()))),
             ),
             (json!({"guided_grammar": "start: \"a\""}), Some(("guided_grammar", Grammar::Lark("start: \"a\"".into())))),
+            (
+                json!({"guided_grammar": "start: \"x ::= y\""}),
+                Some(("guided_grammar", Grammar::Lark("start: \"x ::= y\"".into()))),
+            ),
             (json!({"guided_json": null}), None),
         ] {
             assert_eq!(requested(&body).unwrap(), expected, "{body}");
@@ -199,6 +210,7 @@ mod tests {
             (json!({"structured_outputs": {"regex": "a", "choice": ["b"]}}), "structured_outputs"),
             (json!({"guided_regex": "a", "response_format": {"type": "json_object"}}), "guided_regex"),
             (json!({"guided_grammar": "root ::= \"a\""}), "guided_grammar"),
+            (json!({"guided_grammar": "start: x\nx-y ::= \"a\""}), "guided_grammar"),
             (json!({"structured_outputs": {"grammar": "root ::= \"a\""}}), "structured_outputs"),
             (json!({"structured_outputs": {"structural_tag": "{}"}}), "structured_outputs"),
             (json!({"response_format": "json"}), "response_format"),

@@ -29,7 +29,7 @@ pub struct StopText {
 
 impl StopText {
     /// Text from `tokenizer` (none: no text, only ids) ending at the first of `rule`'s stops that
-    /// ends in text after its first `min_tokens` tokens.
+    /// ends in the text of a token after its first `min_tokens`.
     pub fn new(tokenizer: Option<Arc<TextTokenizer>>, rule: StopStrings) -> StopText {
         let stream = tokenizer.map(TextStream::new);
         StopText { stream, rule, text: String::new(), released: 0, stopped: None, pushed: 0 }
@@ -56,12 +56,11 @@ impl StopText {
         // A stop string may begin in text held back before this piece.
         let from = self.released;
         self.text += &piece;
-        if self.pushed < self.rule.min_tokens {
-            return Ok(self.release(self.text.len()));
-        }
         let stops = &self.rule.stops;
+        // As vLLM: a stop string counts once it ends in a token after the first `min_tokens`.
+        let counts = self.pushed > self.rule.min_tokens;
         let found = stops.iter().filter_map(|s| self.text[from..].find(s.as_str()).map(|i| (from + i, s)));
-        if let Some((at, stop)) = found.min_by_key(|&(at, _)| at) {
+        if let Some((at, stop)) = found.filter(|_| counts).min_by_key(|&(at, _)| at) {
             let end = if self.rule.keep { at + stop.len() } else { at };
             self.stopped = Some(stop.clone());
             self.text.truncate(end);
@@ -131,11 +130,13 @@ mod tests {
 
     #[test]
     fn a_stop_string_can_be_kept_and_counts_only_after_the_least_number_of_tokens() {
-        let rule = |min_tokens, keep| StopStrings { stops: vec!["e b".into()], min_tokens, keep };
-        assert_eq!(run_with(rule(0, true), &["ba", "be", "bi"]), ("ba be b".into(), true));
-        // Across the 2nd token's text and the 3rd's: it counts, the 2nd not being before the least.
-        assert_eq!(run_with(rule(2, false), &["ba", "be", "bi"]), ("ba b".into(), true));
-        assert_eq!(run_with(rule(3, false), &["ba", "be", "bi"]), ("ba be bi".into(), false), "within the first 3");
+        let rule = |stop: &str, min_tokens, keep| StopStrings { stops: vec![stop.into()], min_tokens, keep };
+        let words = ["ba", "be", "bi", "bo"];
+        assert_eq!(run_with(rule("e b", 0, true), &words), ("ba be b".into(), true));
+        assert_eq!(run_with(rule("bi", 3, false), &words), ("ba be bi bo".into(), false), "ends in the 3rd token");
+        assert_eq!(run_with(rule("bi", 2, false), &words), ("ba be ".into(), true), "ends in the 3rd, after 2");
+        // Begun in the 3rd token's text, ended in the 4th's: it counts after 3.
+        assert_eq!(run_with(rule("i b", 3, false), &words), ("ba be b".into(), true));
     }
 
     #[test]

@@ -62,7 +62,6 @@ const UNSERVED: &[Unserved] = &[
     unserved("web_search_options", "web search", never),
     // vLLM's.
     unserved("skip_special_tokens", "text with special tokens", is_true),
-    unserved("bad_words", "banning words", is_empty),
     unserved("prompt_logprobs", "the prompt's log probabilities", never),
     unserved("use_beam_search", "beam search", is_false),
     unserved("length_penalty", "a beam search's length penalty", is_one),
