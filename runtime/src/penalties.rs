@@ -32,7 +32,7 @@ pub fn change_logits(options: &GenerateOptions) -> bool {
 pub struct Penalties {
     /// Whether anything changes logits (`change_logits`).
     active: bool,
-    /// The only tokens that may be picked (none: all).
+    /// The only tokens that may be picked, sorted (none: all).
     allowed: Vec<u32>,
     /// Token sequences the reply may not hold.
     bad_words: Vec<Vec<u32>>,
@@ -60,7 +60,12 @@ impl Penalties {
         let repetition = params.repetition_penalty;
         Penalties {
             active: change_logits(options),
-            allowed: options.allowed_token_ids.clone(),
+            allowed: {
+                let mut allowed = options.allowed_token_ids.clone();
+                allowed.sort_unstable();
+                allowed.dedup();
+                allowed
+            },
             bad_words: options.bad_words.iter().filter(|w| !w.is_empty()).cloned().collect(),
             // As vLLM: EOS even where it is ignored (it would not end the reply, but is kept back).
             ends: options.eos_ids.iter().chain(&options.stop_ids).copied().collect(),
@@ -96,10 +101,13 @@ impl Penalties {
     /// let be).
     pub fn apply(&self, logits: &mut [f32]) {
         if !self.allowed.is_empty() {
-            let kept: Vec<(usize, f32)> =
-                self.allowed.iter().filter_map(|&id| Some((id as usize, *logits.get(id as usize)?))).collect();
-            logits.fill(f32::NEG_INFINITY);
-            kept.into_iter().for_each(|(id, logit)| logits[id] = logit);
+            // `allowed` is sorted: one pass, nothing allocated per token.
+            let mut next = self.allowed.iter().peekable();
+            for (id, logit) in logits.iter_mut().enumerate() {
+                if next.next_if(|&&a| a as usize == id).is_none() {
+                    *logit = f32::NEG_INFINITY;
+                }
+            }
         }
         for word in &self.bad_words {
             let (last, before) = word.split_last().expect("bad words are not empty");
@@ -222,7 +230,7 @@ mod tests {
     #[test]
     fn only_allowed_tokens_and_no_end_before_the_least_number_of_tokens() {
         let options = GenerateOptions {
-            allowed_token_ids: vec![0, 1, 3, 9],
+            allowed_token_ids: vec![9, 3, 0, 1, 3],
             min_tokens: 2,
             eos_ids: vec![1],
             stop_ids: vec![3],
