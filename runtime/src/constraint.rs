@@ -50,9 +50,10 @@ fn formatted(schema: &serde_json::Value) -> serde_json::Value {
         other => other.clone(),
     };
     if let Some(object) = schema.as_object_mut() {
-        object.entry("x-guidance").or_insert_with(
-            || serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
-        );
+        object.entry("x-guidance").or_insert_with(|| {
+            serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": ",
+                               "coerce_one_of": true})
+        });
     }
     schema
 }
@@ -238,6 +239,9 @@ mod tests {
         assert!(e.contains("regex parse error: unclosed group") && !e.contains('\n'), "{e}");
         assert!(grammars.constraint(&Grammar::JsonSchema(serde_json::json!({"type": 5})), &[0]).is_err());
         assert!(grammars.constraint(&Grammar::Choice(vec![]), &[0]).is_err());
+        // Branches llguidance cannot prove disjoint, as Pydantic's unions can be.
+        let one_of = serde_json::json!({"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]});
+        assert!(grammars.constraint(&Grammar::JsonSchema(one_of), &[0]).is_ok(), "oneOf taken as anyOf");
         assert!(Grammars::new(&vocabulary(), 8, 8).is_err(), "EOS outside the vocabulary");
     }
 }

@@ -389,6 +389,8 @@ mod tests {
             (serde_json::json!({"prompt": "ba", "allowed_token_ids": [5, 512]}), "allowed_token_ids"),
             (serde_json::json!({"prompt": "ba", "allowed_token_ids": []}), "allowed_token_ids"),
             (serde_json::json!({"prompt": "ba", "min_tokens": 20, "max_tokens": 10}), "min_tokens"),
+            (serde_json::json!({"prompt": "ba", "min_tokens": 20}), "min_tokens"),
+            (serde_json::json!({"prompt": "ba", "min_tokens": 1, "allowed_token_ids": [1]}), "allowed_token_ids"),
             (serde_json::json!({"prompt": "ba", "min_tokens": -1}), "min_tokens"),
             (serde_json::json!({"prompt": "ba", "min_tokens": 2, "guided_regex": "a+"}), "guided_regex"),
         ] {
