@@ -392,8 +392,14 @@ fn requests_cut_off_by_the_shutdown_grace_are_told_so() {
     let mut server = Server::start(&["--max-batch", "1", "--shutdown-grace", "0"]);
     let long = json!({"prompt": "ba", "max_tokens": 4000, "ignore_eos": true, "temperature": 0, "stream": true});
     let mut stream = server.send("POST", "/v1/completions", &long.to_string());
-    let mut first = [0u8; 64];
-    let _ = stream.read(&mut first).unwrap();
+    // Once a token has come, the stream holds the one row (before, it may still be the one queued).
+    let mut first = Vec::new();
+    while !String::from_utf8_lossy(&first).contains("\"text\"") {
+        let mut buf = [0u8; 256];
+        let n = stream.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended before its first token: {}", String::from_utf8_lossy(&first));
+        first.extend_from_slice(&buf[..n]);
+    }
     // Waits for the one row, which the stream holds.
     let whole = server.send("POST", "/v1/completions", &json!({"prompt": "ba", "max_tokens": 4}).to_string());
     server.wait_for("the second request to queue", |s| s.metric("g4c_queue_depth") >= 1.0);
@@ -626,6 +632,15 @@ fn stop_reason_names_the_stop_string_or_id_that_ended_a_choice() {
     let body = json!({"messages": messages, "max_tokens": 20, "temperature": 0, "stop_token_ids": [id]});
     let listed = choice(body, "/v1/chat/completions");
     assert_eq!((&listed["finish_reason"], &listed["stop_reason"]), (&json!("stop"), &id), "{listed}");
+    // Its text is left out, as vLLM leaves it, unless `include_stop_str_in_output`.
+    let text_of = |n: usize| {
+        let (_, _, reply) = server.post("/detokenize", &json!({"tokens": free["token_ids"].as_array().unwrap()[..n]}));
+        reply["prompt"].clone()
+    };
+    assert_eq!(listed["message"]["content"], text_of(5), "{listed}");
+    let body = json!({"messages": messages, "max_tokens": 20, "temperature": 0, "stop_token_ids": [id],
+                      "include_stop_str_in_output": true});
+    assert_eq!(choice(body, "/v1/chat/completions")["message"]["content"], text_of(6));
 }
 
 /// Sampling parameters a request leaves out take the model's own (`generation_config.json`), as

@@ -175,6 +175,9 @@ pub struct TextStream<T: Deref<Target = TextTokenizer>> {
     read: usize,
 }
 
+/// The most bytes a UTF-8 character has.
+const MAX_CHAR_BYTES: usize = 4;
+
 impl<T: Deref<Target = TextTokenizer>> TextStream<T> {
     pub fn new(tokenizer: T) -> TextStream<T> {
         TextStream { tokenizer, ids: vec![], prefix: 0, read: 0 }
@@ -185,12 +188,21 @@ impl<T: Deref<Target = TextTokenizer>> TextStream<T> {
         self.ids.push(id);
         let given = self.tokenizer.decode(&self.ids[self.prefix..self.read])?;
         let text = self.tokenizer.decode(&self.ids[self.prefix..])?;
-        if text.len() <= given.len() || text.ends_with('\u{FFFD}') || !text.is_char_boundary(given.len()) {
+        // A character of up to 4 bytes may still be coming, one byte-fallback token each; past that
+        // the bytes are no UTF-8 and come out as U+FFFD, as decoding gives them.
+        let completing = text.ends_with('\u{FFFD}') && self.ids.len() - self.read < MAX_CHAR_BYTES;
+        if text.len() <= given.len() || completing {
             return Ok(None);
         }
+        let new = match text.strip_prefix(given.as_str()) {
+            Some(new) => new.to_string(),
+            // Bytes that are no UTF-8 turn the byte tokens decoded with them into U+FFFD too, text
+            // already given among them: the new tokens' text is theirs alone.
+            None => self.tokenizer.decode(&self.ids[self.read..])?,
+        };
         self.prefix = self.read;
         self.read = self.ids.len();
-        Ok(Some(text[given.len()..].to_string()))
+        Ok(Some(new))
     }
 }
 
@@ -201,6 +213,24 @@ mod tests {
     fn synthetic(json: serde_json::Value) -> TextTokenizer {
         let inner = tokenizers::Tokenizer::from_bytes(json.to_string().as_bytes()).unwrap();
         TextTokenizer { inner, bos: Some(2), eos: Some(1) }
+    }
+
+    /// Bytes that are no UTF-8 (random weights pick them) come out as U+FFFD, as decoding gives them,
+    /// and the text after them streams on.
+    #[test]
+    fn streamed_text_goes_on_past_bytes_that_are_no_utf8() {
+        let tokenizer = synthetic(crate::synth::byte_tokenizer_json(512));
+        let ids: Vec<u32> = vec![113, 113, 257, 247, 91, 474, 79, 403, 171, 0, 483, 119];
+        let mut stream = tokenizer.stream();
+        let streamed: String = ids.iter().filter_map(|&id| stream.push(id).unwrap()).collect();
+        // `m` and `m` (ids 113) are byte tokens given before the bytes that are no UTF-8 came, which
+        // decoded together with them would turn them into U+FFFD too.
+        assert_eq!(streamed, format!("mm{}", tokenizer.decode(&ids[2..]).unwrap()));
+        assert!(streamed.ends_with(" libas") && streamed.contains('\u{FFFD}'), "{streamed}");
+        // A character of bytes split over tokens comes out whole: `é` is 0xC3 0xA9.
+        let mut stream = tokenizer.stream();
+        let e_acute: String = [4 + 0xC3, 4 + 0xA9].iter().filter_map(|&id| stream.push(id).unwrap()).collect();
+        assert_eq!(e_acute, "é");
     }
 
     /// The bytes of a text's tokens, joined, are the text's: what a mask over the vocabulary

@@ -175,7 +175,12 @@ fn failed(e: impl std::fmt::Display) -> RuntimeError {
 fn one_line(e: impl std::fmt::Display) -> String {
     let text = e.to_string();
     let mut lines = text.lines().map(str::trim);
-    let first = lines.next().unwrap_or_default().to_string();
+    let first = lines.next().unwrap_or_default();
+    // A place in llguidance's own rewriting of the grammar (`at 1(8): `) means nothing to the user.
+    let first = match first.strip_prefix("at ").and_then(|rest| rest.split_once("): ")) {
+        Some((_, reason)) => reason.to_string(),
+        None => first.to_string(),
+    };
     lines.filter_map(|l| l.strip_prefix("error: ")).fold(first, |line, reason| format!("{line} {reason}"))
 }
 
@@ -237,6 +242,7 @@ mod tests {
         assert!(e.contains("allows no token"), "{e}");
         let e = grammars.constraint(&Grammar::Regex("(a".into()), &[0]).unwrap_err();
         assert!(e.contains("regex parse error: unclosed group") && !e.contains('\n'), "{e}");
+        assert!(e.starts_with("invalid regex"), "no place in llguidance's rewriting: {e}");
         assert!(grammars.constraint(&Grammar::JsonSchema(serde_json::json!({"type": 5})), &[0]).is_err());
         assert!(grammars.constraint(&Grammar::Choice(vec![]), &[0]).is_err());
         // Branches llguidance cannot prove disjoint, as Pydantic's unions can be.

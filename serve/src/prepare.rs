@@ -130,6 +130,11 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
         let message = "`allowed_token_ids`: every allowed token ends the reply, which `min_tokens` forbids";
         return Err(ApiError::param("allowed_token_ids", message));
     }
+    let banned: Vec<u32> = options.bad_words.iter().filter(|w| w.len() == 1).map(|w| w[0]).collect();
+    if !ask.allowed_token_ids.is_empty() && ask.allowed_token_ids.iter().all(|id| banned.contains(id)) {
+        let message = "`allowed_token_ids`: every allowed token is one of `bad_words`";
+        return Err(ApiError::param("allowed_token_ids", message));
+    }
     if let Some((field, grammar)) = &ask.grammar {
         let refused = |e: String| ApiError::param(field, format!("`{field}`: {e}"));
         if ask.ignore_eos || ask.min_tokens > 0 {
@@ -369,6 +374,9 @@ mod tests {
         let (_, request) = prepare(&model, Endpoint::Completion, &request).unwrap();
         // This word-level tokenizer spells a word the same after a space: one sequence each.
         assert_eq!(request.options.bad_words, [vec![id("ba"), id("de")], vec![id("fo")]]);
+        let every = body(serde_json::json!({"prompt": "ba", "bad_words": ["de"], "allowed_token_ids": [id("de")]}));
+        let e = prepare(&model, Endpoint::Completion, &every).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("allowed_token_ids"), "{}", e.message);
         for words in [serde_json::json!([" "]), serde_json::json!(["qqq"])] {
             let request = body(serde_json::json!({"prompt": "ba", "bad_words": words}));
             let e = prepare(&model, Endpoint::Completion, &request).unwrap_err();

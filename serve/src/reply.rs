@@ -142,9 +142,15 @@ impl Reply {
                     }
                     self.generated.push(id);
                     self.metrics.generated_tokens.inc();
-                    let text = match self.text.push(id) {
-                        Ok(text) => text,
-                        Err(e) => return Some(self.fail(ApiError::server(format!("cannot detokenize: {e}")))),
+                    // A stop id ends the reply, its text left out unless asked for (as vLLM); text held
+                    // back before it goes out at the end.
+                    let stop_id = self.ask.stop_ids.contains(&id) && !self.ask.include_stop_str_in_output;
+                    let text = match stop_id {
+                        true => String::new(),
+                        false => match self.text.push(id) {
+                            Ok(text) => text,
+                            Err(e) => return Some(self.fail(ApiError::server(format!("cannot detokenize: {e}")))),
+                        },
                     };
                     if let Some(stop) = self.text.stop_string() {
                         self.stop_reason = json!(stop);

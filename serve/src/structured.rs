@@ -36,7 +36,7 @@ pub fn requested(body: &Value) -> Result<Option<(&'static str, Grammar)>, ApiErr
         asked.push(("guided_grammar", lark("guided_grammar", v)?));
     }
     if let Some(v) = given("structured_outputs") {
-        asked.extend(structured_outputs(v)?.map(|g| ("structured_outputs", g)));
+        asked.push(("structured_outputs", structured_outputs(v)?));
     }
     match asked.len() {
         0 | 1 => Ok(asked.pop()),
@@ -69,7 +69,7 @@ fn response_format(v: &Value) -> Result<Option<Grammar>, ApiError> {
 }
 
 /// vLLM's `structured_outputs`: one of its kinds, and options that ask for no other text.
-fn structured_outputs(v: &Value) -> Result<Option<Grammar>, ApiError> {
+fn structured_outputs(v: &Value) -> Result<Grammar, ApiError> {
     let field = "structured_outputs";
     let Some(object) = v.as_object() else {
         return Err(ApiError::param(field, format!("`{field}`: expected an object, found {v}")));
@@ -91,11 +91,12 @@ fn structured_outputs(v: &Value) -> Result<Option<Grammar>, ApiError> {
         };
         asked.push(grammar);
     }
+    // As vLLM, which refuses `structured_outputs` that ask for no kind, or for two.
     match asked.len() {
-        0 | 1 => Ok(asked.pop()),
-        _ => Err(ApiError::param(
+        1 => Ok(asked.remove(0)),
+        n => Err(ApiError::param(
             field,
-            format!("`{field}`: give one of `json`, `json_object`, `regex`, `choice`, `grammar`"),
+            format!("`{field}`: give one of `json`, `json_object`, `regex`, `choice`, `grammar`, found {n}"),
         )),
     }
 }
@@ -213,6 +214,8 @@ mod tests {
             (json!({"guided_grammar": "start: x\nx-y ::= \"a\""}), "guided_grammar"),
             (json!({"structured_outputs": {"grammar": "root ::= \"a\""}}), "structured_outputs"),
             (json!({"structured_outputs": {"structural_tag": "{}"}}), "structured_outputs"),
+            (json!({"structured_outputs": {}}), "structured_outputs"),
+            (json!({"structured_outputs": {"json_object": false}}), "structured_outputs"),
             (json!({"response_format": "json"}), "response_format"),
         ] {
             let e = requested(&body).unwrap_err();

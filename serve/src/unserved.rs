@@ -67,6 +67,7 @@ const UNSERVED: &[Unserved] = &[
     unserved("length_penalty", "a beam search's length penalty", is_one),
     unserved("chat_template", "a chat template other than the model's", never),
     unserved("continue_final_message", "continuing the last message", is_false),
+    unserved("guided_whitespace_pattern", "a whitespace pattern (JSON is written one way)", never),
     unserved("chat_template_kwargs", "arguments to the chat template", is_empty),
     unserved("documents", "documents for the chat template", is_empty),
     unserved("logits_processors", "logits processors", is_empty),

@@ -200,7 +200,10 @@ fn structured_output(args: &RunArgs) -> Result<Option<(&'static str, Grammar)>> 
             serde_json::from_str(schema).map_err(|e| anyhow!("--json-schema: expected a JSON schema as JSON: {e}"))?;
         return Ok(Some(("--json-schema", Grammar::JsonSchema(schema))));
     }
-    Ok(args.regex.clone().map(|regex| ("--regex", Grammar::Regex(regex))))
+    match &args.regex {
+        Some(regex) if regex.is_empty() => bail!("--regex: expected a regular expression, found an empty one"),
+        regex => Ok(regex.clone().map(|regex| ("--regex", Grammar::Regex(regex)))),
+    }
 }
 
 /// `--prompt`'s text. clap's own check of a `String` flag refuses non-UTF-8 without naming the flag.
