@@ -51,6 +51,11 @@ impl GenerateOptions {
         }
     }
 
+    /// EOS and the stop ids, EOS even where it is ignored: what `min_tokens` keeps back (as vLLM).
+    pub fn eos_and_stop_ids(&self) -> Vec<u32> {
+        self.eos_ids.iter().chain(&self.stop_ids).copied().collect()
+    }
+
     /// The tokens that end the sequence: EOS unless it is ignored, and the stop ids.
     pub fn ends(&self) -> Vec<u32> {
         let eos = self.eos_ids.iter().filter(|_| !self.ignore_eos);

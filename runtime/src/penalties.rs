@@ -67,8 +67,7 @@ impl Penalties {
                 allowed
             },
             bad_words: options.bad_words.iter().filter(|w| !w.is_empty()).cloned().collect(),
-            // As vLLM: EOS even where it is ignored (it would not end the reply, but is kept back).
-            ends: options.eos_ids.iter().chain(&options.stop_ids).copied().collect(),
+            ends: options.eos_and_stop_ids(),
             min_tokens: options.min_tokens,
             bias: options.logit_bias.clone(),
             repetition,

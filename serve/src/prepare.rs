@@ -122,10 +122,10 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
             format!("`min_tokens` ({}) exceeds the reply's most tokens ({})", ask.min_tokens, options.max_new_tokens);
         return Err(ApiError::param("min_tokens", message));
     }
-    let ends = options.eos_ids.iter().chain(&options.stop_ids);
+    let held_back = options.eos_and_stop_ids();
     if ask.min_tokens > 0
         && !ask.allowed_token_ids.is_empty()
-        && ask.allowed_token_ids.iter().all(|id| ends.clone().any(|e| e == id))
+        && ask.allowed_token_ids.iter().all(|id| held_back.contains(id))
     {
         let message = "`allowed_token_ids`: every allowed token ends the reply, which `min_tokens` forbids";
         return Err(ApiError::param("allowed_token_ids", message));
