@@ -110,10 +110,11 @@ fn server_request(bytes: &[u8]) -> Result<(), String> {
     let mut outcome = Ok(());
     for endpoint in [Endpoint::Chat, Endpoint::Completion] {
         match g4c_serve::prepare::prepare(model, endpoint, bytes) {
-            Ok((_, request)) if request.prompt.len() >= 64 || request.options.max_new_tokens == 0 => {
-                return Err(format!("BUG: accepted a request the engine refuses: {request:?}"))
+            Ok((_, requests)) => {
+                if let Some(r) = requests.iter().find(|r| r.prompt.len() >= 64 || r.options.max_new_tokens == 0) {
+                    return Err(format!("BUG: accepted a request the engine refuses: {r:?}"));
+                }
             }
-            Ok(_) => {}
             Err(e) if e.status != 400 && e.status != 404 => {
                 return Err(format!("BUG: status {}: {}", e.status, e.message))
             }

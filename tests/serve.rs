@@ -224,8 +224,8 @@ fn the_openai_client_chats_and_completes_streaming_and_not() {
     assert_eq!(short.prompt_ids, [2, 17, 301]);
     assert_eq!(out["completion_ids_prompt"]["ids"], json!(short.generated_ids[..6]), "transformers' tokens");
 
-    assert_eq!(out["n2"]["status"], 400, "{}", out["n2"]);
-    assert_eq!(out["n2"]["error"]["param"], "n");
+    assert_eq!(out["n129"]["status"], 400, "{}", out["n129"]);
+    assert_eq!(out["n129"]["error"]["param"], "n");
     assert_eq!(out["wrong_model"]["status"], 404);
     assert_eq!(out["wrong_model"]["error"]["code"], "model_not_found");
     let log = server.log();
@@ -247,6 +247,66 @@ fn concurrent_streams_with_their_own_sampling_parameters_match_their_runs_alone(
     assert_eq!(texts.len(), 3, "sampling parameters are per request: {out}");
     let occupancy = server.metric("g4c_batch_rows");
     assert_eq!(occupancy, 8.0);
+}
+
+#[test]
+fn n_choices_are_what_the_seeds_after_the_requests_sample_alone() {
+    // Three choices over two rows: the third waits for one.
+    let server = Server::start(&["--max-batch", "2", "--context", "64", "--prefill-len", "8", "--max-queue", "6"]);
+    let out = server.openai_client("choices");
+    for name in ["chat", "chat_stream", "completion", "completion_stream"] {
+        let (together, alone) = (&out[name], &out[format!("{name}_alone")]);
+        let choices = together["choices"].as_array().unwrap();
+        assert_eq!(choices.len(), 3, "{name}: {together}");
+        for (i, c) in choices.iter().enumerate() {
+            let alone = &alone[i]["choices"][0];
+            assert_eq!(c["ids"], alone["ids"], "{name}: choice {i} samples with seed 7 + {i}");
+            assert_eq!(c["text"], alone["text"], "{name}: choice {i}");
+            assert_eq!(c["finish"], alone["finish"], "{name}: choice {i}");
+            if name == "chat_stream" {
+                assert_eq!(c["roles"], 1, "{name}: each choice's role once: {c}");
+            }
+        }
+        assert_ne!(choices[0]["ids"], choices[1]["ids"], "{name}: the choices sample apart");
+        let generated: usize = choices.iter().map(|c| c["ids"].as_array().unwrap().len()).sum();
+        assert_eq!(together["usage"]["completion_tokens"], generated, "{name}: every choice's tokens");
+        assert_eq!(together["usage"]["prompt_tokens"], alone[0]["usage"]["prompt_tokens"], "{name}: the prompt once");
+    }
+    let greedy = out["greedy"]["choices"].as_array().unwrap();
+    assert_eq!(greedy[0]["text"], greedy[1]["text"], "greedy choices are one reply twice");
+    assert!(!greedy[0]["text"].as_str().unwrap().is_empty());
+    // A stop string ends its choice alone.
+    let stopped = out["stop"]["choices"].as_array().unwrap();
+    let finishes: Vec<&str> = stopped.iter().map(|c| c["finish"].as_str().unwrap()).collect();
+    assert!(finishes.contains(&"stop") && finishes.contains(&"length"), "{finishes:?}: {}", out["stop"]);
+    for c in stopped {
+        let text = c["text"].as_str().unwrap();
+        assert!(!text.contains('n'), "the text ends before its stop string: {c}");
+    }
+    // A list of prompts: choice 2p + i is prompt p's i-th, as its own request's.
+    for name in ["prompts", "prompts_stream"] {
+        let (together, alone) = (&out[name], out[format!("{name}_alone")].as_array().unwrap());
+        let choices = together["choices"].as_array().unwrap();
+        assert_eq!(choices.len(), 6, "{name}: {together}");
+        for (p, alone) in alone.iter().enumerate() {
+            for i in 0..2 {
+                let (c, a) = (&choices[2 * p + i], &alone["choices"][i]);
+                assert_eq!(
+                    (&c["ids"], &c["text"], &c["prompt_ids"]),
+                    (&a["ids"], &a["text"], &a["prompt_ids"]),
+                    "{name}: prompt {p}, choice {i}"
+                );
+            }
+        }
+        assert_ne!(choices[0]["prompt_ids"], choices[2]["prompt_ids"]);
+        let sum = |key: &str| alone.iter().map(|a| a["usage"][key].as_u64().unwrap()).sum::<u64>();
+        assert_eq!(together["usage"]["prompt_tokens"], sum("prompt_tokens"), "{name}: every prompt's tokens");
+        assert_eq!(together["usage"]["completion_tokens"], sum("completion_tokens"), "{name}");
+    }
+    let (status, _, body) = server.post("/v1/completions", &json!({"prompt": ["ba", "de", "fi", "ko"], "n": 2}));
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["param"], "n");
+    assert!(body["error"]["message"].as_str().unwrap().contains("--max-queue"), "{body}");
 }
 
 #[test]
@@ -576,7 +636,9 @@ fn tokenize_gives_the_ids_generation_takes_and_detokenize_their_text() {
 
     let completion = ok("/v1/completions", json!({"prompt": "ba de", "max_tokens": 1, "return_token_ids": true}));
     let tokenized = ok("/tokenize", json!({"prompt": "ba de", "model": "tiny"}));
-    assert_eq!(tokenized["tokens"], completion["prompt_token_ids"], "{tokenized} {completion}");
+    // vLLM's: a completion's prompt ids are its choice's, a chat's the response's.
+    assert_eq!(tokenized["tokens"], completion["choices"][0]["prompt_token_ids"], "{tokenized} {completion}");
+    assert_eq!(completion["prompt_token_ids"], Value::Null);
     assert_eq!(tokenized["token_strs"], Value::Null);
     let bare = ok("/tokenize", json!({"prompt": "ba de", "add_special_tokens": false}));
     assert_eq!(bare["tokens"].as_array().unwrap()[..], tokenized["tokens"].as_array().unwrap()[1..]);

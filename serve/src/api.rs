@@ -1,8 +1,7 @@
 //! The request bodies of `/v1/chat/completions` and `/v1/completions`, parsed and checked into an
 //! `Ask`. As OpenAI does, unknown fields are ignored; a known field of the wrong type or out of range
-//! is a `400` naming it, and so is a feature this server does not have (`n` > 1, and the fields
-//! `unserved` lists: tools, constrained decoding, …), rather than a request quietly
-//! served without it.
+//! is a `400` naming it, and so is a feature this server does not have (the fields `unserved`
+//! lists: tools, beam search, …), rather than a request quietly served without it.
 
 use crate::error::ApiError;
 use g4c_frontend::ChatMessage;
@@ -41,7 +40,8 @@ pub enum PromptSpec {
 pub struct Ask {
     pub endpoint: Endpoint,
     pub model: Option<String>,
-    pub prompt: PromptSpec,
+    /// Chat: the messages; a completion: one prompt or several.
+    pub prompts: Vec<PromptSpec>,
     /// The most tokens to generate, and the field that said so (`max_tokens` or
     /// `max_completion_tokens`).
     pub max_tokens: Option<(&'static str, usize)>,
@@ -56,6 +56,9 @@ pub struct Ask {
     pub seed: Option<u64>,
     pub stop: Vec<String>,
     pub stop_ids: Vec<u32>,
+    /// How many choices to generate for each prompt, each its own sequence (vLLM: with a `seed`,
+    /// choice `i` samples with `seed + i`).
+    pub n: usize,
     pub stream: bool,
     /// `stream_options.include_usage`: a last chunk with the usage.
     pub include_usage: bool,
@@ -88,6 +91,9 @@ pub struct Ask {
     pub bad_words: Vec<String>,
 }
 
+/// The most choices a request may ask for (`n`), as OpenAI.
+const MAX_CHOICES: u64 = 128;
+
 /// The most tokens a request may ask for: as many positions as any context has.
 const MAX_TOKENS_LIMIT: u64 = g4c_util::limits::MAX_CONTEXT as u64;
 
@@ -96,19 +102,19 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Ask, ApiError> {
     let field = |name: &str| value.get(name).filter(|v| !v.is_null());
     crate::unserved::check(&value)?;
     let common: Common = typed(&value, "request")?;
-    let prompt = match endpoint {
+    let prompts = match endpoint {
         Endpoint::Chat => {
             let messages = field("messages").ok_or_else(|| ApiError::param("messages", "`messages` is required"))?;
             let messages: Vec<MessageBody> = typed(messages, "messages")?;
-            PromptSpec::Messages(chat_messages(messages)?)
+            vec![PromptSpec::Messages(chat_messages(messages)?)]
         }
         Endpoint::Completion => {
             let prompt = field("prompt").ok_or_else(|| ApiError::param("prompt", "`prompt` is required"))?;
-            completion_prompt(typed(prompt, "prompt")?)?
+            completion_prompts(typed(prompt, "prompt")?)?
         }
     };
     let grammar = crate::structured::requested(&value)?;
-    Ok(Ask { grammar, ..common.check(endpoint, prompt)? })
+    Ok(Ask { grammar, ..common.check(endpoint, prompts)? })
 }
 
 /// A request body: a JSON object, else a `400` saying what it is not.
@@ -241,7 +247,7 @@ struct Part {
     text: Option<String>,
 }
 
-/// A completion's `prompt`: text, token ids, or a list of one of either.
+/// A completion's `prompt`: text, token ids, or a list of either.
 #[derive(Deserialize)]
 #[serde(
     untagged,
@@ -302,38 +308,33 @@ pub(crate) fn chat_messages(messages: Vec<MessageBody>) -> Result<Vec<ChatMessag
         .collect()
 }
 
-fn completion_prompt(prompt: Prompt) -> Result<PromptSpec, ApiError> {
-    let one = |n: usize| match n {
-        1 => Ok(()),
-        n => Err(ApiError::param("prompt", format!("`prompt`: one prompt per request is supported, found {n}"))),
+/// A completion's prompts: one, or a list (each generated as a request of its own would be).
+fn completion_prompts(prompt: Prompt) -> Result<Vec<PromptSpec>, ApiError> {
+    let prompts = match prompt {
+        Prompt::Text(text) => vec![PromptSpec::Text(text)],
+        Prompt::Ids(ids) => vec![PromptSpec::Ids(ids)],
+        Prompt::Texts(texts) => texts.into_iter().map(PromptSpec::Text).collect(),
+        Prompt::IdLists(lists) => lists.into_iter().map(PromptSpec::Ids).collect(),
     };
-    let spec = match prompt {
-        Prompt::Text(text) => PromptSpec::Text(text),
-        Prompt::Ids(ids) => PromptSpec::Ids(ids),
-        Prompt::Texts(mut texts) => {
-            one(texts.len())?;
-            PromptSpec::Text(texts.remove(0))
-        }
-        Prompt::IdLists(mut lists) => {
-            one(lists.len())?;
-            PromptSpec::Ids(lists.remove(0))
-        }
+    let empty = |p: &PromptSpec| match p {
+        PromptSpec::Text(t) => t.is_empty(),
+        PromptSpec::Ids(ids) => ids.is_empty(),
+        PromptSpec::Messages(_) => false,
     };
-    match &spec {
-        PromptSpec::Text(t) if t.is_empty() => Err(ApiError::param("prompt", "`prompt` is empty")),
-        PromptSpec::Ids(ids) if ids.is_empty() => Err(ApiError::param("prompt", "`prompt` is empty")),
-        _ => Ok(spec),
+    // `[]` is an empty list of ids: one prompt.
+    match prompts.iter().position(empty) {
+        Some(_) if prompts.len() == 1 => Err(ApiError::param("prompt", "`prompt` is empty")),
+        Some(i) => Err(ApiError::param("prompt", format!("`prompt[{i}]` is empty"))),
+        None => Ok(prompts),
     }
 }
 
 impl Common {
-    fn check(self, endpoint: Endpoint, prompt: PromptSpec) -> Result<Ask, ApiError> {
-        if self.n == Some(0) {
-            return Err(ApiError::param("n", "`n`: expected 1, found 0"));
-        }
-        if self.n.is_some_and(|n| n != 1) {
-            return Err(ApiError::unsupported("n", "more than one choice"));
-        }
+    fn check(self, endpoint: Endpoint, prompts: Vec<PromptSpec>) -> Result<Ask, ApiError> {
+        let n = match self.n.unwrap_or(1) {
+            n @ 1..=MAX_CHOICES => n as usize,
+            n => return Err(ApiError::param("n", format!("`n`: expected 1 to {MAX_CHOICES}, found {n}"))),
+        };
         let logprobs = self.logprobs(endpoint)?;
         let logit_bias = logit_bias(self.logit_bias.as_ref())?;
         // What is done: text gets BOS first, a chat what its template writes (and one BOS).
@@ -405,7 +406,7 @@ impl Common {
         Ok(Ask {
             endpoint,
             model: self.model,
-            prompt,
+            prompts,
             max_tokens: max_tokens.map(|(name, n)| (name, n as usize)),
             temperature: self.temperature.map(|t| t as f32),
             top_p: self.top_p.map(|p| p as f32),
@@ -414,6 +415,7 @@ impl Common {
             seed: self.seed.map(|s| s as u64),
             stop,
             stop_ids,
+            n,
             stream: self.stream.unwrap_or(false),
             include_usage: self.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
             ignore_eos: self.ignore_eos.unwrap_or(false),
@@ -509,7 +511,7 @@ mod tests {
             ChatMessage { role: "system".into(), content: "be brief".into() },
             ChatMessage { role: "user".into(), content: "hi".into() },
         ];
-        assert_eq!(ask.prompt, PromptSpec::Messages(messages));
+        assert_eq!(ask.prompts, [PromptSpec::Messages(messages)]);
         assert_eq!(
             (ask.max_tokens, ask.temperature, ask.top_p, ask.top_k, ask.seed),
             (Some(("max_completion_tokens", 5)), Some(0.5), Some(0.9), Some(7), Some(3))
@@ -542,14 +544,17 @@ mod tests {
     }
 
     #[test]
-    fn completion_prompts_text_ids_and_lists_of_one() {
-        let prompt = |p: Value| completion(serde_json::json!({"prompt": p})).map(|a| a.prompt);
-        assert_eq!(prompt("ba de".into()).unwrap(), PromptSpec::Text("ba de".into()));
-        assert_eq!(prompt(serde_json::json!([2, 5])).unwrap(), PromptSpec::Ids(vec![2, 5]));
-        assert_eq!(prompt(serde_json::json!([[2, 5]])).unwrap(), PromptSpec::Ids(vec![2, 5]));
-        assert_eq!(prompt(serde_json::json!(["a"])).unwrap(), PromptSpec::Text("a".into()));
-        assert!(prompt(serde_json::json!(["a", "b"])).unwrap_err().message.contains("one prompt per request"));
-        assert!(prompt(serde_json::json!([])).unwrap_err().message.contains("empty"));
+    fn completion_prompts_text_ids_and_lists() {
+        let prompt = |p: Value| completion(serde_json::json!({"prompt": p})).map(|a| a.prompts);
+        assert_eq!(prompt("ba de".into()).unwrap(), [PromptSpec::Text("ba de".into())]);
+        assert_eq!(prompt(serde_json::json!([2, 5])).unwrap(), [PromptSpec::Ids(vec![2, 5])]);
+        assert_eq!(prompt(serde_json::json!([[2, 5]])).unwrap(), [PromptSpec::Ids(vec![2, 5])]);
+        assert_eq!(prompt(serde_json::json!(["a"])).unwrap(), [PromptSpec::Text("a".into())]);
+        let two = [PromptSpec::Text("a".into()), PromptSpec::Text("b".into())];
+        assert_eq!(prompt(serde_json::json!(["a", "b"])).unwrap(), two);
+        assert!(prompt(serde_json::json!([])).unwrap_err().message.contains("`prompt` is empty"));
+        assert!(prompt(serde_json::json!(["a", ""])).unwrap_err().message.contains("`prompt[1]` is empty"));
+        assert!(prompt(serde_json::json!([[2], []])).unwrap_err().message.contains("`prompt[1]` is empty"));
         // vLLM's `add_special_tokens`: true (BOS first) is what a completion gets, false is refused.
         let bos = |add: bool| completion(serde_json::json!({"prompt": "ba", "add_special_tokens": add}));
         assert!(bos(true).is_ok());
@@ -567,7 +572,7 @@ mod tests {
             (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}), "temperature"),
             (serde_json::json!({"messages": [{"role": "user", "content": 5}]}), "messages"),
             (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}), "max_tokens"),
-            (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "n": 2}), "n"),
+            (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "n": 129}), "n"),
             (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "logprobs": 2}), "logprobs"),
             (serde_json::json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}), "top_logprobs"),
             (
@@ -596,9 +601,8 @@ mod tests {
         assert!(
             message(serde_json::json!({"messages": [{"role": "user", "content": 5}]})).contains("expected a string")
         );
-        assert!(
-            message(serde_json::json!({"messages": [{"role": "user", "content": "x"}], "n": 0})).contains("expected 1")
-        );
+        assert!(message(serde_json::json!({"messages": [{"role": "user", "content": "x"}], "n": 0}))
+            .contains("expected 1 to 128"));
         let seed = message(serde_json::json!({"messages": [{"role": "user", "content": "x"}], "seed": u64::MAX}));
         assert!(seed.contains("`seed`") && seed.contains("from -2^63"), "{seed}");
     }

@@ -7,12 +7,32 @@ use crate::ModelInfo;
 use g4c_frontend::{SamplingDefaults, TextTokenizer};
 use g4c_runtime::{GenerateOptions, PromptProblem, SamplingParams, SequenceRequest};
 
-/// A request body checked and made into what the engine is asked for: its prompt tokenized (chat
-/// messages through the model's template), its limits checked against the model's context and
-/// vocabulary, and the stop and sampling options set.
-pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(Ask, SequenceRequest), ApiError> {
+/// A request body checked and made into what the engine is asked for: a sequence per prompt (a
+/// completion may give several; chat messages are one, through the model's template), each prompt
+/// tokenized and checked against the model's context and vocabulary, and the stop and sampling
+/// options set.
+pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(Ask, Vec<SequenceRequest>), ApiError> {
     let ask = api::parse(endpoint, body)?;
     check_model(model, ask.model.as_deref())?;
+    let options = options(model, &ask)?;
+    let several = ask.prompts.len() > 1;
+    let requests = (ask.prompts.iter().enumerate())
+        .map(|(i, prompt)| {
+            // A problem of one of several prompts says which.
+            sequence(model, &ask, prompt, options.clone()).map_err(|mut e| {
+                if several {
+                    e.message = format!("prompt {i}: {}", e.message);
+                }
+                e
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((ask, requests))
+}
+
+/// How `ask` generates, whatever its prompt: stops, sampling, penalties and grammar, with
+/// `max_new_tokens` left for `sequence` to set.
+fn options(model: &ModelInfo, ask: &Ask) -> Result<GenerateOptions, ApiError> {
     let tokenizer = model.tokenizer.as_deref();
     if tokenizer.is_none() && !ask.return_token_ids {
         return Err(ApiError::invalid(
@@ -30,27 +50,6 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
         }
     };
     let shape = &model.shape;
-    let mut prompt = prompt_ids(model, &ask.prompt)?;
-    if let Some(keep) = ask.truncate_prompt_tokens {
-        let keep = match keep {
-            -1 => shape.context - 1,
-            k if k >= 1 && k as usize <= shape.context => k as usize,
-            k => {
-                let message = format!("`truncate_prompt_tokens`: expected -1 or 1 to {}, found {k}", shape.context);
-                return Err(ApiError::param("truncate_prompt_tokens", message));
-            }
-        };
-        // The last tokens, as vLLM keeps them.
-        prompt.drain(..prompt.len().saturating_sub(keep));
-    }
-    let param = if endpoint == Endpoint::Chat { "messages" } else { "prompt" };
-    shape.check_prompt(&prompt, 1).map_err(|problem| {
-        let error = ApiError::param(param, problem.to_string());
-        match problem {
-            PromptProblem::TooLong { .. } => error.with_code("context_length_exceeded"),
-            _ => error,
-        }
-    })?;
     let biased: Vec<u32> = ask.logit_bias.iter().map(|&(id, _)| id).collect();
     for (field, ids) in
         [("stop", &ask.stop_ids), ("allowed_token_ids", &ask.allowed_token_ids), ("logit_bias", &biased)]
@@ -60,21 +59,6 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
             return Err(ApiError::param(field, message));
         }
     }
-    let context = shape.context;
-    let room = context - prompt.len();
-    let max_new_tokens = match ask.max_tokens {
-        Some((field, n)) if n > room => {
-            let message = format!(
-                "the prompt ({} tokens) and {field} ({n}) exceed this model's context of {context} positions",
-                prompt.len()
-            );
-            return Err(ApiError::param(field, message).with_code("context_length_exceeded"));
-        }
-        Some((_, n)) => n,
-        // As OpenAI: a chat reply may fill the context, a completion is 16 tokens.
-        None if endpoint == Endpoint::Chat => room,
-        None => 16.min(room),
-    };
     let mut stop_ids = ask.stop_ids.clone();
     // A stop string that is a special token (`<turn|>`) never appears in the text, which skips
     // special tokens: it stops as that token's id.
@@ -84,7 +68,7 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
     }
     let defaults = &model.sampling_defaults;
     let mut options = GenerateOptions {
-        max_new_tokens,
+        max_new_tokens: 0,
         eos_ids: model.eos_ids.clone(),
         ignore_eos: ask.ignore_eos,
         stop_ids,
@@ -114,13 +98,8 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
     if let Err((field, expected, found)) = options.sampling.check() {
         return Err(ApiError::param(field, format!("`{field}`: expected {expected}, found {found}")));
     }
-    if endpoint == Endpoint::Chat {
+    if ask.endpoint == Endpoint::Chat {
         options.end_turn_at(model.turn_end);
-    }
-    if ask.min_tokens > options.max_new_tokens {
-        let message =
-            format!("`min_tokens` ({}) exceeds the reply's most tokens ({})", ask.min_tokens, options.max_new_tokens);
-        return Err(ApiError::param("min_tokens", message));
     }
     let held_back = options.eos_and_stop_ids();
     if ask.min_tokens > 0
@@ -146,7 +125,81 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
         let ends = options.ends();
         options.constraint = Some(model.grammars().and_then(|g| g.constraint(grammar, &ends)).map_err(refused)?);
     }
-    Ok((ask, SequenceRequest { prompt, options }))
+    Ok(options)
+}
+
+/// The sequence `ask` asks for from `prompt`, generated by `options`: the prompt tokenized (and
+/// truncated, when asked), checked against the context, and the reply's length set in what is left.
+fn sequence(
+    model: &ModelInfo,
+    ask: &Ask,
+    prompt: &PromptSpec,
+    mut options: GenerateOptions,
+) -> Result<SequenceRequest, ApiError> {
+    let shape = &model.shape;
+    let mut prompt = prompt_ids(model, prompt)?;
+    if let Some(keep) = ask.truncate_prompt_tokens {
+        let keep = match keep {
+            -1 => shape.context - 1,
+            k if k >= 1 && k as usize <= shape.context => k as usize,
+            k => {
+                let message = format!("`truncate_prompt_tokens`: expected -1 or 1 to {}, found {k}", shape.context);
+                return Err(ApiError::param("truncate_prompt_tokens", message));
+            }
+        };
+        // The last tokens, as vLLM keeps them.
+        prompt.drain(..prompt.len().saturating_sub(keep));
+    }
+    let param = if ask.endpoint == Endpoint::Chat { "messages" } else { "prompt" };
+    shape.check_prompt(&prompt, 1).map_err(|problem| {
+        let error = ApiError::param(param, problem.to_string());
+        match problem {
+            PromptProblem::TooLong { .. } => error.with_code("context_length_exceeded"),
+            _ => error,
+        }
+    })?;
+    let context = shape.context;
+    let room = context - prompt.len();
+    options.max_new_tokens = match ask.max_tokens {
+        Some((field, n)) if n > room => {
+            let message = format!(
+                "the prompt ({} tokens) and {field} ({n}) exceed this model's context of {context} positions",
+                prompt.len()
+            );
+            return Err(ApiError::param(field, message).with_code("context_length_exceeded"));
+        }
+        Some((_, n)) => n,
+        // As OpenAI: a chat reply may fill the context, a completion is 16 tokens.
+        None if ask.endpoint == Endpoint::Chat => room,
+        None => 16.min(room),
+    };
+    if ask.min_tokens > options.max_new_tokens {
+        let message =
+            format!("`min_tokens` ({}) exceeds the reply's most tokens ({})", ask.min_tokens, options.max_new_tokens);
+        return Err(ApiError::param("min_tokens", message));
+    }
+    Ok(SequenceRequest { prompt, options })
+}
+
+/// The sequences of a request's choices: each prompt's `n` in turn (choice `p·n + i` is prompt
+/// `p`'s `i`-th, as vLLM numbers them), choice `i` sampling with the seed `i` after the request's
+/// (vLLM's parallel sampling), each with a grammar state of its own. Each comes with its prompt's
+/// index.
+pub fn choices(prompts: Vec<SequenceRequest>, n: usize) -> Vec<(usize, SequenceRequest)> {
+    let mut all = Vec::with_capacity(prompts.len() * n);
+    for (p, first) in prompts.into_iter().enumerate() {
+        let seed = first.options.sampling.seed;
+        let copies: Vec<SequenceRequest> = (1..n as u64)
+            .map(|i| {
+                let mut copy = first.clone();
+                copy.options.sampling.seed = seed.wrapping_add(i);
+                copy
+            })
+            .collect();
+        all.push((p, first));
+        all.extend(copies.into_iter().map(|copy| (p, copy)));
+    }
+    all
 }
 
 /// vLLM's `bad_words` as token sequences: each word's tokens, and, where a space before it spells it
@@ -223,7 +276,7 @@ mod tests {
     use crate::api::Endpoint;
     use crate::ModelInfo;
     use g4c_frontend::{synth, ChatTemplate, TextTokenizer};
-    use g4c_runtime::ModelShape;
+    use g4c_runtime::{ModelShape, SequenceRequest};
     use std::sync::Arc;
 
     fn tiny() -> ModelInfo {
@@ -252,6 +305,13 @@ mod tests {
         }
     }
 
+    /// The sequence of a request with one prompt.
+    fn one(prepared: Result<(crate::api::Ask, Vec<SequenceRequest>), crate::error::ApiError>) -> SequenceRequest {
+        let mut requests = prepared.unwrap().1;
+        assert_eq!(requests.len(), 1);
+        requests.remove(0)
+    }
+
     fn body(value: serde_json::Value) -> Vec<u8> {
         value.to_string().into_bytes()
     }
@@ -261,14 +321,14 @@ mod tests {
         let model = tiny();
         let turn_end = model.turn_end.unwrap();
         let chat = body(serde_json::json!({"messages": [{"role": "user", "content": "ba"}]}));
-        let (_, request) = prepare(&model, Endpoint::Chat, &chat).unwrap();
+        let request = one(prepare(&model, Endpoint::Chat, &chat));
         assert_eq!(request.options.stop_ids, [turn_end]);
         assert_eq!(request.options.max_new_tokens, 32 - request.prompt.len(), "a chat reply may fill the context");
         let past_eos = body(serde_json::json!({"messages": [{"role": "user", "content": "ba"}], "ignore_eos": true}));
-        let (_, request) = prepare(&model, Endpoint::Chat, &past_eos).unwrap();
+        let request = one(prepare(&model, Endpoint::Chat, &past_eos));
         assert!(request.options.stop_ids.is_empty() && request.options.ignore_eos, "ignore_eos passes the turn's end");
         let completion = body(serde_json::json!({"prompt": "ba", "stop": ["<turn|>", "de"]}));
-        let (_, request) = prepare(&model, Endpoint::Completion, &completion).unwrap();
+        let request = one(prepare(&model, Endpoint::Completion, &completion));
         assert_eq!(request.options.stop_ids, [turn_end], "`de` is text, `<turn|>` a special token");
         assert_eq!(request.options.max_new_tokens, 16, "OpenAI's default for completions");
     }
@@ -281,7 +341,7 @@ mod tests {
         let ask = |model: &ModelInfo, extra: serde_json::Value| {
             let mut value = serde_json::json!({"prompt": "ba"});
             value.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-            prepare(model, Endpoint::Completion, &body(value)).unwrap().1.options.sampling
+            one(prepare(model, Endpoint::Completion, &body(value))).options.sampling
         };
         let plain = ask(&model, serde_json::json!({}));
         assert_eq!(
@@ -353,7 +413,7 @@ mod tests {
         let ids: Vec<u32> = (100..140).collect();
         let prompt = |truncate: serde_json::Value| {
             let request = body(serde_json::json!({"prompt": ids, "truncate_prompt_tokens": truncate}));
-            prepare(&model, Endpoint::Completion, &request).map(|(_, r)| r.prompt)
+            prepare(&model, Endpoint::Completion, &request).map(|(_, mut r)| r.remove(0).prompt)
         };
         assert_eq!(prompt(serde_json::json!(3)).unwrap(), [137, 138, 139]);
         assert_eq!(prompt(serde_json::json!(-1)).unwrap(), ids[9..], "31 of a context of 32");
@@ -371,7 +431,7 @@ mod tests {
         let t = model.tokenizer.as_deref().unwrap();
         let id = |w: &str| t.token_id(w).unwrap();
         let request = body(serde_json::json!({"prompt": "ba", "bad_words": ["ba de", " fo"]}));
-        let (_, request) = prepare(&model, Endpoint::Completion, &request).unwrap();
+        let request = one(prepare(&model, Endpoint::Completion, &request));
         // This word-level tokenizer spells a word the same after a space: one sequence each.
         assert_eq!(request.options.bad_words, [vec![id("ba"), id("de")], vec![id("fo")]]);
         let every = body(serde_json::json!({"prompt": "ba", "bad_words": ["de"], "allowed_token_ids": [id("de")]}));
@@ -391,7 +451,7 @@ mod tests {
     fn allowed_ids_and_min_tokens_are_checked_and_passed_on() {
         let model = tiny();
         let request = body(serde_json::json!({"prompt": "ba", "allowed_token_ids": [5, 9], "min_tokens": 3}));
-        let (_, request) = prepare(&model, Endpoint::Completion, &request).unwrap();
+        let request = one(prepare(&model, Endpoint::Completion, &request));
         assert_eq!((request.options.allowed_token_ids, request.options.min_tokens), (vec![5, 9], 3));
         for (request, param) in [
             (serde_json::json!({"prompt": "ba", "allowed_token_ids": [5, 512]}), "allowed_token_ids"),

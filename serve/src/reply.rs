@@ -10,6 +10,8 @@ use crate::text::{StopStrings, StopText};
 use g4c_frontend::TextTokenizer;
 use g4c_runtime::{SequenceEvent, StopReason, TokenLogprobs};
 use serde_json::{json, Value};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -19,16 +21,34 @@ const TEXT_CONTEXT: usize = 4;
 
 /// What a reply has to say next.
 pub enum Part {
-    /// New text (possibly empty) and the ids that produced it.
-    Delta {
-        text: String,
-        ids: Vec<u32>,
-    },
-    /// The end, with OpenAI's `finish_reason`.
-    Done {
-        finish_reason: &'static str,
-    },
+    /// New text (possibly empty) of choice `index`, and the ids that produced it.
+    Delta { index: usize, text: String, ids: Vec<u32> },
+    /// The end of choice `index`, with OpenAI's `finish_reason`.
+    Done { index: usize, finish_reason: &'static str },
+    /// The end of the whole reply.
     Failed(ApiError),
+}
+
+/// One choice: one sequence the engine generates for a prompt.
+struct Choice {
+    /// Its prompt's index.
+    prompt: usize,
+    /// Set when a stop string ends its text: its sequence leaves its row at the engine's next step.
+    ended: Arc<AtomicBool>,
+    text: StopText,
+    generated: Vec<u32>,
+    /// Each generated token's log probabilities (when asked for) and where its text starts, in
+    /// characters of the text before it.
+    logprobs: Vec<(TokenLogprobs, usize)>,
+    logprob_chars: usize,
+    cached_tokens: usize,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+    /// OpenAI's `finish_reason`, once it has ended.
+    finish_reason: Option<&'static str>,
+    /// vLLM's `stop_reason`: the stop string or stop token id that ended it (null: the model's
+    /// EOS, or a length).
+    stop_reason: Value,
 }
 
 pub struct Reply {
@@ -36,179 +56,190 @@ pub struct Reply {
     pub ask: Ask,
     pub model: String,
     pub created: u64,
-    pub prompt_ids: Vec<u32>,
-    events: UnboundedReceiver<SequenceEvent>,
+    /// Each prompt's token ids.
+    pub prompts: Vec<Vec<u32>>,
+    /// Every choice's events, each with the choice's index.
+    events: UnboundedReceiver<(usize, SequenceEvent)>,
     /// The server's cancellation of what is still running when its shutdown grace ends.
     cancelled: tokio::sync::watch::Receiver<bool>,
-    text: StopText,
+    choices: Vec<Choice>,
     /// Token texts for log probabilities (without it, `token_id:N` as vLLM writes them).
     tokenizer: Option<Arc<TextTokenizer>>,
-    generated: Vec<u32>,
-    /// Each generated token's log probabilities (when asked for) and where its text starts, in
-    /// characters of the text before it.
-    logprobs: Vec<(TokenLogprobs, usize)>,
-    logprob_chars: usize,
-    cached_tokens: usize,
     arrived: Instant,
-    first_token: Option<Instant>,
-    last_token: Option<Instant>,
-    /// How it ended (`None` while it runs, or if its client left first).
-    outcome: Option<&'static str>,
-    /// vLLM's `stop_reason`: the stop string or stop token id that ended it (null: the model's
-    /// EOS, or a length).
-    stop_reason: Value,
+    /// Why the whole reply ended early (`error`, `cancelled`), if it did.
+    failed: Option<&'static str>,
     /// The model's own end-of-sequence token (config.json's first).
     model_eos: Option<u32>,
-    /// A part decided before the one returned (the end after the last text).
-    pending: Option<Part>,
+    /// Parts decided before the one returned (the end after a choice's last text).
+    pending: VecDeque<Part>,
     metrics: Arc<Metrics>,
 }
 
 impl Reply {
-    /// The reply to request `id`, which arrived at `arrived`, of `app`'s model.
+    /// The reply to request `id`, which arrived at `arrived`, of `app`'s model, for `prompts`: a
+    /// choice for each of `choices` (its prompt's index, and the flag set when a stop string ends
+    /// it), their events from `events`.
     pub fn new(
         id: String,
         arrived: Instant,
         ask: Ask,
-        prompt_ids: Vec<u32>,
-        events: UnboundedReceiver<SequenceEvent>,
+        prompts: Vec<Vec<u32>>,
+        events: UnboundedReceiver<(usize, SequenceEvent)>,
+        choices: Vec<(usize, Arc<AtomicBool>)>,
         app: &App,
     ) -> Reply {
         let (model, metrics) = (app.model.name.clone(), app.metrics.clone());
         let rule =
             StopStrings { stops: ask.stop.clone(), min_tokens: ask.min_tokens, keep: ask.include_stop_str_in_output };
-        let text = StopText::new(app.model.tokenizer.clone(), rule);
+        let choices = choices
+            .into_iter()
+            .map(|(prompt, ended)| Choice {
+                prompt,
+                ended,
+                text: StopText::new(app.model.tokenizer.clone(), rule.clone()),
+                generated: vec![],
+                logprobs: vec![],
+                logprob_chars: 0,
+                cached_tokens: 0,
+                first_token: None,
+                last_token: None,
+                finish_reason: None,
+                stop_reason: Value::Null,
+            })
+            .collect();
         let created = crate::unix_seconds();
         Reply {
             id,
             ask,
             model,
             created,
-            prompt_ids,
+            prompts,
             events,
             cancelled: app.cancelled.clone(),
-            text,
+            choices,
             tokenizer: app.model.tokenizer.clone(),
-            generated: vec![],
-            logprobs: vec![],
-            logprob_chars: 0,
-            cached_tokens: 0,
             arrived,
-            first_token: None,
-            last_token: None,
-            outcome: None,
-            stop_reason: Value::Null,
+            failed: None,
             model_eos: app.model.eos_ids.first().copied(),
-            pending: None,
+            pending: VecDeque::new(),
             metrics,
         }
     }
 
-    /// The next part of the reply; `None` once it has ended.
+    /// The next part of the reply; `None` once every choice has ended, or the reply has failed.
     pub async fn next(&mut self) -> Option<Part> {
-        if let Some(part) = self.pending.take() {
-            return Some(part);
-        }
-        if self.outcome.is_some() {
-            return None;
-        }
         loop {
+            if let Some(part) = self.pending.pop_front() {
+                return Some(part);
+            }
+            if self.failed.is_some() || self.choices.iter().all(|c| c.finish_reason.is_some()) {
+                return None;
+            }
             let cancelled = &mut self.cancelled;
             let event = tokio::select! {
                 event = self.events.recv() => event,
                 Ok(_) = cancelled.wait_for(|c| *c) => {
-                    self.outcome = Some("cancelled");
+                    self.failed = Some("cancelled");
                     return Some(Part::Failed(ApiError::unavailable(
                         "the server stopped before this request finished (its --shutdown-grace ran out)",
                     )));
                 }
             };
-            let Some(event) = event else {
+            let Some((index, event)) = event else {
                 return Some(self.fail(ApiError::server("the engine dropped this request; see the server's log")));
             };
-            match event {
-                SequenceEvent::Admitted { cached_tokens, .. } => {
-                    self.cached_tokens = cached_tokens;
-                    self.metrics.prompt_tokens.inc_by(self.prompt_ids.len() as u64);
-                    self.metrics.cached_prompt_tokens.inc_by(cached_tokens as u64);
-                }
-                SequenceEvent::Token(id, logprobs) => {
-                    let now = Instant::now();
-                    self.first_token.get_or_insert(now);
-                    self.last_token = Some(now);
-                    if let Some(logprobs) = logprobs {
-                        self.logprobs.push((logprobs, self.logprob_chars));
-                        self.logprob_chars += self.token_text(self.generated.len(), id).chars().count();
-                    }
-                    self.generated.push(id);
-                    self.metrics.generated_tokens.inc();
-                    // A stop id ends the reply, its text left out unless asked for (as vLLM); text held
-                    // back before it goes out at the end.
-                    let stop_id = self.ask.stop_ids.contains(&id) && !self.ask.include_stop_str_in_output;
-                    let text = match stop_id {
-                        true => String::new(),
-                        false => match self.text.push(id) {
-                            Ok(text) => text,
-                            Err(e) => return Some(self.fail(ApiError::server(format!("cannot detokenize: {e}")))),
-                        },
-                    };
-                    if let Some(stop) = self.text.stop_string() {
-                        self.stop_reason = json!(stop);
-                        // The sequence leaves its row at the engine's next step.
-                        self.events.close();
-                        self.end("stop");
-                    }
-                    return Some(Part::Delta { text, ids: vec![id] });
-                }
-                SequenceEvent::Finished(reason) => {
-                    if matches!(reason, StopReason::Eos | StopReason::StopId) {
-                        self.stop_reason = self.stop_token_reason();
-                    }
-                    let finish_reason = match reason {
-                        StopReason::Eos | StopReason::StopId => "stop",
-                        StopReason::MaxTokens | StopReason::Context => "length",
-                    };
-                    // Text held back for a stop string that never came goes out before the end.
-                    let tail = self.text.finish();
-                    self.end(finish_reason);
-                    if tail.is_empty() {
-                        return self.pending.take();
-                    }
-                    return Some(Part::Delta { text: tail, ids: vec![] });
-                }
-                SequenceEvent::Failed(message) => return Some(self.fail(ApiError::server(message))),
+            if let Err(error) = self.take(index, event) {
+                return Some(self.fail(error));
             }
         }
     }
 
-    /// The `stop_reason` of a reply ended by a token: its id, unless it is the model's own
-    /// end-of-sequence token (null). As vLLM, which keeps the tokenizer's EOS as EOS and makes
-    /// `generation_config.json`'s other ones (Gemma's `<turn|>`) stop ids.
-    fn stop_token_reason(&self) -> Value {
-        match self.generated.last() {
-            Some(&id) if Some(id) != self.model_eos => json!(id),
-            _ => Value::Null,
-        }
+    pub fn choice_count(&self) -> usize {
+        self.choices.len()
     }
 
-    /// Ends the reply with `finish_reason`: `Done` is the next part.
-    fn end(&mut self, finish_reason: &'static str) {
-        self.outcome = Some(finish_reason);
-        self.pending = Some(Part::Done { finish_reason });
+    /// Takes choice `index`'s `event` into its state and the parts it makes.
+    fn take(&mut self, index: usize, event: SequenceEvent) -> Result<(), ApiError> {
+        let Some(choice) = self.choices.get_mut(index).filter(|c| c.finish_reason.is_none()) else {
+            // What the engine made before a stop string's end reached it.
+            return Ok(());
+        };
+        match event {
+            SequenceEvent::Admitted { cached_tokens, .. } => {
+                choice.cached_tokens = cached_tokens;
+                self.metrics.prompt_tokens.inc_by(self.prompts[choice.prompt].len() as u64);
+                self.metrics.cached_prompt_tokens.inc_by(cached_tokens as u64);
+            }
+            SequenceEvent::Token(id, logprobs) => {
+                let now = Instant::now();
+                choice.first_token.get_or_insert(now);
+                choice.last_token = Some(now);
+                if let Some(logprobs) = logprobs {
+                    choice.logprobs.push((logprobs, choice.logprob_chars));
+                    let text = token_text(self.tokenizer.as_deref(), &choice.generated, choice.generated.len(), id);
+                    choice.logprob_chars += text.chars().count();
+                }
+                choice.generated.push(id);
+                self.metrics.generated_tokens.inc();
+                // A stop id ends the reply, its text left out unless asked for (as vLLM); text held
+                // back before it goes out at the end.
+                let stop_id = self.ask.stop_ids.contains(&id) && !self.ask.include_stop_str_in_output;
+                let text = match stop_id {
+                    true => String::new(),
+                    false => choice.text.push(id).map_err(|e| ApiError::server(format!("cannot detokenize: {e}")))?,
+                };
+                self.pending.push_back(Part::Delta { index, text, ids: vec![id] });
+                if let Some(stop) = choice.text.stop_string() {
+                    choice.stop_reason = json!(stop);
+                    choice.ended.store(true, Ordering::SeqCst);
+                    choice.finish_reason = Some("stop");
+                    self.pending.push_back(Part::Done { index, finish_reason: "stop" });
+                }
+            }
+            SequenceEvent::Finished(reason) => {
+                if matches!(reason, StopReason::Eos | StopReason::StopId) {
+                    // The model's own end-of-sequence token is null, as vLLM, which keeps the
+                    // tokenizer's EOS as EOS and makes `generation_config.json`'s other ones
+                    // (Gemma's `<turn|>`) stop ids.
+                    choice.stop_reason = match choice.generated.last() {
+                        Some(&id) if Some(id) != self.model_eos => json!(id),
+                        _ => Value::Null,
+                    };
+                }
+                let finish_reason = match reason {
+                    StopReason::Eos | StopReason::StopId => "stop",
+                    StopReason::MaxTokens | StopReason::Context => "length",
+                };
+                // Text held back for a stop string that never came goes out before the end.
+                let tail = choice.text.finish();
+                if !tail.is_empty() {
+                    self.pending.push_back(Part::Delta { index, text: tail, ids: vec![] });
+                }
+                choice.finish_reason = Some(finish_reason);
+                self.pending.push_back(Part::Done { index, finish_reason });
+            }
+            SequenceEvent::Failed(message) => return Err(ApiError::server(message)),
+        }
+        Ok(())
     }
 
     fn fail(&mut self, error: ApiError) -> Part {
-        self.outcome = Some("error");
+        self.failed = Some("error");
+        self.pending.clear();
         Part::Failed(error)
     }
 
+    /// Each prompt's tokens once (with those its first choice found cached), the tokens of every
+    /// choice.
     pub fn usage(&self) -> Value {
-        let (prompt, completion) = (self.prompt_ids.len(), self.generated.len());
+        let prompt: usize = self.prompts.iter().map(Vec::len).sum();
+        let completion: usize = self.choices.iter().map(|c| c.generated.len()).sum();
+        let cached = self.cached_tokens();
         json!({
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+            "prompt_tokens_details": {"cached_tokens": cached},
         })
     }
 
@@ -220,11 +251,13 @@ impl Reply {
         }
     }
 
-    /// A choice with `text` (chat: as `message`, or `delta` in a chunk) and `ids`.
-    fn choice(&self, text: &str, ids: &[u32], finish_reason: Option<&str>, chunk: bool) -> Value {
-        let stop_reason = if finish_reason.is_some() { self.stop_reason.clone() } else { Value::Null };
+    /// Choice `index` with `text` (chat: as `message`, or `delta` in a chunk) and `ids`, the last it
+    /// generated: all of them, or a chunk's one.
+    fn choice(&self, index: usize, text: &str, ids: &[u32], finish_reason: Option<&str>, chunk: bool) -> Value {
+        let c = &self.choices[index];
+        let stop_reason = if finish_reason.is_some() { c.stop_reason.clone() } else { Value::Null };
         let mut choice =
-            json!({"index": 0, "logprobs": null, "finish_reason": finish_reason, "stop_reason": stop_reason});
+            json!({"index": index, "logprobs": null, "finish_reason": finish_reason, "stop_reason": stop_reason});
         match (self.ask.endpoint, chunk) {
             (Endpoint::Chat, false) => choice["message"] = json!({"role": "assistant", "content": text}),
             (Endpoint::Chat, true) if finish_reason.is_some() && text.is_empty() => choice["delta"] = json!({}),
@@ -233,39 +266,30 @@ impl Reply {
         }
         if self.ask.return_token_ids {
             choice["token_ids"] = json!(ids);
+            // vLLM's: a completion's choices each carry their prompt's (a stream's, in its first chunk).
+            if self.ask.endpoint == Endpoint::Completion && !chunk {
+                choice["prompt_token_ids"] = json!(self.prompts[c.prompt]);
+            }
         }
-        // A choice's ids are the last ones generated: all of them, or a chunk's one.
         if self.ask.logprobs.is_some() && !(chunk && ids.is_empty()) {
-            let from = self.generated.len() - ids.len();
-            choice["logprobs"] = self.logprobs_json(from, self.logprobs.get(from..).unwrap_or_default());
+            let from = c.generated.len() - ids.len();
+            choice["logprobs"] = self.logprobs_json(c, from);
         }
         choice
     }
 
-    /// The text token `id` adds as the `at`-th generated token: what decoding it after the tokens
-    /// before adds (a token alone decodes without the space that joins it to them).
-    fn token_text(&self, at: usize, id: u32) -> String {
-        let Some(t) = &self.tokenizer else { return format!("token_id:{id}") };
-        let before = &self.generated[at.saturating_sub(TEXT_CONTEXT)..at];
-        let (Ok(head), Ok(whole)) = (t.decode(before), t.decode(&[before, &[id]].concat())) else {
-            return String::new();
-        };
-        match whole.strip_prefix(&head) {
-            Some(text) if !text.is_empty() => text.to_string(),
-            // Special tokens decode to nothing: their vocabulary entry (`<turn|>`) instead.
-            _ => t.token(id).unwrap_or_default(),
-        }
-    }
-
-    /// The log probabilities of the generated tokens from the `from`-th on, in the endpoint's form:
-    /// chat's `content` list, or a completion's parallel lists (`tokens`, `token_logprobs`,
+    /// The log probabilities of `choice`'s generated tokens from the `from`-th on, in the endpoint's
+    /// form: chat's `content` list, or a completion's parallel lists (`tokens`, `token_logprobs`,
     /// `top_logprobs`, `text_offset`).
-    fn logprobs_json(&self, from: usize, logprobs: &[(TokenLogprobs, usize)]) -> Value {
-        let tokens = (from..).zip(logprobs).map(|(at, (lp, offset))| (at, self.generated[at], lp, *offset));
+    fn logprobs_json(&self, choice: &Choice, from: usize) -> Value {
+        let generated = &choice.generated;
+        let logprobs = choice.logprobs.get(from..).unwrap_or_default();
+        let text = |at: usize, id: u32| token_text(self.tokenizer.as_deref(), generated, at, id);
+        let tokens = (from..).zip(logprobs).map(|(at, (lp, offset))| (at, generated[at], lp, *offset));
         match self.ask.endpoint {
             Endpoint::Chat => {
                 let entry = |at: usize, id: u32, logprob: f32| {
-                    let text = self.token_text(at, id);
+                    let text = text(at, id);
                     json!({"token": text, "logprob": logprob, "bytes": text.as_bytes()})
                 };
                 let content = tokens.map(|(at, id, lp, _)| {
@@ -278,9 +302,9 @@ impl Reply {
             Endpoint::Completion => {
                 let (mut texts, mut chosen, mut top, mut offsets) = (vec![], vec![], vec![], vec![]);
                 for (at, id, lp, offset) in tokens {
-                    texts.push(self.token_text(at, id));
+                    texts.push(text(at, id));
                     chosen.push(lp.logprob);
-                    let alternatives = lp.top.iter().map(|&(alt, logprob)| (self.token_text(at, alt), json!(logprob)));
+                    let alternatives = lp.top.iter().map(|&(alt, logprob)| (text(at, alt), json!(logprob)));
                     top.push(alternatives.collect::<serde_json::Map<_, _>>());
                     offsets.push(offset);
                 }
@@ -294,8 +318,9 @@ impl Reply {
             "id": self.id, "object": self.object(chunk), "created": self.created, "model": self.model,
             "choices": choices,
         });
-        if self.ask.return_token_ids && !chunk {
-            body["prompt_token_ids"] = json!(self.prompt_ids);
+        // vLLM's: a chat's prompt is the response's.
+        if self.ask.return_token_ids && !chunk && self.ask.endpoint == Endpoint::Chat {
+            body["prompt_token_ids"] = json!(self.prompts[0]);
         }
         // As OpenAI: with `include_usage`, every chunk has `usage`, null until the last.
         if self.ask.include_usage && chunk {
@@ -304,38 +329,52 @@ impl Reply {
         body
     }
 
-    /// The whole response of a request that did not stream.
-    pub fn response(&self, text: &str, finish_reason: &str) -> Value {
-        let mut body = self.envelope(vec![self.choice(text, &self.generated, Some(finish_reason), false)], false);
+    /// The whole response of a request that did not stream, once every choice has ended: each
+    /// choice's text is `texts[index]`.
+    pub fn response(&self, texts: &[String]) -> Value {
+        let choices = (self.choices.iter().zip(texts).enumerate())
+            .map(|(index, (c, text))| self.choice(index, text, &c.generated, c.finish_reason, false))
+            .collect();
+        let mut body = self.envelope(choices, false);
         body["usage"] = self.usage();
         body
     }
 
-    /// The first chunk of a chat stream: the assistant's role (and the prompt's ids when asked).
-    pub fn opening_chunk(&self) -> Option<Value> {
-        let mut chunk = match self.ask.endpoint {
-            Endpoint::Chat => {
-                let mut choice = json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
-                if self.ask.return_token_ids {
-                    choice["token_ids"] = json!([]);
+    /// The first chunks of a stream: for a chat, each choice's with the assistant's role (the
+    /// first with the prompt's ids, when asked for); for a completion asked for ids, each choice's
+    /// with its prompt's.
+    pub fn opening_chunks(&self) -> Vec<Value> {
+        let ids = self.ask.return_token_ids;
+        let opening = |index: usize, c: &Choice| {
+            let mut choice = json!({"index": index, "logprobs": null, "finish_reason": null});
+            match self.ask.endpoint {
+                Endpoint::Chat => choice["delta"] = json!({"role": "assistant", "content": ""}),
+                Endpoint::Completion => {
+                    choice["text"] = json!("");
+                    choice["prompt_token_ids"] = json!(self.prompts[c.prompt]);
                 }
-                self.envelope(vec![choice], true)
             }
-            Endpoint::Completion if self.ask.return_token_ids => self.envelope(vec![], true),
-            Endpoint::Completion => return None,
+            if ids {
+                choice["token_ids"] = json!([]);
+            }
+            self.envelope(vec![choice], true)
         };
-        if self.ask.return_token_ids {
-            chunk["prompt_token_ids"] = json!(self.prompt_ids);
+        let mut chunks: Vec<Value> = match self.ask.endpoint {
+            Endpoint::Completion if !ids => vec![],
+            _ => self.choices.iter().enumerate().map(|(index, c)| opening(index, c)).collect(),
+        };
+        if let Some(first) = chunks.first_mut().filter(|_| ids && self.ask.endpoint == Endpoint::Chat) {
+            first["prompt_token_ids"] = json!(self.prompts[0]);
         }
-        Some(chunk)
+        chunks
     }
 
-    pub fn delta_chunk(&self, text: &str, ids: &[u32]) -> Value {
-        self.envelope(vec![self.choice(text, ids, None, true)], true)
+    pub fn delta_chunk(&self, index: usize, text: &str, ids: &[u32]) -> Value {
+        self.envelope(vec![self.choice(index, text, ids, None, true)], true)
     }
 
-    pub fn closing_chunk(&self, finish_reason: &str) -> Value {
-        self.envelope(vec![self.choice("", &[], Some(finish_reason), true)], true)
+    pub fn closing_chunk(&self, index: usize, finish_reason: &str) -> Value {
+        self.envelope(vec![self.choice(index, "", &[], Some(finish_reason), true)], true)
     }
 
     /// The last chunk when `stream_options.include_usage` asks for it: no choices, the usage.
@@ -344,13 +383,51 @@ impl Reply {
         chunk["usage"] = self.usage();
         chunk
     }
+
+    /// The prompt tokens found cached: each prompt's first choice's.
+    fn cached_tokens(&self) -> usize {
+        let n = self.ask.n;
+        self.choices.iter().step_by(n).map(|c| c.cached_tokens).sum()
+    }
+
+    /// How the reply ended, for its log line and metrics: its failure, else its choices' finish
+    /// reasons (each once), else `client gone`.
+    fn outcome(&self) -> String {
+        if let Some(failed) = self.failed {
+            return failed.to_string();
+        }
+        let mut reasons: Vec<&str> = vec![];
+        for c in &self.choices {
+            match c.finish_reason {
+                Some(r) if !reasons.contains(&r) => reasons.push(r),
+                Some(_) => {}
+                None => return "client gone".to_string(),
+            }
+        }
+        reasons.join(",")
+    }
+}
+
+/// The text token `id` adds as the `at`-th of the `generated` tokens: what decoding it after the
+/// tokens before adds (a token alone decodes without the space that joins it to them).
+fn token_text(tokenizer: Option<&TextTokenizer>, generated: &[u32], at: usize, id: u32) -> String {
+    let Some(t) = tokenizer else { return format!("token_id:{id}") };
+    let before = &generated[at.saturating_sub(TEXT_CONTEXT)..at];
+    let (Ok(head), Ok(whole)) = (t.decode(before), t.decode(&[before, &[id]].concat())) else {
+        return String::new();
+    };
+    match whole.strip_prefix(&head) {
+        Some(text) if !text.is_empty() => text.to_string(),
+        // Special tokens decode to nothing: their vocabulary entry (`<turn|>`) instead.
+        _ => t.token(id).unwrap_or_default(),
+    }
 }
 
 impl Drop for Reply {
     fn drop(&mut self) {
-        let outcome = self.outcome.unwrap_or("client gone");
+        let outcome = self.outcome();
         // nginx's 499 for a client that closed the connection before the end.
-        let status = match outcome {
+        let status = match outcome.as_str() {
             "error" => "500",
             "cancelled" => "503",
             "client gone" => "499",
@@ -360,32 +437,40 @@ impl Drop for Reply {
         m.requests.with_label_values(&[self.ask.endpoint.name(), status]).inc();
         let total = self.arrived.elapsed().as_secs_f64();
         m.request_duration.observe(total);
-        let ttft = self.first_token.map(|t| (t - self.arrived).as_secs_f64());
+        let ttft = self.choices.iter().filter_map(|c| c.first_token).min().map(|t| (t - self.arrived).as_secs_f64());
         if let Some(ttft) = ttft {
             m.time_to_first_token.observe(ttft);
         }
-        let per_token = match (self.first_token, self.last_token) {
-            (Some(first), Some(last)) if self.generated.len() > 1 => {
-                Some((last - first).as_secs_f64() / (self.generated.len() - 1) as f64)
-            }
-            _ => None,
-        };
-        if let Some(t) = per_token {
+        // Each choice is a sequence of its own, decoded beside the others.
+        let per_token: Vec<f64> = (self.choices.iter())
+            .filter_map(|c| match (c.first_token, c.last_token) {
+                (Some(first), Some(last)) if c.generated.len() > 1 => {
+                    Some((last - first).as_secs_f64() / (c.generated.len() - 1) as f64)
+                }
+                _ => None,
+            })
+            .collect();
+        for &t in &per_token {
             m.time_per_output_token.observe(t);
         }
+        let mean_per_token = (!per_token.is_empty()).then(|| per_token.iter().sum::<f64>() / per_token.len() as f64);
         let ms = |s: Option<f64>| s.map_or("-".to_string(), |s| format!("{:.1} ms", s * 1e3));
+        let generated: usize = self.choices.iter().map(|c| c.generated.len()).sum();
+        let choices = match self.choices.len() {
+            1 => String::new(),
+            n => format!(" in {n} choices"),
+        };
+        let prompt: usize = self.prompts.iter().map(Vec::len).sum();
         eprintln!(
-            "g4c serve: {} {} {}: prompt {} tokens ({} cached), {} generated, ttft {}, {} per token, total {:.1} ms, {}",
+            "g4c serve: {} {} {}: prompt {} tokens ({} cached), {generated} generated{choices}, ttft {}, {} per token, total {:.1} ms, {outcome}",
             self.id,
             self.ask.endpoint.name(),
             status,
-            self.prompt_ids.len(),
-            self.cached_tokens,
-            self.generated.len(),
+            prompt,
+            self.cached_tokens(),
             ms(ttft),
-            ms(per_token),
+            ms(mean_per_token),
             total * 1e3,
-            outcome
         );
     }
 }

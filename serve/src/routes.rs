@@ -5,7 +5,7 @@ use crate::api::{Ask, Endpoint};
 use crate::error::ApiError;
 use crate::reply::{Part, Reply};
 use crate::tokenize::check_model;
-use crate::worker::{Job, Queue};
+use crate::worker::{ChoiceSink, Job, Queue};
 use crate::{metrics::Metrics, ModelInfo};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -131,18 +131,27 @@ async fn generate(app: Arc<App>, endpoint: Endpoint, body: Bytes) -> Response {
         Endpoint::Completion => "cmpl",
     };
     let id = format!("{prefix}-{:016x}", rand::random::<u64>());
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let (events, rx) = tokio::sync::mpsc::unbounded_channel();
     // Rendering and tokenizing a prompt of megabytes takes a while: off the async threads.
     let preparing = app.clone();
     let prepared = tokio::task::spawn_blocking(move || preparing.prepare(endpoint, &body))
         .await
         .unwrap_or_else(|e| Err(ApiError::server(format!("preparing the request failed: {e}"))));
-    let queued = prepared.and_then(|(ask, request)| {
-        let prompt_ids = request.prompt.clone();
-        app.queue.submit(Job { request, events: tx })?;
-        Ok((ask, prompt_ids))
+    let queued = prepared.and_then(|(ask, requests)| {
+        let prompts: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt.clone()).collect();
+        let mut choices = vec![];
+        let mut jobs = vec![];
+        for (index, (prompt, request)) in crate::prepare::choices(requests, ask.n).into_iter().enumerate() {
+            let ended = Arc::new(AtomicBool::new(false));
+            jobs.push(Job { request, sink: ChoiceSink { index, events: events.clone(), ended: ended.clone() } });
+            choices.push((prompt, ended));
+        }
+        // Only the jobs' senders are left: the channel closes when the engine has let go of all.
+        drop(events);
+        app.queue.submit(jobs)?;
+        Ok((ask, prompts, choices))
     });
-    let (ask, prompt_ids) = match queued {
+    let (ask, prompts, choices) = match queued {
         Ok(queued) => queued,
         Err(e) => {
             app.metrics.requests.with_label_values(&[endpoint.name(), e.status.as_str()]).inc();
@@ -151,7 +160,7 @@ async fn generate(app: Arc<App>, endpoint: Endpoint, body: Bytes) -> Response {
         }
     };
     let stream = ask.stream;
-    let reply = Reply::new(id, arrived, ask, prompt_ids, rx, &app);
+    let reply = Reply::new(id, arrived, ask, prompts, rx, choices, &app);
     if stream {
         streamed(reply).into_response()
     } else {
@@ -159,63 +168,67 @@ async fn generate(app: Arc<App>, endpoint: Endpoint, body: Bytes) -> Response {
     }
 }
 
-/// The response of a request that does not stream, once it has ended.
+/// The response of a request that does not stream, once every choice has ended.
 async fn whole(mut reply: Reply) -> Response {
-    let mut text = String::new();
+    let mut texts = vec![String::new(); reply.choice_count()];
     while let Some(part) = reply.next().await {
         match part {
-            Part::Delta { text: t, .. } => text += &t,
-            Part::Done { finish_reason } => return Json(reply.response(&text, finish_reason)).into_response(),
+            Part::Delta { index, text, .. } => texts[index] += &text,
+            Part::Done { .. } => {}
             Part::Failed(e) => return e.into_response(),
         }
     }
-    ApiError::server("the reply ended without a finish reason").into_response()
+    Json(reply.response(&texts)).into_response()
 }
 
 /// Where a stream is.
 enum Phase {
-    /// The opening chunk to send first.
-    Open(serde_json::Value),
+    /// The opening chunks still to send, first.
+    Open(std::vec::IntoIter<serde_json::Value>),
     Body,
-    Usage,
     DoneMarker,
     End,
 }
 
+type Step = Option<(Result<Event, Infallible>, (Reply, Phase))>;
+
+fn sse(value: serde_json::Value) -> Result<Event, Infallible> {
+    Ok(Event::default().data(value.to_string()))
+}
+
 /// Server-sent events in OpenAI's chunk format, ending with `[DONE]`. If the client goes away, the
-/// stream (and with it the reply and its receiver) is dropped, and the sequence leaves its row.
+/// stream (and with it the reply and its receiver) is dropped, and the sequences leave their rows.
 fn streamed(reply: Reply) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
-    let data = |value: serde_json::Value| Ok(Event::default().data(value.to_string()));
-    let start = reply.opening_chunk().map_or(Phase::Body, Phase::Open);
-    let events = futures_util::stream::unfold((reply, start), move |(mut reply, phase)| async move {
+    let start = Phase::Open(reply.opening_chunks().into_iter());
+    let events = futures_util::stream::unfold((reply, start), |(reply, phase)| async move {
         match phase {
-            Phase::Open(chunk) => Some((data(chunk), (reply, Phase::Body))),
-            Phase::Body => loop {
-                match reply.next().await {
-                    Some(Part::Delta { text, .. }) if text.is_empty() && !reply.ask.return_token_ids => continue,
-                    Some(Part::Delta { text, ids }) => {
-                        let chunk = reply.delta_chunk(&text, &ids);
-                        return Some((data(chunk), (reply, Phase::Body)));
-                    }
-                    Some(Part::Done { finish_reason }) => {
-                        let chunk = reply.closing_chunk(finish_reason);
-                        let next = if reply.ask.include_usage { Phase::Usage } else { Phase::DoneMarker };
-                        return Some((data(chunk), (reply, next)));
-                    }
-                    Some(Part::Failed(e)) => return Some((data(e.body()), (reply, Phase::DoneMarker))),
-                    None => return Some((Ok(Event::default().data("[DONE]")), (reply, Phase::End))),
-                }
+            Phase::Open(mut chunks) => match chunks.next() {
+                Some(chunk) => Some((sse(chunk), (reply, Phase::Open(chunks)))),
+                None => body(reply).await,
             },
-            Phase::Usage => {
-                let chunk = reply.usage_chunk();
-                Some((data(chunk), (reply, Phase::DoneMarker)))
-            }
+            Phase::Body => body(reply).await,
             Phase::DoneMarker => Some((Ok(Event::default().data("[DONE]")), (reply, Phase::End))),
             Phase::End => None,
         }
     });
     // Comment lines every 15 s keep proxies and clients from timing out a request waiting for a row.
     Sse::new(events).keep_alive(KeepAlive::default())
+}
+
+/// The next event of a stream's body: a choice's text or end, or the failure that ends them all;
+/// once every choice has ended, the usage (when asked for) and `[DONE]`.
+async fn body(mut reply: Reply) -> Step {
+    loop {
+        let chunk = match reply.next().await {
+            Some(Part::Delta { text, .. }) if text.is_empty() && !reply.ask.return_token_ids => continue,
+            Some(Part::Delta { index, text, ids }) => reply.delta_chunk(index, &text, &ids),
+            Some(Part::Done { index, finish_reason }) => reply.closing_chunk(index, finish_reason),
+            Some(Part::Failed(e)) => return Some((sse(e.body()), (reply, Phase::DoneMarker))),
+            None if reply.ask.include_usage => return Some((sse(reply.usage_chunk()), (reply, Phase::DoneMarker))),
+            None => return Some((Ok(Event::default().data("[DONE]")), (reply, Phase::End))),
+        };
+        return Some((sse(chunk), (reply, Phase::Body)));
+    }
 }
 
 impl App {
@@ -226,7 +239,7 @@ impl App {
     }
 
     /// `prepare`, unless the server is stopping.
-    fn prepare(&self, endpoint: Endpoint, body: &[u8]) -> Result<(Ask, SequenceRequest), ApiError> {
+    fn prepare(&self, endpoint: Endpoint, body: &[u8]) -> Result<(Ask, Vec<SequenceRequest>), ApiError> {
         if self.draining.load(Ordering::SeqCst) {
             return Err(ApiError::unavailable("the server is stopping"));
         }

@@ -11,29 +11,36 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendE
 use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedSender;
 
-/// A request waiting for a row, and where its events go.
+/// A sequence waiting for a row, and where its events go.
 pub struct Job {
     pub request: SequenceRequest,
-    pub events: UnboundedSender<SequenceEvent>,
+    pub sink: ChoiceSink,
 }
 
-/// A request's events go to its handler; once the handler has dropped its receiver (the client
-/// went away, or a stop string ended the text), the sequence leaves its row.
-struct ChannelSink(UnboundedSender<SequenceEvent>);
+/// Where one choice's events go: its request's handler, which reads every choice's events from one
+/// channel, each with its index. Once the handler has dropped its receiver (the client went away)
+/// or marked the choice ended (a stop string ended its text), the sequence leaves its row.
+pub struct ChoiceSink {
+    pub index: usize,
+    pub events: UnboundedSender<(usize, SequenceEvent)>,
+    pub ended: Arc<AtomicBool>,
+}
 
-impl SequenceSink for ChannelSink {
+impl SequenceSink for ChoiceSink {
     fn send(&mut self, event: SequenceEvent) -> bool {
-        self.0.send(event).is_ok()
+        self.events.send((self.index, event)).is_ok() && !self.is_gone()
     }
 
     fn is_gone(&self) -> bool {
-        self.0.is_closed()
+        self.events.is_closed() || self.ended.load(Ordering::SeqCst)
     }
 }
 
 /// The handlers' side of the queue.
 pub struct Queue {
     jobs: SyncSender<Job>,
+    /// How many jobs may wait (`--max-queue`).
+    capacity: usize,
     metrics: Arc<Metrics>,
     /// False once the engine's thread has stopped.
     alive: Arc<AtomicBool>,
@@ -56,23 +63,38 @@ impl Queue {
             run(engine, waiting, &stopped.metrics);
             drop(stopped);
         })?;
-        Ok((Queue { jobs, metrics, alive }, thread))
+        Ok((Queue { jobs, capacity, metrics, alive }, thread))
     }
 
     pub fn is_alive(&self) -> bool {
         self.alive.load(Ordering::SeqCst)
     }
 
-    /// Queues `job`, or says why not: `429` when the queue is full, `503` when the engine stopped.
-    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
-        self.metrics.queue_depth.inc();
-        let refused = match self.jobs.try_send(job) {
-            Ok(()) => return Ok(()),
-            Err(TrySendError::Full(_)) => ApiError::busy("the server's queue is full; retry later"),
-            Err(TrySendError::Disconnected(_)) => ApiError::unavailable("the engine has stopped; see the server's log"),
-        };
-        self.metrics.queue_depth.dec();
-        Err(refused)
+    /// Queues a request's `jobs` (one per choice), or says why not: `400` when there are more than
+    /// the queue holds, `429` when it is full, `503` when the engine stopped. Jobs queued before a
+    /// refusal are skipped once their handler, refused, has dropped its receiver.
+    pub fn submit(&self, jobs: Vec<Job>) -> Result<(), ApiError> {
+        if jobs.len() > self.capacity {
+            let message = format!(
+                "`n`: this request's {} sequences (`n` for each prompt) are more than this server's queue holds ({}, --max-queue)",
+                jobs.len(),
+                self.capacity
+            );
+            return Err(ApiError::param("n", message));
+        }
+        for job in jobs {
+            self.metrics.queue_depth.inc();
+            let refused = match self.jobs.try_send(job) {
+                Ok(()) => continue,
+                Err(TrySendError::Full(_)) => ApiError::busy("the server's queue is full; retry later"),
+                Err(TrySendError::Disconnected(_)) => {
+                    ApiError::unavailable("the engine has stopped; see the server's log")
+                }
+            };
+            self.metrics.queue_depth.dec();
+            return Err(refused);
+        }
+        Ok(())
     }
 }
 
@@ -94,9 +116,9 @@ impl Drop for Stopped {
 fn run(mut engine: BatchEngine, waiting: Receiver<Job>, metrics: &Metrics) {
     let take = |job: Job, engine: &mut BatchEngine| {
         metrics.queue_depth.dec();
-        if !job.events.is_closed() {
+        if !job.sink.is_gone() {
             // A refusal reaches the handler as `Failed`; there is nothing more to do with it here.
-            let _ = engine.admit(job.request, Box::new(ChannelSink(job.events)));
+            let _ = engine.admit(job.request, Box::new(job.sink));
         }
     };
     let mut open = true;

@@ -42,7 +42,7 @@ def completion(stream, **kw):
         r = client.completions.create(model=model, prompt=prompt, extra_body=extra, **kw)
         c = r.choices[0]
         return {"text": c.text, "finish": c.finish_reason, "usage": r.usage.model_dump(),
-                "ids": c.model_extra.get("token_ids"), "prompt_ids": r.model_extra.get("prompt_token_ids")}
+                "ids": c.model_extra.get("token_ids"), "prompt_ids": c.model_extra.get("prompt_token_ids")}
     chunks = list(client.completions.create(model=model, prompt=prompt, stream=True, extra_body=extra,
                                              stream_options={"include_usage": True}, **kw))
     text = "".join(c.choices[0].text for c in chunks if c.choices)
@@ -61,10 +61,10 @@ def basic():
     out["completion_stream"] = completion(True)
     out["completion_ids_prompt"] = completion(False, prompt=[2, 17, 301])
     try:
-        chat(False, n=2)
-        out["n2"] = "accepted"
+        chat(False, n=129)
+        out["n129"] = "accepted"
     except openai.BadRequestError as e:
-        out["n2"] = {"status": e.status_code, "error": e.body}
+        out["n129"] = {"status": e.status_code, "error": e.body}
     try:
         client.chat.completions.create(model="no-such-model", messages=messages)
         out["wrong_model"] = "accepted"
@@ -94,6 +94,57 @@ def concurrent():
     return {"together": together, "alone": alone}
 
 
+def choices_of(kind, stream, **kw):
+    """Every choice of one request (`n`, a completion's list of prompts), by index: text, finish
+    reason, token ids, its prompt's ids; and the usage."""
+    kw.setdefault("temperature", 0.9)
+    kw.setdefault("max_tokens", 8)
+    extra = {"return_token_ids": True, "top_k": 50}
+    create = client.chat.completions.create if kind == "chat" else client.completions.create
+    where = {"messages": messages} if kind == "chat" else {"prompt": kw.pop("prompt", "ba de fi")}
+    if stream:
+        where["stream_options"] = {"include_usage": True}
+    r = create(model=model, stream=stream, extra_body=extra, **where, **kw)
+    chunks = list(r) if stream else [r]
+    n = kw.get("n", 1) * (len(where["prompt"]) if isinstance(where.get("prompt"), list) else 1)
+    out = [{"text": "", "finish": None, "ids": [], "roles": 0, "prompt_ids": None} for _ in range(n)]
+    usage = None
+    for c in chunks:
+        usage = c.usage.model_dump() if c.usage else usage
+        for ch in c.choices:
+            o = out[ch.index]
+            if kind == "chat" and stream:
+                o["text"] += ch.delta.content or ""
+                o["roles"] += 1 if ch.delta.role else 0
+            elif kind == "chat":
+                o["text"] += ch.message.content
+            else:
+                o["text"] += ch.text
+            o["ids"] += ch.model_extra.get("token_ids") or []
+            o["prompt_ids"] = ch.model_extra.get("prompt_token_ids") or o["prompt_ids"]
+            o["finish"] = ch.finish_reason or o["finish"]
+    return {"choices": out, "usage": usage}
+
+
+def choices():
+    """`n` choices: sampled with `seed`, choice i is what `seed + i` samples alone (as vLLM)."""
+    out = {}
+    for kind in ["chat", "completion"]:
+        for stream in [False, True]:
+            name = f"{kind}{'_stream' if stream else ''}"
+            out[name] = choices_of(kind, stream, n=3, seed=7)
+            out[name + "_alone"] = [choices_of(kind, stream, seed=7 + i) for i in range(3)]
+    out["greedy"] = choices_of("chat", False, n=2, temperature=0)
+    out["stop"] = choices_of("completion", True, n=4, seed=3, stop=["n"], max_tokens=12)
+    # A list of prompts: each with its `n` choices, as if asked alone.
+    prompts = ["ba de fi", "ko lu", "ma"]
+    for stream in [False, True]:
+        name = f"prompts{'_stream' if stream else ''}"
+        out[name] = choices_of("completion", stream, n=2, seed=7, prompt=prompts)
+        out[name + "_alone"] = [choices_of("completion", stream, n=2, seed=7, prompt=p) for p in prompts]
+    return out
+
+
 def shared_prefix():
     """Two chats with one system prompt, one after the other: the second finds it cached."""
     system = {"role": "system", "content": "ba de fi ko lu"}
@@ -102,4 +153,5 @@ def shared_prefix():
     return {"first": first, "second": second}
 
 
-print(json.dumps({"basic": basic, "concurrent": concurrent, "shared_prefix": shared_prefix}[scenario]()))
+scenarios = {"basic": basic, "concurrent": concurrent, "shared_prefix": shared_prefix, "choices": choices}
+print(json.dumps(scenarios[scenario]()))
