@@ -192,7 +192,7 @@ fn unsupported_models_and_features() {
     let cases: Vec<(ConfigEdit, &str)> = vec![
         (Box::new(|v| v["model_type"] = "llama".into()), "model_type `llama`"),
         (Box::new(|v| v["text_config"]["enable_moe_block"] = true.into()), "mixture-of-experts"),
-        (Box::new(|v| v["text_config"]["attention_k_eq_v"] = true.into()), "attention_k_eq_v"),
+        (Box::new(|v| v["text_config"]["attention_bias"] = true.into()), "attention biases"),
         (Box::new(|v| v["text_config"]["hidden_activation"] = "silu".into()), "hidden_activation `silu`"),
         (
             Box::new(|v| v["text_config"]["rope_parameters"]["full_attention"]["rope_type"] = "yarn".into()),

@@ -38,11 +38,21 @@ fn gqa_published_bf16_checkpoint() {
     check_model("gqa", "published");
 }
 
+/// The larger Gemma 4 models' attention (`attention_k_eq_v`): full-attention layers whose values
+/// are their keys' projection, with their own KV head count, in a model without PLE or KV sharing;
+/// from transformers' `per_layer_config` and from the published `num_global_key_value_heads`.
+#[test]
+fn keys_as_values_checkpoints() {
+    for layout in ["hf", "published"] {
+        check_model("keqv", layout);
+    }
+}
+
 /// Right-padding the prompt to a bucket larger than the window must change nothing: padded tokens
 /// carry position -1, write no cache slot and are never attended to (the "bug A/B" family).
 #[test]
 fn bucket_padding_beyond_the_window_changes_nothing() {
-    for model in ["tiny", "gqa"] {
+    for model in ["tiny", "gqa", "keqv"] {
         for case in golden_cases(model) {
             let bucket = 16.max(case.prompt_ids.len());
             let got = interp_generate(
@@ -134,7 +144,7 @@ fn sharded_f16_checkpoint() {
 /// prompts right-padded to a bucket larger than the window.
 #[test]
 fn pjrt_cpu_matches_goldens() {
-    for model in ["tiny", "gqa"] {
+    for model in ["tiny", "gqa", "keqv"] {
         for layout in ["hf", "published"] {
             check_model_on(Backend::Pjrt, model, layout);
         }

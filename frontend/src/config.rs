@@ -45,6 +45,9 @@ pub struct LayerSpec {
     pub num_kv_heads: usize,
     /// The layer whose keys/values this layer attends over (itself unless KV-shared).
     pub kv_source: usize,
+    /// Its values are its keys' projection (`attention_k_eq_v`, full-attention layers of the
+    /// larger Gemma 4 models): no `v_proj`, the key projection before `k_norm` and RoPE.
+    pub values_are_keys: bool,
     pub intermediate_size: usize,
 }
 
@@ -162,7 +165,6 @@ impl Gemma4Config {
 fn parse_text_config(r: &Reader) -> Result<Gemma4Config> {
     for (flag, what) in [
         ("enable_moe_block", "mixture-of-experts blocks (enable_moe_block)"),
-        ("attention_k_eq_v", "shared key/value projections (attention_k_eq_v)"),
         ("attention_bias", "attention biases (attention_bias)"),
     ] {
         if r.bool(flag, false)? {
@@ -232,7 +234,11 @@ fn parse_text_config(r: &Reader) -> Result<Gemma4Config> {
     // transformers forces the last layer to full attention.
     *kinds.last_mut().unwrap() = AttentionKind::Full;
 
-    // Per-layer head geometry: `per_layer_config` (what transformers 5.x saves) or `global_head_dim`.
+    // Full-attention layers' values are their keys (transformers' "alternative attention").
+    let values_are_keys = r.bool("attention_k_eq_v", false)?;
+
+    // Per-layer head geometry: `per_layer_config` (what transformers 5.x saves) or `global_head_dim`
+    // (and, where values are keys, `num_global_key_value_heads`), as transformers 5.23 derives it.
     let head_dims: Vec<usize>;
     let mut kv_heads = vec![num_kv_heads; num_layers];
     match r.get("per_layer_config") {
@@ -261,6 +267,14 @@ fn parse_text_config(r: &Reader) -> Result<Gemma4Config> {
             let global_head_dim = r.positive("global_head_dim", Some(512))?;
             head_dims =
                 kinds.iter().map(|k| if *k == AttentionKind::Full { global_head_dim } else { head_dim }).collect();
+            if values_are_keys && r.get("num_global_key_value_heads").is_some() {
+                let global = r.positive("num_global_key_value_heads", None)?;
+                for (heads, kind) in kv_heads.iter_mut().zip(&kinds) {
+                    if *kind == AttentionKind::Full {
+                        *heads = global;
+                    }
+                }
+            }
         }
     }
     for (l, &kv) in kv_heads.iter().enumerate() {
@@ -309,6 +323,7 @@ fn parse_text_config(r: &Reader) -> Result<Gemma4Config> {
             head_dim: head_dims[l],
             num_kv_heads: kv_heads[l],
             kv_source: kv_source[l],
+            values_are_keys: values_are_keys && kinds[l] == AttentionKind::Full,
             intermediate_size: if double_wide && l >= first_shared { 2 * intermediate } else { intermediate },
         })
         .collect();

@@ -74,7 +74,9 @@ pub fn expected_tensors(cfg: &Gemma4Config) -> Vec<ExpectedTensor> {
         add(y("self_attn.o_proj"), vec![d, q_width], Kind::Linear);
         if layer.owns_kv(i) {
             add(y("self_attn.k_proj"), vec![kv_width, d], Kind::Linear);
-            add(y("self_attn.v_proj"), vec![kv_width, d], Kind::Linear);
+            if !layer.values_are_keys {
+                add(y("self_attn.v_proj"), vec![kv_width, d], Kind::Linear);
+            }
             add(y("self_attn.k_norm"), vec![hd], Kind::Weight);
         }
         add(y("mlp.gate_proj"), vec![layer.intermediate_size, d], Kind::Linear);

@@ -108,6 +108,23 @@ MODELS = {
         },
         new_tokens=16,
     ),
+    # The larger Gemma 4 models' attention: full-attention layers whose values are their keys
+    # (`attention_k_eq_v`: no v_proj) with their own KV head count (`num_global_key_value_heads`),
+    # GQA 4:2 on sliding layers, no PLE and no KV sharing; period-3 pattern, window 4.
+    "keqv": dict(
+        config=dict(
+            TINY, use_double_wide_mlp=False, num_hidden_layers=6, layer_types=[S, S, F] * 2,
+            num_key_value_heads=2, num_global_key_value_heads=1, attention_k_eq_v=True,
+            num_kv_shared_layers=0, hidden_size_per_layer_input=0,
+        ),
+        seed=5,
+        prompts={
+            "single": [2],
+            "short": [2, 33, 400, 7],
+            "long": [2, 33, 400, 7, 91, 256, 18, 300, 5, 64, 127, 480],
+        },
+        new_tokens=16,
+    ),
 }
 
 
@@ -167,7 +184,7 @@ def narrow_dtype_error(model, dtype, prompt, tokens, rows):
 def write_published(model, cfg, out):
     """The same weights in the layout of the published multimodal release."""
     out.mkdir(parents=True, exist_ok=True)
-    text = dict(cfg, model_type="gemma4_text", num_global_key_value_heads=None, dtype="bfloat16")
+    text = dict({"num_global_key_value_heads": None}, **cfg, model_type="gemma4_text", dtype="bfloat16")
     config = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4",
               "text_config": text, "tie_word_embeddings": True, "dtype": "bfloat16"}
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -27,13 +27,16 @@ pub fn decoder_layer(g: &mut Graph, cfg: &Gemma4Config, l: usize, h: ValueId, cx
     let q = apply_rope(g, q, rope);
     let q = g.b.name(q, &format!("l{l}.q"));
     if spec.owns_kv(l) {
-        let k = g.linear(x, &y("self_attn.k_proj"));
-        let k = g.b.name(k, &at("k.proj"));
-        let k = g.b.reshape(k, &[b, t, hkv, hd]);
+        let k_proj = g.linear(x, &y("self_attn.k_proj"));
+        let k_proj = g.b.name(k_proj, &at("k.proj"));
+        let k = g.b.reshape(k_proj, &[b, t, hkv, hd]);
         let k = g.rms_norm(k, Some(&y("self_attn.k_norm")), eps);
         let k = apply_rope(g, k, rope);
         let k = g.b.name(k, &at("k"));
-        let v = g.linear(x, &y("self_attn.v_proj"));
+        let v = match spec.values_are_keys {
+            true => k_proj,
+            false => g.linear(x, &y("self_attn.v_proj")),
+        };
         let v = g.b.name(v, &at("v.proj"));
         let v = g.b.reshape(v, &[b, t, hkv, hd]);
         let v = g.rms_norm(v, None, eps);
