@@ -134,6 +134,16 @@ fn damaged_artifacts_are_refused_or_repaired() {
     std::fs::write(&manifest_path, edited.to_string()).unwrap();
     assert_one_line_error(&run(), &["manifest.json records", "context", "damaged"]);
     assert_one_line_error(&g4c_with_cache(&cache, &["inspect", a, "--verify"]), &["manifest.json records"]);
+    // Any other edit of the manifest (a target, an entry's input types) changes its digest.
+    for edit in [(|m: &mut serde_json::Value| m["target"]["name"] = "h200".into()) as fn(&mut serde_json::Value), |m| {
+        m["entries"][0]["inputs"][0] = "ids: i32[1,9]".into()
+    }] {
+        let mut edited: serde_json::Value = serde_json::from_str(&manifest).unwrap();
+        edit(&mut edited);
+        std::fs::write(&manifest_path, edited.to_string()).unwrap();
+        assert_one_line_error(&run(), &["manifest.json does not match its digest"]);
+        assert_one_line_error(&g4c_with_cache(&cache, &["inspect", a, "--verify"]), &["does not match its digest"]);
+    }
     std::fs::write(&manifest_path, &manifest).unwrap();
     let config_path = artifact.join("config.json");
     let config = std::fs::read_to_string(&config_path).unwrap();

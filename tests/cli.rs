@@ -117,6 +117,11 @@ fn bad_invocations_get_one_line_errors() {
         (vec!["run", tiny, "--prompt-ids", "2", "--plugin", "/nonexistent/plugin.so"], vec!["/nonexistent/plugin.so"]),
         (vec!["run", tiny, "--prompt-ids", "2", "--plugin", "/etc/hostname"], vec!["/etc/hostname", "cannot load"]),
         (
+            vec!["run", tiny, "--prompt-ids", "2", "--backend", "interp", "--plugin", "/etc/hostname"],
+            vec!["--plugin", "the backend is interp"],
+        ),
+        (vec!["run", tiny, "--prompt-ids", "2", "--stop-ids", ""], vec!["--stop-ids", "no token ids"]),
+        (
             vec!["run", tiny, "--prompt-ids", "2", "--prefill-buckets", "256,128"],
             vec!["--prefill-buckets", "increasing"],
         ),

@@ -187,6 +187,17 @@ fn invalid_json_config() {
     assert!(msg.contains("config.json: invalid JSON"), "{msg}");
 }
 
+/// `model.safetensors` as a link to nothing is that, not "no model.safetensors".
+#[test]
+fn a_weights_link_to_nothing_is_named() {
+    let dir = published_copy("tiny");
+    let weights = dir.path().join("model.safetensors");
+    std::fs::remove_file(&weights).unwrap();
+    std::os::unix::fs::symlink(dir.path().join("gone.safetensors"), &weights).unwrap();
+    let msg = open_error(dir.path());
+    assert!(msg.contains("model.safetensors: a symbolic link to nothing"), "{msg}");
+}
+
 #[test]
 fn unsupported_models_and_features() {
     let cases: Vec<(ConfigEdit, &str)> = vec![

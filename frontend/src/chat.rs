@@ -52,13 +52,18 @@ impl ChatTemplate {
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
         };
-        template.render(ctx).map_err(|e| FrontendError::Invalid {
+        let text = template.render(ctx).map_err(|e| FrontendError::Invalid {
             message: format!(
                 "the chat template ({}) cannot render these messages: {}",
                 self.path.display(),
                 detail(&e)
             ),
-        })
+        })?;
+        if text.trim().is_empty() {
+            let message = format!("the chat template ({}) renders these messages as empty text", self.path.display());
+            return Err(FrontendError::Invalid { message });
+        }
+        Ok(text)
     }
 }
 
@@ -178,6 +183,14 @@ mod tests {
         assert_eq!(template.render(&[message("user", " ba ")]).unwrap(), "<bos>ba");
         let err = template.render(&[message("system", "ba")]).unwrap_err().to_string();
         assert!(err.contains("roles must start with user") && err.contains("tokenizer_config.json"), "{err}");
+    }
+
+    #[test]
+    fn a_template_that_renders_nothing_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, template) = tiny(dir.path(), &[("chat_template.jinja", "{% if false %}x{% endif %}\n")]);
+        let err = template.unwrap().render(&[message("user", "ba")]).unwrap_err().to_string();
+        assert!(err.contains("chat_template.jinja") && err.contains("renders these messages as empty text"), "{err}");
     }
 
     #[test]

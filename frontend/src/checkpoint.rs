@@ -55,6 +55,12 @@ impl Checkpoint {
             return Ok(ckpt);
         } else if single.exists() {
             vec!["model.safetensors".into()]
+        } else if let Some(link) = [&index, &single].into_iter().find(|p| p.is_symlink()) {
+            // `exists` follows the link: a link to nothing (or a loop of links) is not "no file".
+            return Err(FrontendError::Io {
+                path: link.to_path_buf(),
+                message: "a symbolic link to nothing (its target is missing, or it loops)".into(),
+            });
         } else {
             return Err(FrontendError::Io {
                 path: dir.to_path_buf(),

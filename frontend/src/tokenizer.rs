@@ -6,6 +6,8 @@ use std::path::Path;
 
 pub struct TextTokenizer {
     inner: tokenizers::Tokenizer,
+    /// Where it was read from, for errors that come of its content.
+    path: std::path::PathBuf,
     bos: Option<u32>,
     eos: Option<u32>,
 }
@@ -23,7 +25,7 @@ impl TextTokenizer {
         };
         g4c_util::files::regular(&path).map_err(|e| cannot(e.to_string()))?;
         let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| cannot(e.to_string()))?;
-        Ok(Some(TextTokenizer { inner, bos, eos }))
+        Ok(Some(TextTokenizer { inner, path, bos, eos }))
     }
 
     /// Token ids of `text`, with BOS first: Gemma's tokenizer does not add it, and without it the model
@@ -44,7 +46,8 @@ impl TextTokenizer {
         if text.trim().is_empty() {
             return Err(invalid("the prompt text is empty".into()));
         }
-        let enc = self.inner.encode(text, false).map_err(|e| invalid(format!("cannot tokenize the prompt: {e}")))?;
+        let enc = (self.inner.encode(text, false))
+            .map_err(|e| invalid(format!("cannot tokenize the prompt with {}: {e}", self.path.display())))?;
         if let Some((unk, unk_id)) = ["<unk>", "[UNK]"].iter().find_map(|&u| Some((u, self.inner.token_to_id(u)?))) {
             for (&id, &(start, end)) in enc.get_ids().iter().zip(enc.get_offsets()) {
                 let piece = text.get(start..end).unwrap_or("");
@@ -212,7 +215,7 @@ mod tests {
 
     fn synthetic(json: serde_json::Value) -> TextTokenizer {
         let inner = tokenizers::Tokenizer::from_bytes(json.to_string().as_bytes()).unwrap();
-        TextTokenizer { inner, bos: Some(2), eos: Some(1) }
+        TextTokenizer { inner, path: "tokenizer.json".into(), bos: Some(2), eos: Some(1) }
     }
 
     /// Bytes that are no UTF-8 (random weights pick them) come out as U+FFFD, as decoding gives them,
@@ -269,7 +272,7 @@ mod tests {
     fn streamed_text_is_the_decoded_text() {
         let json = crate::synth::tokenizer_json(64).to_string();
         let inner = tokenizers::Tokenizer::from_bytes(json.as_bytes()).unwrap();
-        let tokenizer = TextTokenizer { inner, bos: Some(2), eos: Some(1) };
+        let tokenizer = TextTokenizer { inner, path: "tokenizer.json".into(), bos: Some(2), eos: Some(1) };
         let ids: Vec<u32> = vec![2, 10, 11, 1, 12, 40, 41, 42, 0, 13];
         let mut stream = tokenizer.stream();
         let streamed: String = ids.iter().filter_map(|&id| stream.push(id).unwrap()).collect();

@@ -11,10 +11,10 @@ use std::path::PathBuf;
 pub struct BenchArgs {
     /// Checkpoint directory or artifact
     pub model: PathBuf,
-    /// Prompt lengths to measure, comma-separated (checkpoints compile one prefill of each length;
-    /// an artifact uses its own prefill lengths)
-    #[arg(long, default_value = "128", value_name = "LIST")]
-    pub prompt_len: String,
+    /// Prompt lengths to measure, comma-separated (default 128; checkpoints compile one prefill of
+    /// each length, an artifact uses its own prefill lengths)
+    #[arg(long, value_name = "LIST")]
+    pub prompt_len: Option<String>,
     /// Tokens generated per run (the first comes from prefill, the rest from decode steps)
     #[arg(long, default_value_t = 32, value_parser = super::sizes::positions)]
     pub gen: usize,
@@ -130,13 +130,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let session = Session::open(&args.model, options)?;
     let source = &session.source;
     let lengths: Vec<usize> = args
-        .prompt_len
+        .prompt_lens()
         .split(',')
         .map(super::sizes::positions)
         .collect::<Result<_, _>>()
-        .map_err(|e| anyhow::anyhow!("--prompt-len `{}`: {e}", args.prompt_len))?;
+        .map_err(|e| anyhow::anyhow!("--prompt-len `{}`: {e}", args.prompt_lens()))?;
     if let Some(twice) = lengths.iter().enumerate().find_map(|(i, l)| lengths[..i].contains(l).then_some(l)) {
-        bail!("--prompt-len `{}`: {twice} is given twice; each length is measured once", args.prompt_len);
+        bail!("--prompt-len `{}`: {twice} is given twice; each length is measured once", args.prompt_lens());
     }
     let fixed = source.fixed_shapes();
     if let Some(s) = &fixed {
@@ -156,7 +156,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     for &prompt_len in &lengths {
         // Both are at most MAX_CONTEXT (sizes::positions), so the sum cannot overflow.
         if prompt_len + args.gen > context {
-            bail!("--prompt-len {prompt_len} plus --gen {} exceeds the context of {context}", args.gen);
+            let given = if args.prompt_len.is_some() { "" } else { " (the default; give a shorter one)" };
+            bail!("--prompt-len {prompt_len}{given} plus --gen {} exceeds the context of {context}", args.gen);
         }
         let prefill_len = fixed.as_ref().map_or(prompt_len, |s| s.longest_prefill());
         let module = session.module(&Shapes { batch: args.batch, prefill_len, context })?;
@@ -368,6 +369,13 @@ impl Report<'_> {
     }
 }
 
+impl BenchArgs {
+    /// `--prompt-len`, or its default.
+    fn prompt_lens(&self) -> &str {
+        self.prompt_len.as_deref().unwrap_or("128")
+    }
+}
+
 /// `--project`: per CUDA target, the plan's bytes per decode step and the tok/s its bandwidth allows.
 fn project(args: &BenchArgs) -> Result<()> {
     let targets: Vec<String> = match (&args.target, g4c_runtime::artifact::is_artifact(&args.model)) {
@@ -376,7 +384,7 @@ fn project(args: &BenchArgs) -> Result<()> {
         (None, false) => vec!["t4g".into(), "h200".into()],
     };
     let prefill_len =
-        args.prompt_len.split(',').next().map(super::sizes::positions).transpose().map_err(anyhow::Error::msg)?;
+        args.prompt_lens().split(',').next().map(super::sizes::positions).transpose().map_err(anyhow::Error::msg)?;
     let mut rows = Vec::new();
     for name in &targets {
         let source = ModelSource::open(&args.model, Some(name), args.pipeline.options()?)?;

@@ -48,10 +48,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
     let ids: Vec<u32> = match (&args.ids, &args.text) {
         (Some(path), _) => {
             let text = g4c_util::files::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            // Commas or whitespace between the ids, any number of them.
-            let list = text.split(|c: char| c == ',' || c.is_whitespace()).filter(|s| !s.is_empty());
-            let list = list.collect::<Vec<_>>().join(",");
-            let ids: Vec<u32> = super::parse_list(&list, "--ids", "a token id")?;
+            let ids = ids_in_file(&text).with_context(|| format!("--ids {}", path.display()))?;
             let vocab = session.source.config.vocab_size;
             if let Some((i, id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab) {
                 bail!("--ids {}: token {i} is {id}, outside the vocabulary (0..{vocab})", path.display());
@@ -148,4 +145,23 @@ fn read_reference(path: &Path, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
         bail!("{}: `logits` [{row}, {column}] is {}, expected a finite number", path.display(), values[i]);
     }
     Ok(values.chunks(vocab.max(1)).map(|r| r.to_vec()).collect())
+}
+
+/// The token ids of an `--ids` file: whitespace, a comma or both between two ids; an empty entry
+/// (two commas with nothing between, a comma at the end) is an error, as in `--prompt-ids`.
+fn ids_in_file(text: &str) -> Result<Vec<u32>> {
+    let mut ids = vec![];
+    for entry in text.split(',') {
+        let words: Vec<&str> = entry.split_whitespace().collect();
+        if words.is_empty() && !text.trim().is_empty() {
+            bail!("an empty entry after {} ids (two commas with no id between, or a comma at the end)", ids.len());
+        }
+        for word in words {
+            ids.push(
+                word.parse::<u32>()
+                    .with_context(|| format!("`{word}` is not a token id (expected a non-negative integer)"))?,
+            );
+        }
+    }
+    Ok(ids)
 }

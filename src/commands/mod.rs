@@ -60,6 +60,12 @@ impl ExecutionArgs {
     /// The session's options for running `model` (a checkpoint or an artifact).
     pub fn session_options(&self, model: &std::path::Path) -> anyhow::Result<g4c_driver::SessionOptions> {
         let backend = backend_for(self.backend, model)?;
+        if self.plugin.is_some() && backend != g4c_driver::BackendKind::Pjrt {
+            anyhow::bail!(
+                "--plugin: a PJRT plugin, but the backend is {} (PJRT plugins run `--backend pjrt`)",
+                backend.name()
+            );
+        }
         note_cpu_emulation(backend, self.target.as_deref(), self.plugin.is_some());
         Ok(g4c_driver::SessionOptions {
             backend,

@@ -214,6 +214,9 @@ fn utf8_text(text: std::ffi::OsString) -> Result<String, String> {
 /// `--stop-ids`: token ids of the model's vocabulary (`vocab` of them).
 fn stop_ids(list: &str, vocab: usize) -> Result<Vec<u32>> {
     let ids = super::parse_list(list, "--stop-ids", "a token id")?;
+    if ids.is_empty() {
+        bail!("--stop-ids: no token ids given (expected ids separated by commas)");
+    }
     if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
         bail!("--stop-ids: token id {bad} is outside the vocabulary (0..{vocab})");
     }

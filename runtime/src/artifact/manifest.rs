@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// Bumped whenever the layout of an artifact directory changes incompatibly.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Manifest {
@@ -30,9 +30,19 @@ pub struct Manifest {
     /// CUDA targets: the kernels' files, NVRTC version and PTX ISA.
     #[serde(default)]
     pub cuda: Option<super::CudaInfo>,
+    /// blake3 of the manifest as g4c wrote it, with this field empty (`content_digest`): an edit of
+    /// the manifest itself (a target's name, an entry's types) shows as the files' hashes show theirs.
+    pub digest: String,
 }
 
 impl Manifest {
+    /// What `digest` must be: the hash of the manifest serialized with `digest` empty.
+    pub fn content_digest(&self) -> String {
+        let unsealed = Manifest { digest: String::new(), ..self.clone() };
+        let bytes = serde_json::to_vec(&unsealed).expect("manifests serialize");
+        blake3::hash(&bytes).to_hex().to_string()
+    }
+
     pub fn target_name(&self) -> &str {
         self.target["name"].as_str().unwrap_or("?")
     }

@@ -67,6 +67,18 @@ fn check_config(dir: &Path, manifest: &Manifest) -> Result<()> {
     Ok(())
 }
 
+/// The manifest must be as g4c wrote it: any other edit of it (those the checks above do not
+/// catch by what they compare) changes its digest.
+fn check_digest(dir: &Path, manifest: &Manifest) -> Result<()> {
+    if manifest.digest != manifest.content_digest() {
+        return Err(bad(
+            dir,
+            format!("{} does not match its digest (edited or damaged); compile it again", files::MANIFEST),
+        ));
+    }
+    Ok(())
+}
+
 impl Artifact {
     pub fn open(dir: &Path) -> Result<Artifact> {
         let manifest = Artifact::read_manifest(dir)?;
@@ -77,6 +89,7 @@ impl Artifact {
         g4c_ir::verify_module(&module).map_err(|e| bad(dir, format!("{}: {e}", files::MODULE)))?;
         check_shapes(dir, &manifest, &module)?;
         check_config(dir, &manifest)?;
+        check_digest(dir, &manifest)?;
         let weights_path = dir.join(&manifest.model.weights.file);
         let found = match std::fs::metadata(&weights_path) {
             Ok(m) if m.is_file() => m.len(),

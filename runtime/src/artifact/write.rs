@@ -132,7 +132,7 @@ impl ArtifactDraft {
             Some(kernels) => Some(super::cuda::write(&root, kernels)?),
             None => None,
         };
-        let manifest = Manifest {
+        let mut manifest = Manifest {
             format_version: FORMAT_VERSION,
             g4c_version: crate::cache::G4C_VERSION.into(),
             created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
@@ -146,7 +146,9 @@ impl ArtifactDraft {
             executables_environment: src.executables_environment.clone(),
             report: src.report.clone(),
             cuda,
+            digest: String::new(),
         };
+        manifest.digest = manifest.content_digest();
         let text = serde_json::to_string_pretty(&manifest).expect("manifests serialize") + "\n";
         write_file(&root.join(files::MANIFEST), text.as_bytes())?;
         dir.commit().map_err(io(&out))?;
