@@ -202,7 +202,6 @@ fn a_weights_link_to_nothing_is_named() {
 fn unsupported_models_and_features() {
     let cases: Vec<(ConfigEdit, &str)> = vec![
         (Box::new(|v| v["model_type"] = "llama".into()), "model_type `llama`"),
-        (Box::new(|v| v["text_config"]["enable_moe_block"] = true.into()), "mixture-of-experts"),
         (Box::new(|v| v["text_config"]["attention_bias"] = true.into()), "attention biases"),
         (Box::new(|v| v["text_config"]["hidden_activation"] = "silu".into()), "hidden_activation `silu`"),
         (
@@ -242,6 +241,17 @@ fn bad_config_fields_name_field_expected_and_found() {
         (Box::new(|v| v["text_config"]["layer_types"][1] = "local".into()), "field `text_config.layer_types[1]`"),
         (Box::new(|v| v["text_config"]["num_key_value_heads"] = 3.into()), "a divisor of num_attention_heads"),
         (Box::new(|v| v["text_config"]["num_kv_shared_layers"] = 10.into()), "fewer than num_hidden_layers"),
+        (
+            Box::new(|v| v["text_config"]["enable_moe_block"] = true.into()),
+            "field `text_config.num_experts`: expected a non-negative integer, found nothing",
+        ),
+        (
+            Box::new(|v| {
+                let t = &mut v["text_config"];
+                (t["enable_moe_block"], t["num_experts"], t["top_k_experts"]) = (true.into(), 4.into(), 5.into());
+            }),
+            "field `text_config.top_k_experts`: expected at most num_experts (4), found 5",
+        ),
         (
             Box::new(|v| {
                 v.as_object_mut().unwrap().remove("text_config");

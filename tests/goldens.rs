@@ -48,6 +48,14 @@ fn keys_as_values_checkpoints() {
     }
 }
 
+/// 26B-A4B's layer: a mixture of experts (a router picking 2 of 4 per token) beside the MLP.
+#[test]
+fn mixture_of_experts_checkpoints() {
+    for layout in ["hf", "published"] {
+        check_model("moe", layout);
+    }
+}
+
 /// Right-padding the prompt to a bucket larger than the window must change nothing: padded tokens
 /// carry position -1, write no cache slot and are never attended to (the "bug A/B" family).
 #[test]
@@ -144,7 +152,7 @@ fn sharded_f16_checkpoint() {
 /// prompts right-padded to a bucket larger than the window.
 #[test]
 fn pjrt_cpu_matches_goldens() {
-    for model in ["tiny", "gqa", "keqv"] {
+    for model in ["tiny", "gqa", "keqv", "moe"] {
         for layout in ["hf", "published"] {
             check_model_on(Backend::Pjrt, model, layout);
         }

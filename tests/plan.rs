@@ -19,7 +19,7 @@ fn w4a16(group: usize) -> PipelineOptions {
 /// long caches, their decode attention split.
 #[test]
 fn plans_on_the_cpu_match_the_goldens() {
-    for model in ["tiny", "gqa", "keqv", "tiny-qat", "gqa-qat"] {
+    for model in ["tiny", "gqa", "keqv", "moe", "tiny-qat", "gqa-qat"] {
         for layout in ["hf", "published"] {
             for case in golden_cases(model) {
                 let dir = golden_dir(model).join(layout);

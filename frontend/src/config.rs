@@ -57,6 +57,16 @@ impl LayerSpec {
     }
 }
 
+/// A mixture of experts beside each layer's MLP (`enable_moe_block`, 26B-A4B): a router picks
+/// `top_k` of `num_experts` feed-forward experts per token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeSpec {
+    pub num_experts: usize,
+    pub top_k: usize,
+    /// Each expert's intermediate width.
+    pub intermediate_size: usize,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Gemma4Config {
     pub vocab_size: usize,
@@ -73,6 +83,8 @@ pub struct Gemma4Config {
     pub rope_sliding: Rope,
     pub rope_full: Rope,
     pub layers: Vec<LayerSpec>,
+    /// Every layer's mixture of experts, if the model has them.
+    pub moe: Option<MoeSpec>,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
     pub pad_token_id: Option<u32>,
@@ -163,10 +175,7 @@ impl Gemma4Config {
 }
 
 fn parse_text_config(r: &Reader) -> Result<Gemma4Config> {
-    for (flag, what) in [
-        ("enable_moe_block", "mixture-of-experts blocks (enable_moe_block)"),
-        ("attention_bias", "attention biases (attention_bias)"),
-    ] {
+    for (flag, what) in [("attention_bias", "attention biases (attention_bias)")] {
         if r.bool(flag, false)? {
             return Err(r.unsupported(format!("{what} is not supported yet")));
         }
@@ -365,6 +374,17 @@ fn parse_text_config(r: &Reader) -> Result<Gemma4Config> {
         _ => r.usize("hidden_size_per_layer_input", Some(256))?,
     };
     let per_layer_vocab_size = r.positive("vocab_size_per_layer_input", Some(262_144))?;
+    let moe = match r.bool("enable_moe_block", false)? {
+        false => None,
+        true => {
+            let num_experts = r.positive("num_experts", None)?;
+            let top_k = r.positive("top_k_experts", None)?;
+            if top_k > num_experts {
+                return Err(r.bad("top_k_experts", format!("at most num_experts ({num_experts})"), top_k.to_string()));
+            }
+            Some(MoeSpec { num_experts, top_k, intermediate_size: r.positive("moe_intermediate_size", None)? })
+        }
+    };
 
     let bos_token_id = r.optional_token_id("bos_token_id", Some(2))?;
     let eos_token_ids = r.token_ids("eos_token_id").map(|v| if v.is_empty() { vec![1] } else { v })?;
@@ -386,6 +406,7 @@ fn parse_text_config(r: &Reader) -> Result<Gemma4Config> {
         rope_sliding,
         rope_full,
         layers,
+        moe,
         bos_token_id,
         eos_token_ids,
         pad_token_id,

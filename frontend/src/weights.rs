@@ -79,6 +79,18 @@ pub fn expected_tensors(cfg: &Gemma4Config) -> Vec<ExpectedTensor> {
             }
             add(y("self_attn.k_norm"), vec![hd], Kind::Weight);
         }
+        if let Some(moe) = &cfg.moe {
+            let (e, i) = (moe.num_experts, moe.intermediate_size);
+            add(y("router.proj"), vec![e, d], Kind::Linear);
+            add(y("router.scale"), vec![d], Kind::Bare);
+            add(y("router.per_expert_scale"), vec![e], Kind::Bare);
+            add(y("experts.gate_up_proj"), vec![e, 2 * i, d], Kind::Bare);
+            add(y("experts.down_proj"), vec![e, d, i], Kind::Bare);
+            for norm in ["pre_feedforward_layernorm_2", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2"]
+            {
+                add(y(norm), vec![d], Kind::Weight);
+            }
+        }
         add(y("mlp.gate_proj"), vec![layer.intermediate_size, d], Kind::Linear);
         add(y("mlp.up_proj"), vec![layer.intermediate_size, d], Kind::Linear);
         add(y("mlp.down_proj"), vec![d, layer.intermediate_size], Kind::Linear);

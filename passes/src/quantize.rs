@@ -5,7 +5,8 @@
 //! `QuantizedScales`: round to nearest, symmetric, as compressed-tensors quantizes, see
 //! `g4c_runtime::quantize`), and its read becomes an f32 `dequantize` of those (converts of it to
 //! f32 disappear). On Gemma 4 that is what the QAT exports quantize: q/k/v/o, gate/up/down and the
-//! three per-layer-embedding projections; the embeddings (gathered) and norms (not matrices) stay.
+//! three per-layer-embedding projections; the embeddings (gathered), norms (not matrices), a mixture
+//! of experts' router and its experts (3-D, not linear layers' weights) stay.
 //! A linear whose inputs the group does not divide is an error naming it, and so is a module with
 //! no float linear to quantize (a QAT export's are 4-bit already) unless its head is asked for.
 //!
@@ -22,6 +23,12 @@ use g4c_ir::{
     WeightDecl,
 };
 use std::collections::{BTreeSet, HashMap};
+
+/// A mixture of experts' router projection (`layers.N.router.proj`) stays in its float type, as
+/// compressed-tensors' MoE exports keep their routers: rounded to 4 bits it could pick other experts.
+fn is_router(name: &str) -> bool {
+    name.ends_with(".router.proj")
+}
 
 pub struct Quantize {
     /// Inputs per scale.
@@ -40,7 +47,7 @@ impl Pass for Quantize {
             .weights
             .iter()
             .filter(|w| w.ty.dtype.is_float() && w.ty.rank() == 2 && w.layout == SourceLayout::Stored)
-            .filter(|w| read_only_as_linear(module, &w.name, true))
+            .filter(|w| read_only_as_linear(module, &w.name, true) && !is_router(&w.name))
             .map(|w| w.name.clone())
             .collect();
         // A QAT export's linears are 4-bit already: a scheme asked for them would be dropped

@@ -125,6 +125,23 @@ MODELS = {
         },
         new_tokens=16,
     ),
+    # 26B-A4B's layer: beside the dense MLP, a mixture of 4 experts of which a router picks 2 per
+    # token (`enable_moe_block`), with keys as values on full layers as there; no PLE, no KV sharing.
+    "moe": dict(
+        config=dict(
+            TINY, use_double_wide_mlp=False, num_hidden_layers=4, layer_types=[S, F, S, F],
+            num_key_value_heads=2, num_global_key_value_heads=1, attention_k_eq_v=True,
+            num_kv_shared_layers=0, hidden_size_per_layer_input=0,
+            enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+        ),
+        seed=5,
+        prompts={
+            "single": [2],
+            "short": [2, 19, 250, 7],
+            "long": [2, 19, 250, 7, 88, 301, 42, 477, 6, 150, 99, 320],
+        },
+        new_tokens=16,
+    ),
 }
 
 
@@ -140,12 +157,14 @@ def randomize(model, seed):
                 continue
             if "layer_scalar" in name:
                 p.copy_(torch.rand(p.shape, generator=g) * 0.7 + 0.3)
-            elif "norm" in name:
+            elif "norm" in name or "scale" in name:
+                # Norm weights, and the MoE router's input and per-expert scales.
                 p.copy_(torch.rand(p.shape, generator=g) * 1.5 + 0.5)
             elif "embed_tokens" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-            elif p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=g) / p.shape[1] ** 0.5)
+            elif p.dim() in (2, 3):
+                # Linear weights `[out, in]`, and experts' `[expert, out, in]`.
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
             p.copy_(bf16_exact(p))
 
 

@@ -1,7 +1,8 @@
 //! One Gemma 4 decoder layer (gemma4.md §3.4): attention with sandwich norms, MLP with sandwich
-//! norms, the per-layer-embedding injection, and the layer scalar on the whole residual stream.
+//! norms (and beside it a mixture of experts, where the model has them), the per-layer-embedding injection, and the layer scalar on the whole residual stream.
 
 use super::attention::{apply_rope, attend};
+use super::experts::mixture_of_experts;
 use super::nn::Graph;
 use super::StepContext;
 use crate::config::Gemma4Config;
@@ -64,7 +65,15 @@ pub fn decoder_layer(g: &mut Graph, cfg: &Gemma4Config, l: usize, h: ValueId, cx
     let up = g.linear(x, &y("mlp.up_proj"));
     let up = g.b.name(up, &at("mlp.up"));
     let m = g.b.binary(BinaryOp::Mul, gate, up);
-    let m = g.linear(m, &y("mlp.down_proj"));
+    let mut m = g.linear(m, &y("mlp.down_proj"));
+    if let Some(moe) = &cfg.moe {
+        // The experts read the residual stream, as the MLP's input norm does.
+        let dense = g.rms_norm(m, Some(&y("post_feedforward_layernorm_1")), eps);
+        let experts = mixture_of_experts(g, moe, eps, l, h);
+        let experts = g.rms_norm(experts, Some(&y("post_feedforward_layernorm_2")), eps);
+        let experts = g.b.name(experts, &at("experts.out"));
+        m = g.b.binary(BinaryOp::Add, dense, experts);
+    }
     let m = g.rms_norm(m, Some(&y("post_feedforward_layernorm")), eps);
     let m = g.b.name(m, &at("mlp.out"));
     let mut h = g.b.binary(BinaryOp::Add, h, m);

@@ -15,6 +15,7 @@
 //!   overwrites a key its own queries still need.
 
 mod attention;
+mod experts;
 mod layer;
 mod nn;
 
