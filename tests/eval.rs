@@ -86,8 +86,8 @@ fn eval_rejects_bad_input_in_one_line() {
         (write("vocab.txt", b"1,99999"), vec![], vec!["vocab.txt: token 1 is 99999", "vocabulary (0..512)"]),
         (write("one.txt", b"5"), vec![], vec!["1 token", "at least 2"]),
         (write("word.txt", b"1 2 x"), vec![], vec!["--ids", "`x`"]),
-        (write("commas.txt", b"2,,17"), vec![], vec!["commas.txt", "an empty entry after 1 ids"]),
-        (write("trailing.txt", b"2 17,\n"), vec![], vec!["trailing.txt", "an empty entry after 2 ids"]),
+        (write("commas.txt", b"2,,17"), vec![], vec!["commas.txt", "entry 2 is empty"]),
+        (write("trailing.txt", b"2 17,\n"), vec![], vec!["trailing.txt", "entry 3 is empty"]),
         (
             write("short.txt", b"1,2,3"),
             vec!["--reference".into(), path(&reference).into()],

@@ -43,10 +43,9 @@ fn quantize_reproduces_compressed_tensors_bit_for_bit() {
     assert_eq!(compared / 2, linears_left, "g4c quantizes what compressed-tensors quantizes");
 }
 
-/// A mixture of experts' router and its experts stay float; its MLP's and attention's linears are
-/// quantized, k and v of the full layers (keys as values) as one.
+/// A mixture of experts' router stays float; its MLP's and attention's linears are quantized.
 #[test]
-fn quantize_leaves_the_routers_and_experts_of_a_mixture() {
+fn quantize_leaves_the_routers_of_a_mixture() {
     let model = Model::open(&golden_dir("moe").join("hf")).unwrap();
     let mut module = model.module(&Shapes { batch: 1, prefill_len: 4, context: 8 }).unwrap();
     quantize_tiny(&mut module);
@@ -54,9 +53,6 @@ fn quantize_leaves_the_routers_and_experts_of_a_mixture() {
     for layer in 0..4 {
         let y = |s: &str| format!("layers.{layer}.{s}");
         assert!(!quantized(&y("router.proj")) && module.weight(&y("router.proj")).is_some(), "layer {layer}");
-        assert!(
-            module.weight(&y("experts.gate_up_proj")).is_some() && module.weight(&y("experts.down_proj")).is_some()
-        );
         assert!(quantized(&y("mlp.down_proj")) && quantized(&y("self_attn.k_proj")), "layer {layer}");
     }
 }

@@ -388,10 +388,11 @@ fn malformed_and_impossible_requests_get_openai_style_errors() {
 
 #[test]
 fn a_full_queue_answers_429_and_a_client_leaving_mid_stream_frees_its_row() {
-    let server = Server::start(&["--max-batch", "1", "--max-queue", "1", "--context", "4096", "--prefill-len", "8"]);
+    let server = Server::start(&["--max-batch", "1", "--max-queue", "2", "--context", "4096", "--prefill-len", "8"]);
     let body = |n: usize, stream: bool| {
         json!({"prompt": "ba de", "max_tokens": n, "ignore_eos": true, "temperature": 0, "stream": stream}).to_string()
     };
+    let choices = |n: usize| json!({"prompt": "ba de", "max_tokens": 3, "n": n}).to_string();
     // The only row: a long stream, read until its first tokens arrive.
     let mut leaving = server.send("POST", "/v1/completions", &body(4000, true));
     let mut seen = vec![0u8; 4096];
@@ -403,6 +404,15 @@ fn a_full_queue_answers_429_and_a_client_leaving_mid_stream_frees_its_row() {
     let port = server.port;
     let waiting = std::thread::spawn(move || http(port, "POST", "/v1/completions", &body(3, false)));
     server.wait_for("the second request to queue", |s| s.metric("g4c_queue_depth") == 1.0);
+    // Two choices where one place is left: refused whole, nothing of it queued.
+    let (status, _, reply) = server.http("POST", "/v1/completions", &choices(2));
+    assert_eq!(status, 429, "{reply}");
+    assert_eq!(server.metric("g4c_queue_depth"), 1.0, "none of the refused request's sequences waits");
+    let (status, _, reply) = server.http("POST", "/v1/completions", &choices(3));
+    assert_eq!(status, 400, "more choices than the queue ever holds: {reply}");
+    // The queue's last place.
+    let also_waiting = std::thread::spawn(move || http(port, "POST", "/v1/completions", &body(3, false)));
+    server.wait_for("the third request to queue", |s| s.metric("g4c_queue_depth") == 2.0);
     let (status, head, reply) = server.http("POST", "/v1/completions", &body(3, false));
     assert_eq!(status, 429, "{reply}");
     assert!(head.contains("retry-after: 1"), "{head}");
@@ -410,8 +420,10 @@ fn a_full_queue_answers_429_and_a_client_leaving_mid_stream_frees_its_row() {
 
     // The first client goes away: its row is freed at the next step and the waiting request runs.
     drop(leaving);
-    let (status, _, reply) = waiting.join().unwrap();
-    assert_eq!(status, 200, "{reply}");
+    for waiting in [waiting, also_waiting] {
+        let (status, _, reply) = waiting.join().unwrap();
+        assert_eq!(status, 200, "{reply}");
+    }
     server.wait_for("the first request's log line", |s| s.log().iter().any(|l| l.contains("client gone")));
     let generated = server.metric("g4c_generated_tokens_total");
     assert!(generated < 4000.0, "the stream stopped when its client left: {generated} tokens");

@@ -91,7 +91,7 @@ pub struct Ask {
     pub bad_words: Vec<String>,
 }
 
-/// The most choices a request may ask for (`n`), as OpenAI.
+/// The most choices a request may ask for (`n`), as OpenAI, and the most prompts a completion may give.
 const MAX_CHOICES: u64 = 128;
 
 /// The most tokens a request may ask for: as many positions as any context has.
@@ -321,6 +321,10 @@ fn completion_prompts(prompt: Prompt) -> Result<Vec<PromptSpec>, ApiError> {
         PromptSpec::Ids(ids) => ids.is_empty(),
         PromptSpec::Messages(_) => false,
     };
+    if prompts.len() as u64 > MAX_CHOICES {
+        let message = format!("`prompt`: at most {MAX_CHOICES} prompts, found {}", prompts.len());
+        return Err(ApiError::param("prompt", message));
+    }
     // `[]` is an empty list of ids: one prompt.
     match prompts.iter().position(empty) {
         Some(_) if prompts.len() == 1 => Err(ApiError::param("prompt", "`prompt` is empty")),

@@ -58,7 +58,8 @@ impl ModelInfo {
 pub struct ServeOptions {
     /// Where to accept connections (`bind`).
     pub listener: std::net::TcpListener,
-    /// Requests that may wait for a row; more are refused with `429`.
+    /// Sequences (each choice of each prompt of a request) that may wait for a row; a request whose
+    /// sequences do not all fit is refused with `429`.
     pub max_queue: usize,
     /// After `SIGTERM` or Ctrl-C, how long requests in flight may take to finish before they are
     /// cancelled.

@@ -10,7 +10,7 @@ pub struct Metrics {
     /// Prompt tokens found in a row's caches and not prefilled again.
     pub cached_prompt_tokens: IntCounter,
     pub generated_tokens: IntCounter,
-    /// Requests waiting for a row.
+    /// Sequences (a request's choices, for each of its prompts) waiting for a row.
     pub queue_depth: IntGauge,
     /// Rows holding a sequence, of `batch_rows`.
     pub rows_occupied: IntGauge,
@@ -52,13 +52,16 @@ impl Metrics {
                 "Requests answered, by endpoint and HTTP status",
                 &["endpoint", "status"],
             ),
-            prompt_tokens: counter("g4c_prompt_tokens_total", "Prompt tokens of admitted requests"),
+            prompt_tokens: counter(
+                "g4c_prompt_tokens_total",
+                "Prompt tokens of admitted sequences (each of a request's choices)",
+            ),
             cached_prompt_tokens: counter(
                 "g4c_cached_prompt_tokens_total",
                 "Prompt tokens found in a row's caches and not prefilled again",
             ),
             generated_tokens: counter("g4c_generated_tokens_total", "Tokens generated"),
-            queue_depth: gauge("g4c_queue_depth", "Requests waiting for a row"),
+            queue_depth: gauge("g4c_queue_depth", "Sequences waiting for a row"),
             rows_occupied: gauge("g4c_batch_rows_occupied", "Rows of the batch holding a sequence"),
             batch_rows: gauge("g4c_batch_rows", "Rows of the batch (sequences decoded together)"),
             engine_calls: counters("g4c_engine_calls_total", "Calls of the model, by kind", &["kind"]),

@@ -18,8 +18,13 @@ pub fn prepare(model: &ModelInfo, endpoint: Endpoint, body: &[u8]) -> Result<(As
     let several = ask.prompts.len() > 1;
     let requests = (ask.prompts.iter().enumerate())
         .map(|(i, prompt)| {
+            let mut options = options.clone();
+            // Without a seed, each prompt samples apart, as requests of their own would.
+            if ask.seed.is_none() && i > 0 {
+                options.sampling.seed = rand::random();
+            }
             // A problem of one of several prompts says which.
-            sequence(model, &ask, prompt, options.clone()).map_err(|mut e| {
+            sequence(model, &ask, prompt, options).map_err(|mut e| {
                 if several {
                     e.message = format!("prompt {i}: {}", e.message);
                 }
@@ -331,6 +336,24 @@ mod tests {
         let request = one(prepare(&model, Endpoint::Completion, &completion));
         assert_eq!(request.options.stop_ids, [turn_end], "`de` is text, `<turn|>` a special token");
         assert_eq!(request.options.max_new_tokens, 16, "OpenAI's default for completions");
+    }
+
+    /// A completion's prompts each sample with their own seed (the request's, or a random one each),
+    /// and each prompt's choice `i` with that seed plus `i`.
+    #[test]
+    fn each_prompt_and_choice_samples_with_its_own_seed() {
+        let model = tiny();
+        let seeds = |request: serde_json::Value| {
+            let (ask, requests) = prepare(&model, Endpoint::Completion, &body(request)).unwrap();
+            let seeds: Vec<u64> =
+                super::choices(requests, ask.n).iter().map(|(_, r)| r.options.sampling.seed).collect();
+            seeds
+        };
+        let seeded = seeds(serde_json::json!({"prompt": ["ba", "de"], "n": 2, "seed": 7}));
+        assert_eq!(seeded, [7, 8, 7, 8], "as two requests of their own with seed 7");
+        let unseeded = seeds(serde_json::json!({"prompt": ["ba", "ba"], "n": 2}));
+        assert_eq!((unseeded[1], unseeded[3]), (unseeded[0] + 1, unseeded[2] + 1));
+        assert_ne!(unseeded[0], unseeded[2], "without a seed, prompts sample apart");
     }
 
     /// What a request leaves out takes the model's defaults (`generation_config.json`), else

@@ -148,6 +148,16 @@ async fn generate(app: Arc<App>, endpoint: Endpoint, body: Bytes) -> Response {
         }
         // Only the jobs' senders are left: the channel closes when the engine has let go of all.
         drop(events);
+        if jobs.len() > app.queue.capacity() {
+            let (param, asked) = match ask.n {
+                1 => ("prompt", format!("{} prompts", jobs.len())),
+                n => ("n", format!("{} sequences ({n} for each prompt)", jobs.len())),
+            };
+            let capacity = app.queue.capacity();
+            let message =
+                format!("this request's {asked} are more than this server's queue holds ({capacity}, --max-queue)");
+            return Err(ApiError::param(param, message));
+        }
         app.queue.submit(jobs)?;
         Ok((ask, prompts, choices))
     });

@@ -6,8 +6,8 @@ use crate::error::ApiError;
 use crate::metrics::Metrics;
 use g4c_runtime::batching::CallKind;
 use g4c_runtime::{BatchEngine, SequenceEvent, SequenceRequest, SequenceSink};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError};
 use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -41,13 +41,16 @@ pub struct Queue {
     jobs: SyncSender<Job>,
     /// How many jobs may wait (`--max-queue`).
     capacity: usize,
+    /// Jobs queued or being queued and not yet taken: a request's room is reserved here for all its
+    /// sequences at once, so that it is queued whole or not at all.
+    waiting: Arc<AtomicUsize>,
     metrics: Arc<Metrics>,
     /// False once the engine's thread has stopped.
     alive: Arc<AtomicBool>,
 }
 
 impl Queue {
-    /// Starts the engine's thread with a queue of `capacity` waiting requests. The thread ends
+    /// Starts the engine's thread with a queue of `capacity` waiting sequences. The thread ends
     /// once every `Queue` is dropped and no row holds a sequence; it drops the engine (a CUDA
     /// device waits for its stream and frees its buffers), which the server waits for before it
     /// returns (`std::thread::JoinHandle::join`), rather than letting the process exit under it.
@@ -56,43 +59,44 @@ impl Queue {
         capacity: usize,
         metrics: Arc<Metrics>,
     ) -> std::io::Result<(Queue, std::thread::JoinHandle<()>)> {
-        let (jobs, waiting) = sync_channel(capacity);
+        let (jobs, queued) = sync_channel(capacity);
         let alive = Arc::new(AtomicBool::new(true));
+        let waiting = Arc::new(AtomicUsize::new(0));
         let stopped = Stopped { alive: alive.clone(), metrics: metrics.clone() };
+        let taken = waiting.clone();
         let thread = std::thread::Builder::new().name("g4c-engine".into()).spawn(move || {
-            run(engine, waiting, &stopped.metrics);
+            run(engine, queued, &taken, &stopped.metrics);
             drop(stopped);
         })?;
-        Ok((Queue { jobs, capacity, metrics, alive }, thread))
+        Ok((Queue { jobs, capacity, waiting, metrics, alive }, thread))
     }
 
     pub fn is_alive(&self) -> bool {
         self.alive.load(Ordering::SeqCst)
     }
 
-    /// Queues a request's `jobs` (one per choice), or says why not: `400` when there are more than
-    /// the queue holds, `429` when it is full, `503` when the engine stopped. Jobs queued before a
-    /// refusal are skipped once their handler, refused, has dropped its receiver.
+    /// How many jobs may wait (`--max-queue`).
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Queues a request's `jobs` (one per sequence), all or none, or says why not: `429` when the
+    /// queue has no room for them all, `503` when the engine stopped.
     pub fn submit(&self, jobs: Vec<Job>) -> Result<(), ApiError> {
-        if jobs.len() > self.capacity {
-            let message = format!(
-                "`n`: this request's {} sequences (`n` for each prompt) are more than this server's queue holds ({}, --max-queue)",
-                jobs.len(),
-                self.capacity
-            );
-            return Err(ApiError::param("n", message));
+        let n = jobs.len();
+        let room = |w: usize| (w + n <= self.capacity).then_some(w + n);
+        if self.waiting.fetch_update(Ordering::SeqCst, Ordering::SeqCst, room).is_err() {
+            return Err(ApiError::busy("the server's queue is full; retry later"));
         }
-        for job in jobs {
-            self.metrics.queue_depth.inc();
-            let refused = match self.jobs.try_send(job) {
-                Ok(()) => continue,
-                Err(TrySendError::Full(_)) => ApiError::busy("the server's queue is full; retry later"),
-                Err(TrySendError::Disconnected(_)) => {
-                    ApiError::unavailable("the engine has stopped; see the server's log")
-                }
-            };
-            self.metrics.queue_depth.dec();
-            return Err(refused);
+        self.metrics.queue_depth.add(n as i64);
+        for (sent, job) in jobs.into_iter().enumerate() {
+            // With room reserved, only an engine that has stopped refuses; the jobs sent before
+            // are skipped once the refused handler drops its receiver.
+            if self.jobs.try_send(job).is_err() {
+                self.waiting.fetch_sub(n - sent, Ordering::SeqCst);
+                self.metrics.queue_depth.sub((n - sent) as i64);
+                return Err(ApiError::unavailable("the engine has stopped; see the server's log"));
+            }
         }
         Ok(())
     }
@@ -113,8 +117,9 @@ impl Drop for Stopped {
     }
 }
 
-fn run(mut engine: BatchEngine, waiting: Receiver<Job>, metrics: &Metrics) {
+fn run(mut engine: BatchEngine, jobs: Receiver<Job>, waiting: &AtomicUsize, metrics: &Metrics) {
     let take = |job: Job, engine: &mut BatchEngine| {
+        waiting.fetch_sub(1, Ordering::SeqCst);
         metrics.queue_depth.dec();
         if !job.sink.is_gone() {
             // A refusal reaches the handler as `Failed`; there is nothing more to do with it here.
@@ -124,7 +129,7 @@ fn run(mut engine: BatchEngine, waiting: Receiver<Job>, metrics: &Metrics) {
     let mut open = true;
     loop {
         while open && engine.has_free_row() {
-            match waiting.try_recv() {
+            match jobs.try_recv() {
                 Ok(job) => take(job, &mut engine),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => open = false,
@@ -132,7 +137,7 @@ fn run(mut engine: BatchEngine, waiting: Receiver<Job>, metrics: &Metrics) {
         }
         metrics.rows_occupied.set(engine.occupied() as i64);
         if engine.occupied() == 0 {
-            match open.then(|| waiting.recv()) {
+            match open.then(|| jobs.recv()) {
                 Some(Ok(job)) => take(job, &mut engine),
                 _ => return,
             }

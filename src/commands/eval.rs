@@ -154,7 +154,7 @@ fn ids_in_file(text: &str) -> Result<Vec<u32>> {
     for entry in text.split(',') {
         let words: Vec<&str> = entry.split_whitespace().collect();
         if words.is_empty() && !text.trim().is_empty() {
-            bail!("an empty entry after {} ids (two commas with no id between, or a comma at the end)", ids.len());
+            bail!("entry {} is empty (two commas with no id between, or a comma at the end)", ids.len() + 1);
         }
         for word in words {
             ids.push(

@@ -32,7 +32,8 @@ pub struct ServeArgs {
     /// many, between decode calls (default 64; an artifact has its own prefill lengths)
     #[arg(long, value_parser = super::sizes::positions)]
     pub prefill_len: Option<usize>,
-    /// Requests that may wait for a row; more are answered 429 with Retry-After
+    /// Sequences (a request's choices, for each of its prompts) that may wait for a row; a request
+    /// whose sequences do not all fit is answered 429 with Retry-After
     #[arg(long, default_value_t = 64, value_parser = super::sizes::positions)]
     pub max_queue: usize,
     /// The model's name in /v1/models and in requests (default: the directory's name)

@@ -3,8 +3,10 @@
 //! from the residual stream, keeps the `top_k` most probable, and the token's output is their
 //! outputs weighted by their renormalized probabilities times a per-expert scale.
 //!
-//! Every expert runs on every token, weighted zero where the router did not pick it: one fixed-shape
-//! computation, exact, but reading every expert's weights.
+//! A decode step (one token per row) reads only the experts picked: their weights are gathered by
+//! index. A prefill runs every expert on every token, weighted zero where the router did not pick
+//! it: its tokens pick most experts between them, and gathering each token's would copy the
+//! weights once per token.
 
 use super::nn::Graph;
 use crate::config::MoeSpec;
@@ -33,9 +35,12 @@ pub fn mixture_of_experts(g: &mut Graph, moe: &MoeSpec, eps: f64, l: usize, h: V
     let per_expert = g.b.broadcast(per_expert, &[b, t, e], &[2]);
     let weights = g.b.binary(BinaryOp::Mul, weights, per_expert);
     let weights = g.b.name(weights, &format!("l{l}.expert_weights"));
+    let x = g.rms_norm(h, Some(&y("pre_feedforward_layernorm_2")), eps);
+    if t == 1 {
+        return picked_experts(g, moe, l, x, weights, kept);
+    }
 
     // Every expert on the normed stream: GELU(gate)·up, then down, `[E, B, T, D]`.
-    let x = g.rms_norm(h, Some(&y("pre_feedforward_layernorm_2")), eps);
     let gate_up = g.w(&y("experts.gate_up_proj"));
     let dims = DotDims { lhs_contract: vec![2], rhs_contract: vec![2], ..Default::default() };
     let gate_up = g.b.dot_general(x, gate_up, dims); // [B, T, E, 2I]
@@ -51,6 +56,63 @@ pub fn mixture_of_experts(g: &mut Graph, moe: &MoeSpec, eps: f64, l: usize, h: V
     let weights = g.b.broadcast(weights, &[e, b, t, d], &[0, 1, 2]);
     let weighted = g.b.binary(BinaryOp::Mul, out, weights);
     g.b.reduce(ReduceKind::Sum, weighted, &[0])
+}
+
+/// The experts' output for the normed stream `x: [B, T, D]` from the experts each token picked
+/// (those whose `kept` probability is not zero), their weights gathered by index: `weights: [B, T, E]`
+/// (zero where not picked) weighs their outputs.
+fn picked_experts(g: &mut Graph, moe: &MoeSpec, l: usize, x: ValueId, weights: ValueId, kept: ValueId) -> ValueId {
+    let y = |s: &str| format!("layers.{l}.{s}");
+    let [b, t, d] = g.b.shape(x)[..] else { unreachable!("hidden state is [B, T, D]") };
+    let (e, k, inner) = (moe.num_experts, moe.top_k, moe.intermediate_size);
+    // The `i`-th picked expert of each token, in expert order, and its weight: over the experts,
+    // the one with `i` picked ones before it.
+    let picks = [b, t, k, e];
+    let (one, zero) = (
+        g.b.splat(1.0, TensorType::new(DType::F32, [b, t, e])),
+        g.b.splat(0.0, TensorType::new(DType::F32, [b, t, e])),
+    );
+    let none = g.b.splat(0.0, TensorType::new(DType::F32, [b, t, e]));
+    let picked = g.b.compare(CompareDir::Gt, kept, none);
+    let picked = g.b.select(picked, one, zero);
+    let before: Vec<f64> = (0..e * e).map(|i| if i / e < i % e { 1.0 } else { 0.0 }).collect();
+    let before = g.b.dense(before, TensorType::new(DType::F32, [e, e]));
+    let dims = DotDims { lhs_contract: vec![2], rhs_contract: vec![0], ..Default::default() };
+    let order = g.b.dot_general(picked, before, dims); // [B, T, E]: picked experts before each
+    let order = g.b.broadcast(order, &picks, &[0, 1, 3]);
+    let slot: Vec<f64> = (0..k * e).map(|i| (i / e) as f64).collect();
+    let slot = g.b.dense(slot, TensorType::new(DType::F32, [k, e]));
+    let slot = g.b.broadcast(slot, &picks, &[2, 3]);
+    let at = g.b.compare(CompareDir::Eq, order, slot);
+    let picked = g.b.broadcast(picked, &picks, &[0, 1, 3]);
+    let one = g.b.splat(1.0, TensorType::new(DType::F32, picks));
+    let is_picked = g.b.compare(CompareDir::Eq, picked, one);
+    let at = g.b.binary(BinaryOp::And, at, is_picked); // [B, T, K, E]: expert e is pick i
+    let zeros = g.b.splat(0.0, TensorType::new(DType::F32, picks));
+    let expert: Vec<f64> = (0..k * e).map(|i| (i % e) as f64).collect();
+    let expert = g.b.dense(expert, TensorType::new(DType::F32, [k, e]));
+    let expert = g.b.broadcast(expert, &picks, &[2, 3]);
+    let index = g.b.select(at, expert, zeros);
+    let index = g.b.reduce(ReduceKind::Sum, index, &[3]);
+    let index = g.b.convert(index, DType::I32); // [B, T, K]
+    let weight = g.b.broadcast(weights, &picks, &[0, 1, 3]);
+    let weight = g.b.select(at, weight, zeros);
+    let weight = g.b.reduce(ReduceKind::Sum, weight, &[3]); // [B, T, K]
+
+    let gate_up = g.embedding_rows(&y("experts.gate_up_proj"), index); // [B, T, K, 2I, D]
+    let dims = DotDims { lhs_batch: vec![0, 1], rhs_batch: vec![0, 1], lhs_contract: vec![2], rhs_contract: vec![4] };
+    let gate_up = g.b.dot_general(x, gate_up, dims); // [B, T, K, 2I]
+    let gate = g.b.slice_axis(gate_up, 3, 0, inner);
+    let gate = g.gelu_tanh(gate);
+    let up = g.b.slice_axis(gate_up, 3, inner, 2 * inner);
+    let act = g.b.binary(BinaryOp::Mul, gate, up);
+    let down = g.embedding_rows(&y("experts.down_proj"), index); // [B, T, K, D, I]
+    let dims =
+        DotDims { lhs_batch: vec![0, 1, 2], rhs_batch: vec![0, 1, 2], lhs_contract: vec![3], rhs_contract: vec![4] };
+    let out = g.b.dot_general(act, down, dims); // [B, T, K, D]
+    let weight = g.b.broadcast(weight, &[b, t, k, d], &[0, 1, 2]);
+    let weighted = g.b.binary(BinaryOp::Mul, out, weight);
+    g.b.reduce(ReduceKind::Sum, weighted, &[2])
 }
 
 /// `probs: [B, T, E]` where each token's `k` largest are (ties to the lower expert, as a stable

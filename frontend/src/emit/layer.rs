@@ -36,9 +36,11 @@ pub fn decoder_layer(g: &mut Graph, cfg: &Gemma4Config, l: usize, h: ValueId, cx
         let k = g.b.name(k, &at("k"));
         let v = match spec.values_are_keys {
             true => k_proj,
-            false => g.linear(x, &y("self_attn.v_proj")),
+            false => {
+                let v = g.linear(x, &y("self_attn.v_proj"));
+                g.b.name(v, &at("v.proj"))
+            }
         };
-        let v = g.b.name(v, &at("v.proj"));
         let v = g.b.reshape(v, &[b, t, hkv, hd]);
         let v = g.rms_norm(v, None, eps);
         let v = g.b.name(v, &at("v"));
