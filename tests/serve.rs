@@ -788,6 +788,15 @@ fn structured_output_keeps_replies_to_the_grammar_each_server_names() {
     assert!(regex::Regex::new("^[0-9]{3}-[a-z]{2}$").unwrap().is_match(&text), "{text:?}");
     let (free, _) = reply("/v1/completions", json!({"max_tokens": 40}));
     assert!(!follows_schema(&free), "{free:?}");
+    // Each of several choices (of two prompts) keeps to the grammar with a state of its own.
+    let body = json!({"prompt": ["ba de", "fi"], "n": 2, "max_tokens": 60, "temperature": 1, "seed": 3,
+                      "structured_outputs": {"json": SCHEMA}});
+    let (status, _, several) = server.post("/v1/completions", &body);
+    assert_eq!(status, 200, "{several}");
+    let texts: Vec<&str> = several["choices"].as_array().unwrap().iter().map(|c| c["text"].as_str().unwrap()).collect();
+    assert_eq!(texts.len(), 4);
+    assert!(texts.iter().all(|t| follows_schema(t)), "{texts:?}");
+    assert!(texts.windows(2).any(|w| w[0] != w[1]), "sampled apart: {texts:?}");
 
     for (body, param) in [
         (json!({"prompt": "ba", "guided_regex": "(a"}), "guided_regex"),
