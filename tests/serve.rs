@@ -802,6 +802,8 @@ fn structured_output_keeps_replies_to_the_grammar_each_server_names() {
         (json!({"prompt": "ba", "guided_regex": "(a"}), "guided_regex"),
         (json!({"prompt": "ba", "guided_json": {"type": 5}}), "guided_json"),
         (json!({"prompt": "ba", "guided_choice": ["a"], "ignore_eos": true}), "guided_choice"),
+        // No allowed token starts a number: refused before the reply begins.
+        (json!({"prompt": "ba", "guided_regex": "[0-9]+", "allowed_token_ids": [1]}), "guided_regex"),
         (json!({"prompt": "ba", "grammar": "root ::= \"a\""}), "grammar"),
     ] {
         let (status, _, reply) = server.post("/v1/completions", &body);

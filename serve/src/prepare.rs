@@ -5,6 +5,7 @@ use crate::error::ApiError;
 use crate::tokenize::check_model;
 use crate::ModelInfo;
 use g4c_frontend::{SamplingDefaults, TextTokenizer};
+use g4c_runtime::sampling::Sampler;
 use g4c_runtime::{GenerateOptions, PromptProblem, SamplingParams, SequenceRequest};
 
 /// A request body checked and made into what the engine is asked for: a sequence per prompt (a
@@ -129,6 +130,10 @@ fn options(model: &ModelInfo, ask: &Ask) -> Result<GenerateOptions, ApiError> {
         }
         let ends = options.ends();
         options.constraint = Some(model.grammars().and_then(|g| g.constraint(grammar, &ends)).map_err(refused)?);
+        // The first pick, on flat logits: a grammar that the allowed ids or bad words leave no token
+        // to start with is the request's fault, a 400, not a failure after the reply began.
+        let flat = vec![0.0; shape.vocab];
+        Sampler::new(&options, &[]).pick(&flat).map_err(|e| refused(e.to_string()))?;
     }
     Ok(options)
 }
