@@ -379,6 +379,8 @@ fn malformed_and_impossible_requests_get_openai_style_errors() {
     let (got, _, reply) = server.http("POST", "/v1/completions", &body);
     assert_eq!(got, 413, "{reply}");
     assert!(reply.contains("larger than this server reads (64 MiB)"), "{reply}");
+    let (_, _, metrics) = server.http("GET", "/metrics", "");
+    assert!(metrics.contains("g4c_requests_total{endpoint=\"completion\",status=\"413\"} 1"), "counted: {metrics}");
     // Unknown fields are ignored, as OpenAI does.
     let (status, _, body) =
         server.post("/v1/completions", &json!({"prompt": "ba", "max_tokens": 2, "future_option": {"x": 1}}));

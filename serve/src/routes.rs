@@ -63,14 +63,14 @@ pub fn router(app: Arc<App>) -> Router {
 async fn chat(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
     match body {
         Ok(body) => generate(app, Endpoint::Chat, body).await,
-        Err(rejected) => ApiError::unread_body(rejected).into_response(),
+        Err(rejected) => app.refuse(Endpoint::Chat, "-", ApiError::unread_body(rejected)),
     }
 }
 
 async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
     match body {
         Ok(body) => generate(app, Endpoint::Completion, body).await,
-        Err(rejected) => ApiError::unread_body(rejected).into_response(),
+        Err(rejected) => app.refuse(Endpoint::Completion, "-", ApiError::unread_body(rejected)),
     }
 }
 
@@ -163,11 +163,7 @@ async fn generate(app: Arc<App>, endpoint: Endpoint, body: Bytes) -> Response {
     });
     let (ask, prompts, choices) = match queued {
         Ok(queued) => queued,
-        Err(e) => {
-            app.metrics.requests.with_label_values(&[endpoint.name(), e.status.as_str()]).inc();
-            eprintln!("g4c serve: {id} {} {}: {}", endpoint.name(), e.status.as_u16(), e.message);
-            return e.into_response();
-        }
+        Err(e) => return app.refuse(endpoint, &id, e),
     };
     let stream = ask.stream;
     let reply = Reply::new(id, arrived, ask, prompts, rx, choices, &app);
@@ -242,6 +238,14 @@ async fn body(mut reply: Reply) -> Step {
 }
 
 impl App {
+    /// The response refusing request `id` to `endpoint` (`-`: its body was never read), counted and
+    /// logged as every request is.
+    fn refuse(&self, endpoint: Endpoint, id: &str, e: ApiError) -> Response {
+        self.metrics.requests.with_label_values(&[endpoint.name(), e.status.as_str()]).inc();
+        eprintln!("g4c serve: {id} {} {}: {}", endpoint.name(), e.status.as_u16(), e.message);
+        e.into_response()
+    }
+
     /// The served model as `/v1/models` lists it (`created`: when the server started).
     fn model_object(&self) -> serde_json::Value {
         json!({"id": self.model.name, "object": "model", "created": self.started, "owned_by": "g4c",
