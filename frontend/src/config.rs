@@ -175,10 +175,8 @@ impl Gemma4Config {
 }
 
 fn parse_text_config(r: &Reader) -> Result<Gemma4Config> {
-    for (flag, what) in [("attention_bias", "attention biases (attention_bias)")] {
-        if r.bool(flag, false)? {
-            return Err(r.unsupported(format!("{what} is not supported yet")));
-        }
+    if r.bool("attention_bias", false)? {
+        return Err(r.unsupported("attention biases (attention_bias) are not supported yet".into()));
     }
     if let Some(v) = r.obj.get("use_bidirectional_attention").filter(|v| !v.is_null()) {
         if v.as_str() == Some("all") {

@@ -138,6 +138,16 @@ async fn generate(app: Arc<App>, endpoint: Endpoint, body: Bytes) -> Response {
         .await
         .unwrap_or_else(|e| Err(ApiError::server(format!("preparing the request failed: {e}"))));
     let queued = prepared.and_then(|(ask, requests)| {
+        let (sequences, capacity) = (requests.len() * ask.n, app.queue.capacity());
+        if sequences > capacity {
+            let (param, asked) = match ask.n {
+                1 => ("prompt", format!("{sequences} prompts")),
+                n => ("n", format!("{sequences} sequences ({n} for each prompt)")),
+            };
+            let message =
+                format!("this request's {asked} are more than this server's queue holds ({capacity}, --max-queue)");
+            return Err(ApiError::param(param, message));
+        }
         let prompts: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt.clone()).collect();
         let mut choices = vec![];
         let mut jobs = vec![];
@@ -148,16 +158,6 @@ async fn generate(app: Arc<App>, endpoint: Endpoint, body: Bytes) -> Response {
         }
         // Only the jobs' senders are left: the channel closes when the engine has let go of all.
         drop(events);
-        if jobs.len() > app.queue.capacity() {
-            let (param, asked) = match ask.n {
-                1 => ("prompt", format!("{} prompts", jobs.len())),
-                n => ("n", format!("{} sequences ({n} for each prompt)", jobs.len())),
-            };
-            let capacity = app.queue.capacity();
-            let message =
-                format!("this request's {asked} are more than this server's queue holds ({capacity}, --max-queue)");
-            return Err(ApiError::param(param, message));
-        }
         app.queue.submit(jobs)?;
         Ok((ask, prompts, choices))
     });
