@@ -104,7 +104,8 @@ fn every_kernel_compiles_and_ptxas_agrees_with_the_fit_proof() {
 /// The CUDA C of the plan, compiled by the host C++ compiler and run on the CPU through the device
 /// executor (the same code that drives a GPU): the f32 tiny model against transformers' goldens,
 /// plain and pack-quantized, with the interpreter's tolerance; also with 1100-slot caches, whose
-/// decode attention `split-attention` splits into chunks (attention kernels).
+/// decode attention `split-attention` splits into chunks (attention kernels); and the keys-as-values
+/// and mixture-of-experts models.
 #[test]
 fn cuda_kernels_on_the_host_match_the_goldens() {
     let t4g = Target::by_name("t4g").unwrap();
@@ -119,6 +120,14 @@ fn cuda_kernels_on_the_host_match_the_goldens() {
         assert_matches_golden(&format!("cuda-host {model}/{}", case.name), &got, &case);
         let got = long_context_generate(Backend::CudaHost, Some("t4g"), &dir, &case.prompt_ids, n, None, 1100, &split);
         assert_matches_golden(&format!("cuda-host {model}/{}, 1100-slot caches", case.name), &got, &case);
+    }
+    // The larger models' layers: keys as values, and a mixture of experts (its decode step's
+    // gathered experts).
+    for model in ["keqv", "moe"] {
+        let case = golden_cases(model).into_iter().find(|c| c.name == "short").unwrap();
+        let (dir, n) = (golden_dir(model).join("hf"), case.generated_ids.len());
+        let got = target_generate(Backend::CudaHost, "t4g", &dir, &case.prompt_ids, n, None, &|_| {});
+        assert_matches_golden(&format!("cuda-host {model}/{}", case.name), &got, &case);
     }
     // The LM head as a packed 4-bit matvec: f16 weights on t4g, bf16 on h200.
     let case = golden_cases("tiny-qat-head").into_iter().find(|c| c.name == "short").unwrap();
