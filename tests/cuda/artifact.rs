@@ -101,11 +101,14 @@ fn a_t4g_artifact_holds_its_kernels() {
 /// refused by `run` (on the host too, before anything compiles) and by `inspect --verify`, naming
 /// the file.
 fn damaged_kernels_are_refused(artifact: &Path) {
+    // An edit as another g4c would have written it: the manifest sealed with its own digest.
     let edit_manifest = |dir: &Path, edit: &dyn Fn(&mut serde_json::Value)| {
         let path = dir.join("manifest.json");
         let mut manifest: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         edit(&mut manifest);
-        std::fs::write(&path, serde_json::to_string(&manifest).unwrap()).unwrap();
+        let mut sealed: g4c_runtime::artifact::Manifest = serde_json::from_value(manifest).unwrap();
+        sealed.digest = sealed.content_digest();
+        std::fs::write(&path, serde_json::to_string(&sealed).unwrap()).unwrap();
     };
     let ptx_flipped = |dir: &Path| {
         let path = dir.join("cuda/decode.ptx");
