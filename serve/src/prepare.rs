@@ -193,11 +193,10 @@ fn sequence(
 
 /// The sequences of a request's choices: each prompt's `n` in turn (choice `p·n + i` is prompt
 /// `p`'s `i`-th, as vLLM numbers them), choice `i` sampling with the seed `i` after the request's
-/// (vLLM's parallel sampling), each with a grammar state of its own. Each comes with its prompt's
-/// index.
-pub fn choices(prompts: Vec<SequenceRequest>, n: usize) -> Vec<(usize, SequenceRequest)> {
+/// (vLLM's parallel sampling), each with a grammar state of its own.
+pub fn choices(prompts: Vec<SequenceRequest>, n: usize) -> Vec<SequenceRequest> {
     let mut all = Vec::with_capacity(prompts.len() * n);
-    for (p, first) in prompts.into_iter().enumerate() {
+    for first in prompts {
         let seed = first.options.sampling.seed;
         let copies: Vec<SequenceRequest> = (1..n as u64)
             .map(|i| {
@@ -206,8 +205,8 @@ pub fn choices(prompts: Vec<SequenceRequest>, n: usize) -> Vec<(usize, SequenceR
                 copy
             })
             .collect();
-        all.push((p, first));
-        all.extend(copies.into_iter().map(|copy| (p, copy)));
+        all.push(first);
+        all.extend(copies);
     }
     all
 }
@@ -350,8 +349,7 @@ mod tests {
         let model = tiny();
         let seeds = |request: serde_json::Value| {
             let (ask, requests) = prepare(&model, Endpoint::Completion, &body(request)).unwrap();
-            let seeds: Vec<u64> =
-                super::choices(requests, ask.n).iter().map(|(_, r)| r.options.sampling.seed).collect();
+            let seeds: Vec<u64> = super::choices(requests, ask.n).iter().map(|r| r.options.sampling.seed).collect();
             seeds
         };
         let seeded = seeds(serde_json::json!({"prompt": ["ba", "de"], "n": 2, "seed": 7}));

@@ -31,8 +31,6 @@ pub enum Part {
 
 /// One choice: one sequence the engine generates for a prompt.
 struct Choice {
-    /// Its prompt's index.
-    prompt: usize,
     /// Set when a stop string ends its text: its sequence leaves its row at the engine's next step.
     ended: Arc<AtomicBool>,
     text: StopText,
@@ -56,7 +54,7 @@ pub struct Reply {
     pub ask: Ask,
     pub model: String,
     pub created: u64,
-    /// Each prompt's token ids.
+    /// Each prompt's token ids; choice `p·n + i` is prompt `p`'s (`prepare::choices`).
     pub prompts: Vec<Vec<u32>>,
     /// Every choice's events, each with the choice's index.
     events: UnboundedReceiver<(usize, SequenceEvent)>,
@@ -77,24 +75,23 @@ pub struct Reply {
 
 impl Reply {
     /// The reply to request `id`, which arrived at `arrived`, of `app`'s model, for `prompts`: a
-    /// choice for each of `choices` (its prompt's index, and the flag set when a stop string ends
-    /// it), their events from `events`.
+    /// choice for each flag of `ended` (set when a stop string ends that choice), their events from
+    /// `events`.
     pub fn new(
         id: String,
         arrived: Instant,
         ask: Ask,
         prompts: Vec<Vec<u32>>,
         events: UnboundedReceiver<(usize, SequenceEvent)>,
-        choices: Vec<(usize, Arc<AtomicBool>)>,
+        ended: Vec<Arc<AtomicBool>>,
         app: &App,
     ) -> Reply {
         let (model, metrics) = (app.model.name.clone(), app.metrics.clone());
         let rule =
             StopStrings { stops: ask.stop.clone(), min_tokens: ask.min_tokens, keep: ask.include_stop_str_in_output };
-        let choices = choices
+        let choices = ended
             .into_iter()
-            .map(|(prompt, ended)| Choice {
-                prompt,
+            .map(|ended| Choice {
                 ended,
                 text: StopText::new(app.model.tokenizer.clone(), rule.clone()),
                 generated: vec![],
@@ -160,6 +157,7 @@ impl Reply {
 
     /// Takes choice `index`'s `event` into its state and the parts it makes.
     fn take(&mut self, index: usize, event: SequenceEvent) -> Result<(), ApiError> {
+        let prompt_tokens = self.prompt_of(index).len() as u64;
         let Some(choice) = self.choices.get_mut(index).filter(|c| c.finish_reason.is_none()) else {
             // What the engine made before a stop string's end reached it.
             return Ok(());
@@ -167,7 +165,7 @@ impl Reply {
         match event {
             SequenceEvent::Admitted { cached_tokens, .. } => {
                 choice.cached_tokens = cached_tokens;
-                self.metrics.prompt_tokens.inc_by(self.prompts[choice.prompt].len() as u64);
+                self.metrics.prompt_tokens.inc_by(prompt_tokens);
                 self.metrics.cached_prompt_tokens.inc_by(cached_tokens as u64);
             }
             SequenceEvent::Token(id, logprobs) => {
@@ -268,7 +266,7 @@ impl Reply {
             choice["token_ids"] = json!(ids);
             // vLLM's: a completion's choices each carry their prompt's (a stream's, in its first chunk).
             if self.ask.endpoint == Endpoint::Completion && !chunk {
-                choice["prompt_token_ids"] = json!(self.prompts[c.prompt]);
+                choice["prompt_token_ids"] = json!(self.prompt_of(index));
             }
         }
         if self.ask.logprobs.is_some() && !(chunk && ids.is_empty()) {
@@ -345,13 +343,13 @@ impl Reply {
     /// with its prompt's.
     pub fn opening_chunks(&self) -> Vec<Value> {
         let ids = self.ask.return_token_ids;
-        let opening = |index: usize, c: &Choice| {
+        let opening = |index: usize| {
             let mut choice = json!({"index": index, "logprobs": null, "finish_reason": null});
             match self.ask.endpoint {
                 Endpoint::Chat => choice["delta"] = json!({"role": "assistant", "content": ""}),
                 Endpoint::Completion => {
                     choice["text"] = json!("");
-                    choice["prompt_token_ids"] = json!(self.prompts[c.prompt]);
+                    choice["prompt_token_ids"] = json!(self.prompt_of(index));
                 }
             }
             if ids {
@@ -361,7 +359,7 @@ impl Reply {
         };
         let mut chunks: Vec<Value> = match self.ask.endpoint {
             Endpoint::Completion if !ids => vec![],
-            _ => self.choices.iter().enumerate().map(|(index, c)| opening(index, c)).collect(),
+            _ => (0..self.choices.len()).map(opening).collect(),
         };
         if let Some(first) = chunks.first_mut().filter(|_| ids && self.ask.endpoint == Endpoint::Chat) {
             first["prompt_token_ids"] = json!(self.prompts[0]);
@@ -382,6 +380,11 @@ impl Reply {
         let mut chunk = self.envelope(vec![], true);
         chunk["usage"] = self.usage();
         chunk
+    }
+
+    /// The token ids of choice `index`'s prompt.
+    fn prompt_of(&self, index: usize) -> &[u32] {
+        &self.prompts[index / self.ask.n]
     }
 
     /// The prompt tokens found cached: each prompt's first choice's.

@@ -149,24 +149,24 @@ async fn generate(app: Arc<App>, endpoint: Endpoint, body: Bytes) -> Response {
             return Err(ApiError::param(param, message));
         }
         let prompts: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt.clone()).collect();
-        let mut choices = vec![];
+        let mut ended = vec![];
         let mut jobs = vec![];
-        for (index, (prompt, request)) in crate::prepare::choices(requests, ask.n).into_iter().enumerate() {
-            let ended = Arc::new(AtomicBool::new(false));
-            jobs.push(Job { request, sink: ChoiceSink { index, events: events.clone(), ended: ended.clone() } });
-            choices.push((prompt, ended));
+        for (index, request) in crate::prepare::choices(requests, ask.n).into_iter().enumerate() {
+            let flag = Arc::new(AtomicBool::new(false));
+            jobs.push(Job { request, sink: ChoiceSink { index, events: events.clone(), ended: flag.clone() } });
+            ended.push(flag);
         }
         // Only the jobs' senders are left: the channel closes when the engine has let go of all.
         drop(events);
         app.queue.submit(jobs)?;
-        Ok((ask, prompts, choices))
+        Ok((ask, prompts, ended))
     });
-    let (ask, prompts, choices) = match queued {
+    let (ask, prompts, ended) = match queued {
         Ok(queued) => queued,
         Err(e) => return app.refuse(endpoint, &id, e),
     };
     let stream = ask.stream;
-    let reply = Reply::new(id, arrived, ask, prompts, rx, choices, &app);
+    let reply = Reply::new(id, arrived, ask, prompts, rx, ended, &app);
     if stream {
         streamed(reply).into_response()
     } else {
